@@ -1,0 +1,446 @@
+"""Typed configuration: frozen dataclasses with documented fields and checks, loaded from
+YAML (safe loader) with type-checked command-line overrides (``--set optim.lr=1e-3``).
+
+An unknown key or a value of the wrong type is a :class:`ConfigError` that names the key
+(``optim.lr``), what was given and what is expected. Field documentation lives where the
+field is declared (``doc(...)``) and is printed by ``hvd-bert config --explain``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional, Sequence
+
+from hvd_bert.common.batch import BatchPlan, plan_batch
+from hvd_bert.common.optim import BERT_EXCLUDE, LARS_EXCLUDE
+from hvd_bert.common import schedules as S
+
+__all__ = ["ConfigError", "doc", "from_dict", "to_dict", "load_config", "apply_overrides",
+           "explain", "OptimConfig", "ScheduleConfig", "BatchConfig", "PrecisionConfig",
+           "HorovodConfig", "TrainConfig", "make_schedule"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key and the fix."""
+
+
+def doc(default: Any, text: str, **kw) -> Any:
+    """A dataclass field with a default and its documentation."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use tuples for sequence defaults (configs are frozen)")
+    return field(default=default, metadata={"doc": text}, **kw)
+
+
+# ----------------------------------------------------------------------------- type checks
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp, key: str) -> Any:
+    """Check ``value`` against annotation ``tp`` and return it in canonical form."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(e)
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"{key}: expected null, got {value!r}")
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value in allowed and type(value) is type(allowed[allowed.index(value)]):
+            return value
+        raise ConfigError(f"{key}: expected one of {', '.join(map(repr, allowed))}, got {value!r}")
+    if origin is tuple:
+        (item_tp, *rest) = typing.get_args(tp)
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list of {_type_name(item_tp)}, got {value!r}")
+        return tuple(_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value))
+    if is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise TypeError(f"{key}: unsupported annotation {tp!r} in a config class")
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+
+
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _unknown(key: str, name: str, cls) -> ConfigError:
+    names = [f.name for f in fields(cls)]
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"unknown key {key!r}{hint}; {cls.__name__} has: {', '.join(names)}")
+
+
+def from_dict(cls, data: Mapping[str, Any], prefix: str = ""):
+    """Build config class ``cls`` from a mapping, checking every key and type."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix or cls.__name__}: expected a mapping, got {data!r}")
+    hints = _hints(cls)
+    names = {f.name for f in fields(cls)}
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else str(name)
+        if name not in names:
+            raise _unknown(key, str(name), cls)
+        kwargs[name] = _coerce(value, hints[name], key)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+
+
+def to_dict(cfg) -> dict:
+    """Plain dict (lists for tuples) of a config, for YAML/JSON dumps and checkpoints."""
+    def conv(v):
+        if is_dataclass(v):
+            return {f.name: conv(getattr(v, f.name)) for f in fields(v)}
+        if isinstance(v, tuple):
+            return [conv(x) for x in v]
+        return v
+    return conv(cfg)
+
+
+def _parse_scalar(text: str) -> Any:
+    import yaml  # PyYAML, imported only where configs are parsed
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"cannot parse {text!r} as a YAML value: {e}") from None
+
+
+def apply_overrides(cfg, overrides: Sequence[str]):
+    """Apply ``key.path=value`` overrides (value in YAML syntax) with type checks."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.path=value (e.g. optim.lr=1e-3)")
+        path, text = item.split("=", 1)
+        path = path.strip()
+        cfg = _set_path(cfg, path.split("."), _parse_scalar(text), path)
+    return cfg
+
+
+def _set_path(cfg, parts: list[str], value: Any, full: str):
+    name = parts[0]
+    if not is_dataclass(cfg):
+        raise ConfigError(f"{full}: {name!r} is not a section")
+    if name not in {f.name for f in fields(cfg)}:
+        raise _unknown(full, name, type(cfg))
+    if len(parts) == 1:
+        new = _coerce(value, _hints(type(cfg))[name], full)
+    else:
+        new = _set_path(getattr(cfg, name), parts[1:], value, full)
+    try:
+        return replace(cfg, **{name: new})
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{full}: {e}") from None
+
+
+def load_config(cls, path: str | Path | None = None, overrides: Sequence[str] = ()):
+    """Load ``cls`` from a YAML file (missing keys take their defaults), then apply overrides."""
+    import yaml
+
+    data: Mapping = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist; pass an existing YAML file")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    cfg = from_dict(cls, data)
+    return apply_overrides(cfg, overrides)
+
+
+def explain(cls, prefix: str = "") -> list[str]:
+    """Lines ``key (type, default): doc`` for every field, nested sections included."""
+    out = []
+    hints = _hints(cls)
+    for f in fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        if is_dataclass(tp):
+            out += explain(tp, key + ".")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else "(required)"
+        out.append(f"{key} ({_type_name(tp)}, default {default!r}): {f.metadata.get('doc', '')}")
+    return out
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+# ----------------------------------------------------------------------------- sections
+OptimName = Literal["sgd", "adamw", "lamb", "nvlamb", "lars"]
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """The optimizer and its hyperparameters (names as in ``hvd_bert.common.optim``)."""
+
+    name: OptimName = doc("lamb", "optimizer: sgd (momentum), adamw, lamb, nvlamb or lars")
+    lr: float = doc(1e-3, "peak learning rate at base_batch_size (before lr_scaling)")
+    lr_scaling: Literal["none", "linear", "sqrt"] = doc(
+        "none", "scale lr from base_batch_size to the global batch: none, linear (Goyal) or sqrt")
+    base_batch_size: int = doc(256, "the global batch at which lr was tuned (for lr_scaling)")
+    weight_decay: float = doc(0.01, "decoupled weight decay (not applied to excluded parameters)")
+    beta1: float = doc(0.9, "Adam/LAMB first-moment decay")
+    beta2: float = doc(0.999, "Adam/LAMB second-moment decay")
+    eps: float = doc(1e-6, "Adam/LAMB epsilon (outside the square root); LARS epsilon")
+    momentum: float = doc(0.9, "SGD/LARS momentum")
+    nesterov: bool = doc(False, "SGD: Nesterov momentum")
+    eta: float = doc(1e-3, "LARS trust coefficient")
+    bias_correction: bool = doc(True, "LAMB: Adam bias correction (always on for nvlamb)")
+    max_grad_norm: Optional[float] = doc(
+        None, "clip the global gradient norm to this (nvlamb: default 1.0); null = no clip")
+    trust_ratio_on_excluded: Optional[bool] = doc(
+        None, "whether excluded parameters still get the trust ratio; null = the optimizer's "
+              "default (lamb: yes, as TF BERT and optax; nvlamb: no, as apex unless use_nvlamb; "
+              "lars: no)")
+    exclude: tuple[str, ...] = doc(
+        BERT_EXCLUDE, "regular expressions of parameter names without weight decay (and layer "
+                      "adaptation where configured); default BERT's")
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        _require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        _require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
+                 f"optim.beta1/beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
+        _require(self.eps >= 0, f"optim.eps must be >= 0, got {self.eps}")
+        _require(0 <= self.momentum < 1, f"optim.momentum must be in [0, 1), got {self.momentum}")
+        _require(self.base_batch_size > 0, f"optim.base_batch_size must be > 0, got {self.base_batch_size}")
+        _require(self.max_grad_norm is None or self.max_grad_norm > 0,
+                 f"optim.max_grad_norm must be > 0 or null, got {self.max_grad_norm}")
+
+    @property
+    def effective_max_grad_norm(self) -> Optional[float]:
+        if self.max_grad_norm is None and self.name == "nvlamb":
+            return 1.0
+        return self.max_grad_norm
+
+    @property
+    def effective_exclude(self) -> tuple[str, ...]:
+        """LARS excludes normalisation layers too when the BERT default is left in place."""
+        if self.name == "lars" and self.exclude == BERT_EXCLUDE:
+            return LARS_EXCLUDE
+        return self.exclude
+
+    def peak_lr(self, global_batch_size: int) -> float:
+        """``lr`` scaled to ``global_batch_size`` by ``lr_scaling``."""
+        if self.lr_scaling == "linear":
+            return S.linear_scaled_lr(self.lr, self.base_batch_size, global_batch_size)
+        if self.lr_scaling == "sqrt":
+            return S.sqrt_scaled_lr(self.lr, self.base_batch_size, global_batch_size)
+        return self.lr
+
+    def masks(self, names: Sequence[str]) -> tuple[list[bool], list[bool]]:
+        """``(decay_mask, adapt_mask)`` for parameters called ``names``."""
+        from hvd_bert.common.optim import name_mask
+
+        decay = name_mask(names, self.effective_exclude)
+        on_excluded = self.trust_ratio_on_excluded
+        if on_excluded is None:
+            on_excluded = self.name == "lamb"
+        adapt = [True] * len(decay) if on_excluded else list(decay)
+        if self.name == "nvlamb" and not on_excluded and self.weight_decay == 0.0:
+            adapt = [False] * len(decay)  # apex: the trust ratio follows wd != 0
+        return decay, adapt
+
+    def step_kwargs(self, names: Sequence[str]) -> dict:
+        """Keyword arguments of ``hvd_bert.common.optim``'s step function (without ``lr``)."""
+        decay, adapt = self.masks(names)
+        if self.name == "sgd":
+            return dict(momentum=self.momentum, weight_decay=self.weight_decay,
+                        nesterov=self.nesterov, decay_mask=decay)
+        if self.name == "adamw":
+            return dict(beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+                        weight_decay=self.weight_decay, decay_mask=decay)
+        if self.name == "lars":
+            return dict(momentum=self.momentum, weight_decay=self.weight_decay, eta=self.eta,
+                        eps=self.eps, adapt_mask=adapt)
+        kw = dict(beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+                  weight_decay=self.weight_decay, decay_mask=decay)
+        if self.name == "nvlamb":
+            return dict(kw, max_grad_norm=self.effective_max_grad_norm,
+                        use_nvlamb=bool(self.trust_ratio_on_excluded))
+        return dict(kw, bias_correction=self.bias_correction, adapt_mask=adapt,
+                    max_grad_norm=self.max_grad_norm)
+
+
+ScheduleName = Literal["constant", "linear_warmup", "poly_warmup", "warmup_poly_decay", "step"]
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The learning-rate schedule; its peak is ``OptimConfig.peak_lr(global batch)``."""
+
+    name: ScheduleName = doc(
+        "poly_warmup", "constant; linear_warmup (then constant; Goyal when warmup_init_lr is "
+                       "set); poly_warmup (BERT: warmup proportion, then (1-p)^power); "
+                       "warmup_poly_decay (LARS: linear warmup, then polynomial decay to end_lr); "
+                       "step (multiply by factor at each boundary)")
+    total_steps: int = doc(1000, "optimizer steps in the run (the schedule's horizon)")
+    warmup: float = doc(0.01, "poly_warmup: warmup as a proportion of total_steps")
+    warmup_steps: int = doc(0, "linear_warmup / warmup_poly_decay: warmup length in steps")
+    warmup_init_lr: float = doc(0.0, "linear_warmup: lr at step 0 (Goyal: the unscaled base lr)")
+    power: float = doc(0.5, "poly_warmup / warmup_poly_decay: decay power (BERT NVIDIA 0.5, "
+                            "Google 1.0, LARS 2.0)")
+    end_lr: float = doc(0.0, "warmup_poly_decay: final lr")
+    boundaries: tuple[int, ...] = doc((), "step: steps at which lr is multiplied by factor")
+    factor: float = doc(0.1, "step: the multiplier")
+
+    def __post_init__(self) -> None:
+        _require(self.total_steps > 0, f"schedule.total_steps must be > 0, got {self.total_steps}")
+        _require(0 <= self.warmup < 1, f"schedule.warmup is a proportion in [0, 1), got {self.warmup}")
+        _require(self.warmup_steps >= 0, f"schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.name == "warmup_poly_decay":
+            _require(self.warmup_steps < self.total_steps,
+                     f"schedule.warmup_steps ({self.warmup_steps}) must be < total_steps "
+                     f"({self.total_steps})")
+
+
+def make_schedule(cfg: ScheduleConfig, peak_lr: float) -> S.Schedule:
+    """The ``step -> lr`` function that ``cfg`` describes, peaking at ``peak_lr``."""
+    if cfg.name == "constant":
+        return S.Constant(peak_lr)
+    if cfg.name == "linear_warmup":
+        return S.LinearWarmup(peak_lr, cfg.warmup_steps, cfg.warmup_init_lr)
+    if cfg.name == "poly_warmup":
+        return S.PolyWarmupDecay(peak_lr, cfg.warmup, cfg.total_steps, cfg.power)
+    if cfg.name == "warmup_poly_decay":
+        return S.warmup_poly_decay(peak_lr, cfg.warmup_steps, cfg.total_steps, cfg.end_lr, cfg.power)
+    if cfg.name == "step":
+        return S.StepDecay(peak_lr, cfg.boundaries, cfg.factor)
+    raise ConfigError(f"schedule.name: unknown schedule {cfg.name!r}")
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """Batch layout; give local_batch_size and backward_passes_per_step, or the global batch
+    and one of them (the other is derived; inconsistent values are an error)."""
+
+    local_batch_size: Optional[int] = doc(32, "examples in one micro-batch on one rank")
+    backward_passes_per_step: Optional[int] = doc(
+        None, "micro-batches accumulated before each allreduce and optimizer step "
+              "(Horovod's name; null = derived, or 1)")
+    global_batch_size: Optional[int] = doc(
+        None, "examples per optimizer step over all ranks; null = derived")
+
+    def plan(self, world_size: int) -> BatchPlan:
+        try:
+            return plan_batch(world_size=world_size, local_batch_size=self.local_batch_size,
+                              backward_passes_per_step=self.backward_passes_per_step,
+                              global_batch_size=self.global_batch_size)
+        except ValueError as e:
+            raise ConfigError(f"batch: {e}") from None
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """Mixed precision and dynamic loss scaling (GradScaler's defaults)."""
+
+    mode: Literal["fp32", "fp16", "bf16"] = doc(
+        "fp32", "fp32, fp16 (autocast + dynamic loss scaling) or bf16 (autocast, no scaling)")
+    init_scale: float = doc(65536.0, "initial loss scale (fp16)")
+    growth_factor: float = doc(2.0, "scale multiplier after growth_interval clean steps")
+    backoff_factor: float = doc(0.5, "scale multiplier on an overflow (the step is skipped)")
+    growth_interval: int = doc(2000, "clean steps before the scale grows")
+
+    def __post_init__(self) -> None:
+        _require(self.init_scale > 0, f"precision.init_scale must be > 0, got {self.init_scale}")
+        _require(self.growth_factor > 1, f"precision.growth_factor must be > 1, got {self.growth_factor}")
+        _require(0 < self.backoff_factor < 1,
+                 f"precision.backoff_factor must be in (0, 1), got {self.backoff_factor}")
+        _require(self.growth_interval > 0,
+                 f"precision.growth_interval must be > 0, got {self.growth_interval}")
+
+
+@dataclass(frozen=True)
+class HorovodConfig:
+    """How gradients are reduced across ranks."""
+
+    compression: Literal["none", "fp16"] = doc(
+        "none", "allreduce wire format: none, or fp16 (halves the bytes, no scaling)")
+    gradient_predivide_factor: float = doc(
+        1.0, "divide gradients by this before the sum and by size/this after it")
+    fusion_threshold_mb: Optional[int] = doc(
+        None, "HOROVOD_FUSION_THRESHOLD in MiB (Horovod's default 128); null = leave as is")
+    cycle_time_ms: Optional[float] = doc(
+        None, "HOROVOD_CYCLE_TIME in ms (Horovod's default 1); null = leave as is")
+
+    def __post_init__(self) -> None:
+        _require(self.gradient_predivide_factor > 0,
+                 f"horovod.gradient_predivide_factor must be > 0, got {self.gradient_predivide_factor}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training run's engine settings, shared by both frameworks."""
+
+    optim: OptimConfig = doc(OptimConfig(), "")
+    schedule: ScheduleConfig = doc(ScheduleConfig(), "")
+    batch: BatchConfig = doc(BatchConfig(), "")
+    precision: PrecisionConfig = doc(PrecisionConfig(), "")
+    horovod: HorovodConfig = doc(HorovodConfig(), "")
+    seed: int = doc(0, "random seed (model init, data order, masking)")
+    log_every: int = doc(10, "log every this many optimizer steps (rank 0)")
+    checkpoint_every: int = doc(0, "checkpoint every this many optimizer steps (0 = at the end only)")
+    keep_checkpoints: int = doc(3, "newest checkpoints to keep")
+    output_dir: str = doc("runs/latest", "folder for checkpoints and logs")
+
+    def __post_init__(self) -> None:
+        _require(self.log_every > 0, f"log_every must be > 0, got {self.log_every}")
+        _require(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        _require(self.keep_checkpoints > 0, f"keep_checkpoints must be > 0, got {self.keep_checkpoints}")

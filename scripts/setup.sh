@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# One idempotent set-up step for hvd_bert, used by `make setup`, `make test`, `make demo`
+# and the container images. On a fresh Debian machine, as root, it:
+#   1. installs OpenMPI and the build tools from apt (skipped when present),
+#   2. creates a virtual environment in the repo (.venv, or $HVD_BERT_VENV),
+#   3. installs the pinned frameworks and tools (skipped when the requirements are unchanged),
+#   4. builds Horovod 0.28.1 from the PyPI sdist with scripts/patch_horovod.py, caching the
+#      wheel outside the repo keyed by the Horovod, torch, TensorFlow and Python versions,
+#   5. installs hvd_bert itself (editable) and checks that Horovod loads in both frameworks.
+# A second run on the same machine takes seconds. Any failure names the step and the fix.
+#
+# Settings (environment): HVD_BERT_VENV (venv path), HVD_BERT_CACHE (wheel cache,
+# default ~/.cache/hvd_bert), HVD_BERT_PYTHON (interpreter, default python3.11),
+# HVD_BERT_TORCH_INDEX (extra pip index for torch's CPU build, for machines where plain
+# `pip install torch==2.13.0` would take a CUDA build, e.g. https://download.pytorch.org/whl/cpu),
+# HVD_BERT_SKIP_APT=1 (never call apt-get; fail with the package list instead).
+set -Eeuo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${HVD_BERT_VENV:-$ROOT/.venv}
+CACHE=${HVD_BERT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_bert}
+PYTHON=${HVD_BERT_PYTHON:-python3.11}
+HOROVOD_VERSION=0.28.1
+TORCH_VERSION=2.13.0
+TF_VERSION=2.21.0
+APT_PACKAGES=(libopenmpi-dev openmpi-bin cmake g++ make)
+
+STEP="start"
+step() { STEP=$1; echo "==> [setup] $1"; }
+die() {
+    echo "setup: step '$STEP' failed: $1" >&2
+    echo "setup: fix: $2" >&2
+    exit 1
+}
+trap 'echo "setup: step '"'"'$STEP'"'"' failed (command on line $LINENO exited non-zero); see the output above" >&2' ERR
+
+pip_() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
+
+# ---------------------------------------------------------------------------------------
+step "system packages (OpenMPI, cmake, g++)"
+missing=()
+command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
+command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev)
+command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+command -v g++ >/dev/null 2>&1 || missing+=(g++)
+command -v make >/dev/null 2>&1 || missing+=(make)
+if ((${#missing[@]})); then
+    if [[ ${HVD_BERT_SKIP_APT:-0} == 1 ]]; then
+        die "missing ${missing[*]}" "install them: apt-get install -y ${APT_PACKAGES[*]}"
+    fi
+    if [[ $(id -u) != 0 ]]; then
+        die "missing ${missing[*]} and not root" "run: sudo apt-get install -y ${APT_PACKAGES[*]}, then this script again"
+    fi
+    command -v apt-get >/dev/null 2>&1 || die "no apt-get on this machine" \
+        "install OpenMPI (mpirun, mpicc), cmake, g++ and make with the system's package manager"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq || die "apt-get update failed" "check the network and the apt sources, then rerun"
+    apt-get install -y -qq --no-install-recommends "${APT_PACKAGES[@]}" >/dev/null \
+        || die "apt-get install failed" "run: apt-get install -y ${APT_PACKAGES[*]} and read its error"
+fi
+echo "    $(mpirun --version 2>/dev/null | head -n 1)"
+
+# ---------------------------------------------------------------------------------------
+step "virtual environment ($VENV)"
+command -v "$PYTHON" >/dev/null 2>&1 || die "no $PYTHON on PATH" \
+    "install Python 3.11 (with venv), or set HVD_BERT_PYTHON to a Python 3.11 interpreter"
+if [[ ! -x $VENV/bin/python ]]; then
+    "$PYTHON" -m venv "$VENV" || die "could not create the venv" "install python3.11-venv, or remove $VENV and rerun"
+fi
+pyver=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+[[ $pyver == 3.11 ]] || die "the venv has Python $pyver, hvd_bert is pinned to 3.11" \
+    "remove $VENV and set HVD_BERT_PYTHON to a Python 3.11 interpreter"
+
+# ---------------------------------------------------------------------------------------
+step "Python packages (torch $TORCH_VERSION, tensorflow-cpu $TF_VERSION, tf-keras, mpi4py, ...)"
+deps_key=$(cat "$ROOT/requirements.txt" "$ROOT/requirements-dev.txt" | sha256sum | cut -c1-16)
+deps_stamp=$VENV/.hvd_bert_deps
+if [[ $(cat "$deps_stamp" 2>/dev/null) != "$deps_key" ]]; then
+    pip_ install -q --upgrade pip setuptools wheel || die "could not upgrade pip" "check network access to PyPI"
+    extra=()
+    [[ -n ${HVD_BERT_TORCH_INDEX:-} ]] && extra+=(--extra-index-url "$HVD_BERT_TORCH_INDEX")
+    # mpi4py is compiled against the system OpenMPI (mpicc), not taken as a binary wheel.
+    pip_ install -q "${extra[@]}" --no-binary mpi4py -r "$ROOT/requirements.txt" -r "$ROOT/requirements-dev.txt" \
+        || die "pip could not install the requirements" \
+            "read pip's error above; for torch's CPU build set HVD_BERT_TORCH_INDEX=https://download.pytorch.org/whl/cpu"
+    echo "$deps_key" >"$deps_stamp"
+fi
+
+# ---------------------------------------------------------------------------------------
+step "Horovod $HOROVOD_VERSION (patched build, cached)"
+key="horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-tf$TF_VERSION-py$pyver-$(uname -m)"
+patch_sum=$(sha256sum "$ROOT/scripts/patch_horovod.py" | cut -c1-8)
+wheel_dir=$CACHE/wheels/$key-$patch_sum
+hvd_stamp=$VENV/.hvd_bert_horovod
+if [[ $(cat "$hvd_stamp" 2>/dev/null) != "$key-$patch_sum" ]]; then
+    wheel=$(ls "$wheel_dir"/horovod-*.whl 2>/dev/null | head -n 1 || true)
+    if [[ -z $wheel ]]; then
+        echo "    no cached wheel in $wheel_dir: building (6-10 minutes on 2 cores)"
+        build=$(mktemp -d "${TMPDIR:-/tmp}/hvd_bert_horovod.XXXXXX")
+        pip_ download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build" \
+            || die "could not download the Horovod $HOROVOD_VERSION sdist" "check network access to PyPI"
+        tar -xzf "$build/horovod-$HOROVOD_VERSION.tar.gz" -C "$build"
+        "$VENV/bin/python" "$ROOT/scripts/patch_horovod.py" "$build/horovod-$HOROVOD_VERSION" \
+            || die "patching Horovod failed" "see the message above; scripts/patch_horovod.py expects the $HOROVOD_VERSION sdist"
+        (
+            cd "$build/horovod-$HOROVOD_VERSION"
+            export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
+                HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO \
+                MAKEFLAGS="-j$(nproc)" TF_USE_LEGACY_KERAS=1
+            "$VENV/bin/python" -m pip wheel -q --no-deps --no-build-isolation -w "$build/wheel" . >"$build/build.log" 2>&1
+        ) || { tail -n 40 "$build/build.log" >&2; die "the Horovod build failed (log: $build/build.log)" \
+            "read the compiler error above; the build needs torch and TensorFlow installed, cmake, g++ and mpicc"; }
+        mkdir -p "$wheel_dir"
+        built=$(ls "$build"/wheel/horovod-*.whl)
+        cp "$built" "$wheel_dir/.tmp.whl" && mv "$wheel_dir/.tmp.whl" "$wheel_dir/$(basename "$built")"
+        rm -rf "$build"
+        wheel=$(ls "$wheel_dir"/horovod-*.whl | head -n 1)
+    fi
+    pip_ install -q --no-deps --force-reinstall "$wheel" || die "could not install $wheel" \
+        "remove $wheel_dir to rebuild it"
+    echo "$key-$patch_sum" >"$hvd_stamp"
+fi
+
+# ---------------------------------------------------------------------------------------
+step "hvd_bert (editable install)"
+if ! "$VENV/bin/python" -c 'import hvd_bert, sys; sys.exit(0 if hvd_bert.__file__.startswith(sys.argv[1]) else 1)' \
+        "$ROOT/hvd_bert" 2>/dev/null; then
+    pip_ install -q --no-deps --no-build-isolation -e "$ROOT" || die "could not install hvd_bert" "read pip's error above"
+fi
+
+# ---------------------------------------------------------------------------------------
+step "check: Horovod loads in both frameworks"
+TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" - <<'PY' || die "Horovod does not load" \
+    "remove the cached wheel ($CACHE/wheels) and the venv's stamps ($VENV/.hvd_bert_*), then rerun"
+import horovod.torch as ht
+import horovod.tensorflow as htf
+import horovod.tensorflow.keras  # noqa: F401  (tf-keras callbacks, needs the patch)
+assert ht.gloo_built() and ht.mpi_built(), "torch: Horovod built without Gloo or MPI"
+assert htf.gloo_built() and htf.mpi_built(), "tensorflow: Horovod built without Gloo or MPI"
+PY
+echo "==> [setup] ready: activate with 'source ${VENV#"$PWD"/}/bin/activate' or run '$VENV/bin/hvd-bert doctor'"
