@@ -123,19 +123,26 @@ fi
 
 # ---------------------------------------------------------------------------------------
 step "hvd_bert (editable install)"
-if ! "$VENV/bin/python" -c 'import hvd_bert, sys; sys.exit(0 if hvd_bert.__file__.startswith(sys.argv[1]) else 1)' \
+if ! "$VENV/bin/python" -P -c 'import hvd_bert, sys; sys.exit(0 if hvd_bert.__file__.startswith(sys.argv[1]) else 1)' \
         "$ROOT/hvd_bert" 2>/dev/null; then
     pip_ install -q --no-deps --no-build-isolation -e "$ROOT" || die "could not install hvd_bert" "read pip's error above"
 fi
 
 # ---------------------------------------------------------------------------------------
 step "check: Horovod loads in both frameworks"
-TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" - <<'PY' || die "Horovod does not load" \
-    "remove the cached wheel ($CACHE/wheels) and the venv's stamps ($VENV/.hvd_bert_*), then rerun"
+check_log=$(mktemp "${TMPDIR:-/tmp}/hvd_bert_check.XXXXXX")
+if ! TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -P - 2>"$check_log" <<'PY'
 import horovod.torch as ht
 import horovod.tensorflow as htf
 import horovod.tensorflow.keras  # noqa: F401  (tf-keras callbacks, needs the patch)
 assert ht.gloo_built() and ht.mpi_built(), "torch: Horovod built without Gloo or MPI"
 assert htf.gloo_built() and htf.mpi_built(), "tensorflow: Horovod built without Gloo or MPI"
+import hvd_bert  # noqa: F401  (installed, not just on the current folder's path)
 PY
+then
+    cat "$check_log" >&2
+    die "Horovod or hvd_bert does not load" \
+        "remove the cached wheel ($CACHE/wheels) and the venv's stamps ($VENV/.hvd_bert_*), then rerun"
+fi
+rm -f "$check_log"
 echo "==> [setup] ready: activate with 'source ${VENV#"$PWD"/}/bin/activate' or run '$VENV/bin/hvd-bert doctor'"

@@ -1,0 +1,182 @@
+"""``hvd-bert doctor``: what is installed, what the Horovod build contains, and whether a
+2-process allreduce works in each framework under each controller, with the fix for what
+does not."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+from hvd_bert import launch
+
+SETUP_FIX = "run `bash scripts/setup.sh` (or `make setup`) in the hvd_bert checkout"
+REBUILD_FIX = ("rebuild Horovod: remove ~/.cache/hvd_bert/wheels and .venv/.hvd_bert_horovod, "
+               "then run `bash scripts/setup.sh`")
+
+_PROBE = r"""
+import json, os, sys
+import hvd_bert
+out = {}
+fw = sys.argv[1]
+try:
+    if fw == "torch":
+        import torch as m
+        out["version"] = m.__version__
+        import horovod.torch as h
+    else:
+        import tensorflow as m
+        out["version"] = m.__version__
+        import tf_keras
+        out["tf_keras"] = tf_keras.__version__
+        out["keras_is_tf_keras"] = m.keras.layers.Dense.__module__.startswith("tf_keras")
+        import horovod.tensorflow as h
+        import horovod.tensorflow.keras  # noqa: F401
+    import horovod
+    out["horovod"] = horovod.__version__
+    out["build"] = {k: bool(getattr(h, k + "_built")()) for k in
+                    ("mpi", "gloo", "nccl", "ddl", "ccl", "cuda", "rocm")}
+except Exception as e:  # report, do not crash: the doctor explains it
+    out["error"] = f"{type(e).__name__}: {e}"
+print("PROBE" + json.dumps(out))
+"""
+
+
+def _probe(framework: str) -> dict:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    try:
+        p = subprocess.run([sys.executable, "-c", _PROBE, framework], capture_output=True,
+                           text=True, timeout=180, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": "importing the framework took over 180 s"}
+    for line in p.stdout.splitlines():
+        if line.startswith("PROBE"):
+            return json.loads(line[5:])
+    return {"error": f"the probe crashed (exit {p.returncode}): {p.stderr.strip()[-500:]}"}
+
+
+def _mpi_versions() -> tuple[str, str]:
+    mpirun = shutil.which("mpirun")
+    mpirun_v = "missing"
+    if mpirun:
+        try:
+            mpirun_v = subprocess.run([mpirun, "--version"], capture_output=True, text=True,
+                                      timeout=30).stdout.splitlines()[0].strip()
+        except (subprocess.SubprocessError, IndexError, OSError):
+            mpirun_v = "present, but `mpirun --version` failed"
+    try:
+        from mpi4py import MPI  # noqa: PLC0415
+
+        import mpi4py
+        lib = MPI.Get_library_version().splitlines()[0].strip().rstrip(",")
+        mpi4py_v = f"{mpi4py.__version__} ({lib})"
+    except Exception as e:  # noqa: BLE001
+        mpi4py_v = f"missing ({type(e).__name__}: {e})"
+    return mpirun_v, mpi4py_v
+
+
+def _row(label: str, value: str) -> None:
+    print(f"  {label:<22} {value}")
+
+
+def _mark(ok: bool) -> str:
+    return "[X]" if ok else "[ ]"
+
+
+def run_doctor(np: int = 2, timeout: float = 180, runs: bool = True) -> int:
+    problems: list[tuple[str, str]] = []
+    print("hvd_bert doctor")
+    print("versions:")
+    import numpy
+
+    import hvd_bert
+    _row("hvd_bert", f"{hvd_bert.__version__} ({os.path.dirname(hvd_bert.__file__)})")
+    _row("python", f"{platform.python_version()} ({sys.executable})")
+    _row("numpy", numpy.__version__)
+    probes = {fw: _probe(fw) for fw in ("torch", "tensorflow")}
+    for fw, pr in probes.items():
+        if "version" in pr:
+            extra = f" + tf-keras {pr['tf_keras']}" if "tf_keras" in pr else ""
+            _row(fw, pr["version"] + extra)
+        else:
+            _row(fw, "missing")
+    hvd_versions = {pr.get("horovod") for pr in probes.values() if pr.get("horovod")}
+    _row("horovod", ", ".join(sorted(hvd_versions)) or "missing")
+    mpirun_v, mpi4py_v = _mpi_versions()
+    _row("mpirun", mpirun_v)
+    _row("mpi4py", mpi4py_v)
+    _row("TF_USE_LEGACY_KERAS", os.environ.get("TF_USE_LEGACY_KERAS", "unset"))
+    if mpirun_v == "missing":
+        problems.append(("mpirun is missing", "apt-get install -y openmpi-bin libopenmpi-dev"))
+    if mpi4py_v.startswith("missing"):
+        problems.append(("mpi4py does not load (needed to prepare data across nodes)", SETUP_FIX))
+
+    print("horovod build:")
+    for fw, pr in probes.items():
+        if "error" in pr:
+            _row(fw, f"NOT AVAILABLE: {pr['error']}")
+            fix = SETUP_FIX if "version" not in pr else REBUILD_FIX
+            problems.append((f"Horovod for {fw} does not load ({pr['error']})", fix))
+            continue
+        b = pr["build"]
+        _row(fw, f"controllers: {_mark(b['mpi'])} MPI {_mark(b['gloo'])} Gloo; tensor operations: "
+                 f"{_mark(b['nccl'])} NCCL {_mark(b['ddl'])} DDL {_mark(b['ccl'])} CCL "
+                 f"{_mark(b['mpi'])} MPI {_mark(b['gloo'])} Gloo; GPU: {_mark(b['cuda'])} CUDA "
+                 f"{_mark(b['rocm'])} ROCm")
+        if fw == "tensorflow" and not pr.get("keras_is_tf_keras", False):
+            problems.append(("tf.keras is Keras 3, not tf-keras: Horovod's Keras integration fails",
+                             "export TF_USE_LEGACY_KERAS=1 before TensorFlow is imported "
+                             "(importing hvd_bert first does it) and install tf-keras==2.21.0"))
+        for ctl in ("mpi", "gloo"):
+            if not b[ctl]:
+                problems.append((f"Horovod for {fw} was built without {ctl.upper()}", REBUILD_FIX))
+
+    ok_runs = 0
+    if runs:
+        print(f"runs ({np} processes, allreduce of rank + 1):")
+        for fw, pr in probes.items():
+            if "error" in pr:
+                _row(f"{fw} / -", "skipped: Horovod does not load")
+                continue
+            for ctl in ("gloo", "mpi"):
+                if not pr["build"][ctl] or (ctl == "mpi" and mpirun_v == "missing"):
+                    _row(f"{fw} / {ctl}", "skipped: not available")
+                    continue
+                res = launch.run(["-m", "hvd_bert._doctor_worker", fw], np=np, launcher=ctl,
+                                 timeout=timeout, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+                lines = [ln for ln in res.stdout.splitlines() if "doctor-rank" in ln]
+                if res.ok and len(lines) == np:
+                    ok_runs += 1
+                    _row(f"{fw} / {ctl}", f"OK: {np} ranks agree ({lines[0].split('allreduce=')[1]})")
+                else:
+                    why = "timed out" if res.timed_out else f"exit code {res.returncode}"
+                    _row(f"{fw} / {ctl}", f"FAILED ({why})")
+                    tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
+                    for t in tail:
+                        print(f"      {t[:200]}")
+                    problems.append((f"{np}-process {fw} allreduce over {ctl} failed ({why})",
+                                     _run_fix(ctl, res)))
+    print()
+    if problems:
+        print(f"{len(problems)} problem(s):")
+        for what, fix in problems:
+            print(f"  - {what}\n    fix: {fix}")
+        return 1
+    print(f"everything works: {ok_runs} distributed runs passed")
+    return 0
+
+
+def _run_fix(ctl: str, res: launch.RunResult) -> str:
+    text = res.stdout + res.stderr
+    if "run-as-root" in text or "as root" in text:
+        return "as root, pass --allow-run-as-root to mpirun or export OMPI_ALLOW_RUN_AS_ROOT=1 " \
+               "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
+    if "not enough slots" in text:
+        return "ask for fewer processes (--np) or add --oversubscribe to mpirun"
+    if res.timed_out:
+        return ("a rank hung: check that localhost resolves and that loopback TCP is allowed; "
+                "set HOROVOD_GLOO_IFACE=lo (gloo) or pass --mca btl_tcp_if_include lo (mpi)")
+    return "read the rank output above; " + SETUP_FIX

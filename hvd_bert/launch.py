@@ -1,0 +1,125 @@
+"""Start a Python program on N local Horovod processes (standard library only).
+
+Used by ``hvd-bert doctor``, the benchmarks and ``tests/parallel``. Two launchers:
+    ``gloo``  ``horovodrun -np N -H localhost:N --gloo python ...``
+    ``mpi``   ``mpirun -np N python ...`` (OpenMPI; as root it adds --allow-run-as-root)
+A run that outlives ``timeout`` is killed with its whole process group, so a rank stuck in a
+collective after its peer died cannot hang the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Literal, Mapping, Sequence
+
+Launcher = Literal["gloo", "mpi"]
+
+# Environment passed to every rank under mpirun (-x); horovodrun forwards the environment.
+_FORWARD = ("PATH", "PYTHONPATH", "HOME", "TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL",
+            "OMP_NUM_THREADS", "HVD_BERT_CACHE", "CUDA_VISIBLE_DEVICES")
+
+
+@dataclass
+class RunResult:
+    """The outcome of a distributed run."""
+
+    command: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def explain(self) -> str:
+        head = f"command: {' '.join(self.command)}\nexit code: {self.returncode}"
+        if self.timed_out:
+            head += " (killed after the timeout)"
+        return f"{head}\n--- stdout ---\n{self.stdout[-6000:]}\n--- stderr ---\n{self.stderr[-6000:]}"
+
+
+def tool_path(name: str) -> str:
+    """``name`` from the running interpreter's bin folder (the venv), else from PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), name)
+    if os.path.exists(here):
+        return here
+    found = shutil.which(name)
+    if not found:
+        raise FileNotFoundError(
+            f"{name} not found next to {sys.executable} nor on PATH; run scripts/setup.sh "
+            f"(or `make setup`) and use the venv's Python")
+    return found
+
+
+def is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def mpi_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for ``mpirun``: OpenMPI refuses to run as root without these."""
+    out = dict(os.environ if env is None else env)
+    if is_root():
+        out.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        out.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    # Containers often forbid the ptrace-based single-copy path of the shared-memory transport.
+    out.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+    return out
+
+
+def command(argv: Sequence[str], np: int = 2, launcher: Launcher = "gloo",
+            python: str | None = None, extra_env: Sequence[str] = ()) -> list[str]:
+    """The launch command for ``python argv...`` on ``np`` local processes."""
+    if np < 1:
+        raise ValueError(f"np must be >= 1, got {np}")
+    py = python or sys.executable
+    if launcher == "gloo":
+        return [tool_path("horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", py, *argv]
+    if launcher == "mpi":
+        cmd = [tool_path("mpirun"), "-np", str(np), "--oversubscribe", "--bind-to", "none",
+               "--mca", "btl", "self,vader,tcp"]
+        if is_root():
+            cmd.append("--allow-run-as-root")
+        for var in (*_FORWARD, *extra_env):
+            if var in os.environ or var in extra_env:
+                cmd += ["-x", var]
+        return cmd + [py, *argv]
+    raise ValueError(f"launcher must be 'gloo' or 'mpi', got {launcher!r}")
+
+
+def run(argv: Sequence[str], np: int = 2, launcher: Launcher = "gloo", timeout: float = 300,
+        env: Mapping[str, str] | None = None, cwd: str | None = None) -> RunResult:
+    """Run ``python argv...`` on ``np`` processes and wait at most ``timeout`` seconds."""
+    full_env = mpi_env(env)
+    cmd = command(argv, np, launcher, extra_env=[k for k in (env or {}) if k not in _FORWARD])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=full_env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return RunResult(cmd, proc.returncode, out, err, False)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        return RunResult(cmd, proc.returncode if proc.returncode is not None else -9, out, err, True)
+    except BaseException:
+        _kill_group(proc)
+        raise
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=5)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -1,0 +1,36 @@
+"""The hvd-bert command's framework-free subcommands."""
+
+import subprocess
+import sys
+
+import yaml
+
+
+def hvd_bert(*args):
+    return subprocess.run([sys.executable, "-m", "hvd_bert", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_config_prints_resolved_yaml_with_overrides(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("optim: {name: lars}\n")
+    p = hvd_bert("config", "--config", str(recipe), "--set", "optim.lr=2.0", "--set", "seed=5")
+    assert p.returncode == 0, p.stderr
+    cfg = yaml.safe_load(p.stdout)
+    assert cfg["optim"]["name"] == "lars" and cfg["optim"]["lr"] == 2.0 and cfg["seed"] == 5
+
+
+def test_config_error_names_the_key_and_exits_2():
+    p = hvd_bert("config", "--set", "optim.learning_rate=1")
+    assert p.returncode == 2
+    assert "unknown key 'optim.learning_rate'" in p.stderr
+
+
+def test_config_explain_documents_fields():
+    p = hvd_bert("config", "--explain")
+    assert p.returncode == 0 and "batch.backward_passes_per_step" in p.stdout
+
+
+def test_no_subcommand_is_a_usage_error():
+    p = hvd_bert()
+    assert p.returncode == 2 and "doctor" in p.stderr

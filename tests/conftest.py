@@ -1,0 +1,7 @@
+"""Shared test settings: one thread per process (2 ranks share 2 cores), quiet TensorFlow."""
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
