@@ -97,9 +97,14 @@ if [[ $(cat "$hvd_stamp" 2>/dev/null) != "$key-$patch_sum" ]]; then
     if [[ -z $wheel ]]; then
         echo "    no cached wheel in $wheel_dir: building (6-10 minutes on 2 cores)"
         build=$(mktemp -d "${TMPDIR:-/tmp}/hvd_bert_horovod.XXXXXX")
-        pip_ download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build" \
-            || die "could not download the Horovod $HOROVOD_VERSION sdist" "check network access to PyPI"
-        tar -xzf "$build/horovod-$HOROVOD_VERSION.tar.gz" -C "$build"
+        sdist=$CACHE/sdist/horovod-$HOROVOD_VERSION.tar.gz
+        if [[ ! -f $sdist ]]; then
+            mkdir -p "$CACHE/sdist"
+            pip_ download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build" \
+                || die "could not download the Horovod $HOROVOD_VERSION sdist" "check network access to PyPI"
+            mv "$build/horovod-$HOROVOD_VERSION.tar.gz" "$sdist"
+        fi
+        tar -xzf "$sdist" -C "$build"
         "$VENV/bin/python" "$ROOT/scripts/patch_horovod.py" "$build/horovod-$HOROVOD_VERSION" \
             || die "patching Horovod failed" "see the message above; scripts/patch_horovod.py expects the $HOROVOD_VERSION sdist"
         (

@@ -1,0 +1,1 @@
+"""PyTorch frontend of hvd_bert."""

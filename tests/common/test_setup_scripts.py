@@ -1,0 +1,69 @@
+"""scripts/patch_horovod.py on the real Horovod 0.28.1 sdist, and scripts/setup.sh's errors."""
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("HVD_BERT_CACHE", Path.home() / ".cache" / "hvd_bert"))
+SDIST = CACHE / "sdist" / "horovod-0.28.1.tar.gz"
+
+
+@pytest.fixture
+def horovod_tree(tmp_path):
+    if not SDIST.is_file():
+        pytest.skip(f"no Horovod sdist at {SDIST} (scripts/setup.sh keeps it there)")
+    with tarfile.open(SDIST) as t:
+        t.extractall(tmp_path, filter="data")
+    return tmp_path / "horovod-0.28.1"
+
+
+def patch(tree):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "patch_horovod.py"), str(tree)],
+                          capture_output=True, text=True)
+
+
+def test_patch_applies_the_four_changes_once(horovod_tree):
+    p = patch(horovod_tree)
+    assert p.returncode == 0, p.stderr
+    torch_cmake = (horovod_tree / "horovod/torch/CMakeLists.txt").read_text()
+    assert "set(CMAKE_CXX_STANDARD 17)" in torch_cmake and "set(CMAKE_CXX_STANDARD 14)" not in torch_cmake
+    assert "list(APPEND PYTORCH_LINKER_LIBS compatible17_gloo)" in torch_cmake
+    tf_cmake = (horovod_tree / "horovod/tensorflow/CMakeLists.txt").read_text()
+    xla = '\nlist(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")'
+    assert xla not in tf_cmake
+    for f in ("__init__.py", "callbacks.py"):
+        text = (horovod_tree / "horovod/tensorflow/keras" / f).read_text()
+        assert "from tensorflow.keras import backend as K" in text
+        assert "\n    from keras import backend as K" not in text
+    again = patch(horovod_tree)
+    assert again.returncode != 0 and "already patched" in again.stderr
+
+
+def test_patch_refuses_source_it_does_not_know(horovod_tree):
+    f = horovod_tree / "horovod/tensorflow/CMakeLists.txt"
+    f.write_text(f.read_text().replace("xla_mpi_ops.cc", "xla_ops_renamed.cc"))
+    p = patch(horovod_tree)
+    assert p.returncode != 0
+    assert "horovod/tensorflow/CMakeLists.txt" in p.stderr and "is this Horovod 0.28.1?" in p.stderr
+    # nothing was written: the torch file is untouched too
+    assert "CMAKE_CXX_STANDARD 14" in (horovod_tree / "horovod/torch/CMakeLists.txt").read_text()
+
+
+def test_patch_refuses_a_folder_that_is_not_an_sdist(tmp_path):
+    p = patch(tmp_path)
+    assert p.returncode != 0 and "not an unpacked Horovod sdist" in p.stderr
+
+
+def test_setup_names_the_failed_step_and_the_fix(tmp_path):
+    env = dict(os.environ, HVD_BERT_VENV=str(tmp_path / "venv"), HVD_BERT_PYTHON="python3.99-missing",
+               HVD_BERT_SKIP_APT="1")
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert p.returncode == 1
+    assert "step 'virtual environment" in p.stderr and "no python3.99-missing on PATH" in p.stderr
+    assert "fix: install Python 3.11" in p.stderr
