@@ -17,8 +17,8 @@ LAUNCHERS = ["gloo", "mpi"]
 
 @pytest.fixture
 def run_ranks(tmp_path):
-    def run(worker, *args, np=2, launcher="gloo", timeout=240, expect_ok=True, env=None):
-        out = tmp_path / f"out-{launcher}-{worker.replace('.py', '')}"
+    def run(worker, *args, np=2, launcher="gloo", timeout=240, expect_ok=True, env=None, tag=""):
+        out = tmp_path / f"out-{launcher}-{worker.replace('.py', '')}{tag}"
         out.mkdir(exist_ok=True)
         res = launch.run([str(WORKERS / worker), *map(str, args), str(out)], np=np,
                          launcher=launcher, timeout=timeout, env=dict(os.environ, **(env or {})))

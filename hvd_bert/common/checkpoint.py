@@ -1,0 +1,77 @@
+"""Checkpoint files, framework-free: atomic writes, names by step, the newest, retention.
+
+A checkpoint is written to a temporary name in the same folder, flushed to disk, then
+renamed over its final name (``os.replace`` is atomic on POSIX): a run killed mid-write
+leaves the previous checkpoints intact and never a half-written file under a final name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["atomic_write", "checkpoint_path", "list_checkpoints", "latest_checkpoint", "prune"]
+
+_NAME = re.compile(r"^ckpt-(\d{8,})\.(\w+)$")
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp_path)``, fsync it, and rename it to ``path``. On any error the
+    temporary file is removed and ``path`` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:  # make the rename itself durable
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    return path
+
+
+def checkpoint_path(folder: str | Path, step: int, suffix: str) -> Path:
+    """``folder/ckpt-<step, 8 digits>.<suffix>``."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return Path(folder) / f"ckpt-{step:08d}.{suffix}"
+
+
+def list_checkpoints(folder: str | Path, suffix: str) -> list[tuple[int, Path]]:
+    """``(step, path)`` of the complete checkpoints in ``folder``, oldest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    out = []
+    for p in folder.iterdir():
+        m = _NAME.match(p.name)
+        if m and m.group(2) == suffix and p.is_file():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def latest_checkpoint(folder: str | Path, suffix: str) -> Path | None:
+    found = list_checkpoints(folder, suffix)
+    return found[-1][1] if found else None
+
+
+def prune(folder: str | Path, suffix: str, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints; returns the deleted paths."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    old = [p for _, p in list_checkpoints(folder, suffix)[:-keep]]
+    for p in old:
+        p.unlink(missing_ok=True)
+    return old

@@ -1,0 +1,292 @@
+"""LAMB, NVLAMB and LARS as ``torch.optim.Optimizer`` subclasses.
+
+They implement the math of :mod:`hvd_bert.common.optim` (the reference they are tested
+against) with multi-tensor ``torch._foreach_*`` kernels: one call per operation over all
+tensors of a parameter group, no Python loop over elements. Per-group options:
+
+    ``weight_decay``  decoupled weight decay of the group
+    ``adapt``         whether the group gets the layer-wise trust ratio
+
+:func:`param_groups` builds the groups from parameter names (BERT: no weight decay for
+``bias`` and ``LayerNorm``) through :class:`hvd_bert.common.config.OptimConfig`, and
+:func:`build_optimizer` makes any of the toolkit's optimizers from that config.
+
+``init_state()`` creates the zero state explicitly. Horovod's ``broadcast_optimizer_state``
+otherwise creates it by taking a fake step with zero gradients, which advances LAMB's step
+count (its bias correction) and applies one weight decay.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from hvd_bert.common.config import OptimConfig
+
+__all__ = ["Lamb", "NVLamb", "Lars", "param_groups", "build_optimizer", "init_state"]
+
+
+def _group_tensors(group, state, names: Sequence[str]):
+    params = [p for p in group["params"] if p.grad is not None]
+    grads = [p.grad for p in params]
+    bufs = [[state[p][n] for p in params] for n in names]
+    return params, grads, bufs
+
+
+def _trust_ratios(w_norms: list[torch.Tensor], u_norms: list[torch.Tensor]) -> torch.Tensor:
+    """||w|| / ||u|| per tensor, 1 where either norm is zero."""
+    w = torch.stack(w_norms)
+    u = torch.stack(u_norms)
+    ok = (w > 0) & (u > 0)
+    return torch.where(ok, w / torch.where(ok, u, torch.ones_like(u)), torch.ones_like(w))
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2019, arXiv:1904.00962, Alg. 2), as ``hvd_bert.common.optim.lamb_step``.
+
+    Args:
+        lr, betas, eps, weight_decay: as in the paper; eps is outside the square root.
+        bias_correction: Adam bias correction (default on).
+        adapt: apply the trust ratio (per group; default on: TF BERT, optax).
+        max_grad_norm: if set, clip the global norm of all gradients (over every group) to
+            it before the update (NVLAMB). Read from the first group.
+
+    Every setting lives in the parameter groups: ``hvd.DistributedOptimizer`` rebuilds the
+    optimizer from ``param_groups`` alone, so anything kept elsewhere would be lost.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.0, bias_correction: bool = True,
+                 adapt: bool | None = True, max_grad_norm: float | None = None, **extra):
+        if lr <= 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"invalid LAMB hyperparameters: lr={lr}, betas={betas}, eps={eps}, "
+                             f"weight_decay={weight_decay}")
+        if max_grad_norm is not None and max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        bias_correction=bias_correction, adapt=adapt,
+                        max_grad_norm=max_grad_norm, **extra)
+        super().__init__(params, defaults)
+        self.last_grad_norm: torch.Tensor | None = None
+
+    def _adapt(self, group) -> bool:
+        return bool(group["adapt"])
+
+    @torch.no_grad()
+    def init_state(self) -> None:
+        """Zero moments and step 0 for every parameter that has none yet."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                if not st:
+                    st["step"] = torch.zeros((), dtype=torch.float32)
+                    st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    def _clip_factor(self) -> torch.Tensor | None:
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if not grads:
+            return None
+        norms = torch._foreach_norm(grads)
+        dtype = torch.float64 if all(n.dtype == torch.float64 for n in norms) else torch.float32
+        gnorm = torch.linalg.vector_norm(torch.stack([n.to(dtype) for n in norms]))
+        self.last_grad_norm = gnorm
+        max_norm = self.param_groups[0]["max_grad_norm"]
+        if max_norm is None:
+            return None
+        # g / (G / max) when G > max, unchanged otherwise (apex FusedLAMB; a clip, not a scale).
+        return torch.where(gnorm > max_norm, max_norm / gnorm, torch.ones_like(gnorm))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.init_state()
+        clip = self._clip_factor()
+        for group in self.param_groups:
+            params, grads, (steps, m, v) = _group_tensors(
+                group, self.state, ("step", "exp_avg", "exp_avg_sq"))
+            if not params:
+                continue
+            if any(g.is_sparse for g in grads):
+                raise RuntimeError("Lamb does not support sparse gradients")
+            beta1, beta2 = group["betas"]
+            torch._foreach_add_(steps, 1.0)
+            t = steps[0].item()  # every tensor of a group steps together
+            c1 = 1.0 - beta1 ** t if group["bias_correction"] else 1.0
+            c2 = 1.0 - beta2 ** t if group["bias_correction"] else 1.0
+            if clip is not None:
+                grads = torch._foreach_mul(grads, clip)
+            # m = b1 m + (1 - b1) g ; v = b2 v + (1 - b2) g^2
+            torch._foreach_mul_(m, beta1)
+            torch._foreach_add_(m, grads, alpha=1.0 - beta1)
+            torch._foreach_mul_(v, beta2)
+            torch._foreach_addcmul_(v, grads, grads, value=1.0 - beta2)
+            # u = (m / c1) / (sqrt(v / c2) + eps) + wd w
+            denom = torch._foreach_div(v, c2)
+            torch._foreach_sqrt_(denom)
+            torch._foreach_add_(denom, group["eps"])
+            update = torch._foreach_div(m, c1)
+            torch._foreach_div_(update, denom)
+            if group["weight_decay"]:
+                torch._foreach_add_(update, params, alpha=group["weight_decay"])
+            if self._adapt(group):
+                ratios = _trust_ratios(torch._foreach_norm(params), torch._foreach_norm(update))
+                torch._foreach_mul_(update, list(ratios.unbind()))
+            torch._foreach_add_(params, update, alpha=-group["lr"])
+        return loss
+
+
+class NVLamb(Lamb):
+    """NVLAMB (NVIDIA apex FusedLAMB): clip the global gradient norm to ``max_grad_norm``
+    (default 1.0), then LAMB with bias correction. As in apex, groups without weight decay
+    skip the trust ratio unless ``use_nvlamb=True`` (a group's explicit ``adapt`` wins).
+    As ``hvd_bert.common.optim.nvlamb_step``.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.01, max_grad_norm: float = 1.0,
+                 use_nvlamb: bool = False, **extra):
+        extra.pop("bias_correction", None)
+        extra.setdefault("adapt", None)
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         bias_correction=True, max_grad_norm=max_grad_norm,
+                         use_nvlamb=use_nvlamb, **extra)
+
+    def _adapt(self, group) -> bool:
+        if group["adapt"] is not None:
+            return bool(group["adapt"])
+        return bool(group["use_nvlamb"]) or group["weight_decay"] != 0.0
+
+
+class Lars(torch.optim.Optimizer):
+    """LARS (You, Gitman, Ginsburg 2017) in the MLPerf form, as
+    ``hvd_bert.common.optim.lars_step``:
+
+        trust = eta ||w|| / (||g|| + wd ||w|| + eps)  (1 when ||w|| or ||g|| is 0)
+        v = momentum v + lr trust (g + wd w);  w -= v
+
+    Groups with ``adapt=False`` (bias, normalisation) get neither trust ratio nor weight
+    decay: v = momentum v + lr g.
+    """
+
+    def __init__(self, params, lr: float = 1.0, momentum: float = 0.9, weight_decay: float = 0.0,
+                 eta: float = 1e-3, eps: float = 0.0, adapt: bool = True):
+        if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0 or eta <= 0 or eps < 0:
+            raise ValueError(f"invalid LARS hyperparameters: lr={lr}, momentum={momentum}, "
+                             f"weight_decay={weight_decay}, eta={eta}, eps={eps}")
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                      eta=eta, eps=eps, adapt=adapt))
+
+    @torch.no_grad()
+    def init_state(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                if not st:
+                    st["step"] = torch.zeros((), dtype=torch.float32)
+                    st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.init_state()
+        for group in self.param_groups:
+            params, grads, (steps, bufs) = _group_tensors(group, self.state, ("step", "momentum_buffer"))
+            if not params:
+                continue
+            torch._foreach_add_(steps, 1.0)
+            lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
+            torch._foreach_mul_(bufs, mu)
+            if not group["adapt"]:
+                torch._foreach_add_(bufs, grads, alpha=lr)
+            else:
+                w = torch.stack(torch._foreach_norm(params))
+                g = torch.stack(torch._foreach_norm(grads))
+                ok = (w > 0) & (g > 0)
+                trust = torch.where(ok, group["eta"] * w / (g + wd * w + group["eps"]).clamp_min(1e-38),
+                                    torch.ones_like(w))
+                d = torch._foreach_add(grads, params, alpha=wd) if wd else list(grads)
+                torch._foreach_mul_(d, list((lr * trust).unbind()))
+                torch._foreach_add_(bufs, d)
+            torch._foreach_sub_(params, bufs)
+        return loss
+
+
+@torch.no_grad()
+def init_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create ``optimizer``'s zero state without taking a step (see the module docstring).
+
+    Supports the toolkit's optimizers and torch's SGD, Adam and AdamW."""
+    opt = optimizer
+    if hasattr(opt, "init_state"):
+        opt.init_state()
+        return
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state[p]
+            if st:
+                continue
+            if isinstance(opt, torch.optim.SGD):
+                if group.get("momentum", 0):
+                    st["momentum_buffer"] = torch.zeros_like(p)
+            elif isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+                st["step"] = torch.zeros((), dtype=torch.float32)
+                st["exp_avg"] = torch.zeros_like(p)
+                st["exp_avg_sq"] = torch.zeros_like(p)
+                if group.get("amsgrad"):
+                    st["max_exp_avg_sq"] = torch.zeros_like(p)
+            else:
+                raise TypeError(
+                    f"cannot create the state of {type(opt).__name__} without a step; use one of "
+                    f"hvd_bert's optimizers or torch's SGD/Adam/AdamW, or give it an init_state() method")
+
+
+def param_groups(named_parameters: Iterable[tuple[str, torch.nn.Parameter]], cfg: OptimConfig,
+                 ) -> list[dict]:
+    """Parameter groups by name: ``decay`` (weight decay, trust ratio) and ``no_decay``
+    (names matching ``cfg.exclude``: no weight decay; trust ratio as ``cfg`` says)."""
+    named = [(n, p) for n, p in named_parameters if p.requires_grad]
+    names = [n for n, _ in named]
+    decay, adapt = cfg.masks(names)
+    groups: dict[tuple[bool, bool], dict] = {}
+    for (name, p), d, a in zip(named, decay, adapt):
+        key = (d, a)
+        if key not in groups:
+            groups[key] = {"params": [], "names": [],
+                           "weight_decay": cfg.weight_decay if d else 0.0, "adapt": a}
+        groups[key]["params"].append(p)
+        groups[key]["names"].append(name)
+    return list(groups.values())
+
+
+def build_optimizer(named_parameters, cfg: OptimConfig, lr: float | None = None) -> torch.optim.Optimizer:
+    """The optimizer ``cfg.name`` over parameter groups from :func:`param_groups`."""
+    groups = param_groups(named_parameters, cfg)
+    lr = cfg.lr if lr is None else lr
+    if cfg.name == "lamb":
+        return Lamb(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                    weight_decay=cfg.weight_decay, bias_correction=cfg.bias_correction,
+                    max_grad_norm=cfg.max_grad_norm)
+    if cfg.name == "nvlamb":
+        return NVLamb(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                      weight_decay=cfg.weight_decay, max_grad_norm=cfg.effective_max_grad_norm,
+                      use_nvlamb=bool(cfg.trust_ratio_on_excluded))
+    if cfg.name == "lars":
+        return Lars(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                    eta=cfg.eta, eps=cfg.eps)
+    for g in groups:
+        g.pop("adapt")
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
+                               weight_decay=cfg.weight_decay)
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                 weight_decay=cfg.weight_decay)
+    raise ValueError(f"unknown optimizer {cfg.name!r}")

@@ -1,0 +1,206 @@
+"""hvd_bert.pt optimizers against hvd_bert.common.optim on the same inputs."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from hvd_bert.common import optim as O
+from hvd_bert.common.config import OptimConfig
+from hvd_bert.pt.optim import Lamb, Lars, NVLamb, build_optimizer, init_state, param_groups
+
+SHAPES = [(3,), (), (1,), (4, 5), (2, 3, 4), (7,)]
+
+
+def make_case(seed, dtype, zero_first=False):
+    rng = np.random.default_rng(seed)
+    ws = [rng.normal(size=s) for s in SHAPES]
+    if zero_first:
+        ws[0] = np.zeros(SHAPES[0])
+    gs = [[rng.normal(size=s) * 0.1 for s in SHAPES] for _ in range(3)]
+    params = [torch.nn.Parameter(torch.tensor(w, dtype=dtype)) for w in ws]
+    return ws, gs, params
+
+
+def run_torch(opt, params, grads_seq):
+    for grads in grads_seq:
+        for p, g in zip(params, grads):
+            p.grad = torch.tensor(g, dtype=p.dtype)
+        opt.step()
+    return [p.detach().double().numpy() for p in params]
+
+
+def run_common(name, ws, grads_seq, **kw):
+    state = O.init_state(name, ws)
+    for grads in grads_seq:
+        ws, state, _ = O.apply_step(name, ws, grads, state, **kw)
+    return ws
+
+
+TOL = {torch.float64: dict(rtol=1e-10, atol=1e-12), torch.float32: dict(rtol=2e-5, atol=2e-6)}
+
+
+def groups_of(params, decay_mask, wd, adapt_fn):
+    """One group per tensor, so masks can differ tensor by tensor."""
+    return [{"params": [p], "weight_decay": wd if d else 0.0, "adapt": adapt_fn(d)}
+            for p, d in zip(params, decay_mask)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("zero_first", [False, True])
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_lamb_matches_common(dtype, zero_first, bias_correction):
+    ws, gs, params = make_case(1, dtype, zero_first)
+    mask = [True, False, True, True, False, True]
+    opt = Lamb(groups_of(params, mask, 0.01, lambda d: True), lr=0.01, weight_decay=0.01,
+               bias_correction=bias_correction)
+    got = run_torch(opt, params, gs)
+    want = run_common("lamb", ws, gs, lr=0.01, weight_decay=0.01, decay_mask=mask,
+                      bias_correction=bias_correction)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("use_nvlamb", [False, True])
+@pytest.mark.parametrize("grad_scale", [1.0, 30.0])  # below and above the clip norm
+def test_nvlamb_matches_common(dtype, use_nvlamb, grad_scale):
+    ws, gs, params = make_case(2, dtype)
+    gs = [[g * grad_scale for g in step] for step in gs]
+    mask = [True, False, True, False, True, True]
+    opt = NVLamb([{"params": [p], "weight_decay": 0.01 if d else 0.0} for p, d in zip(params, mask)],
+                 lr=0.01, use_nvlamb=use_nvlamb)
+    got = run_torch(opt, params, gs)
+    want = run_common("nvlamb", ws, gs, lr=0.01, decay_mask=mask, use_nvlamb=use_nvlamb)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("zero_first", [False, True])
+def test_lars_matches_common(dtype, zero_first):
+    ws, gs, params = make_case(3, dtype, zero_first)
+    mask = [True, False, True, True, False, True]
+    opt = Lars([{"params": [p], "weight_decay": 5e-4 if a else 0.0, "adapt": a}
+                for p, a in zip(params, mask)], lr=1.0, momentum=0.9, eta=1e-3)
+    got = run_torch(opt, params, gs)
+    want = run_common("lars", ws, gs, lr=1.0, momentum=0.9, weight_decay=5e-4, eta=1e-3,
+                      adapt_mask=mask)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, **TOL[dtype])
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw", "lamb", "nvlamb", "lars"])
+def test_build_optimizer_from_config_matches_common(name):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    names = [n.replace("1.", "1.LayerNorm.") if n.startswith("1.") else n
+             for n, _ in model.named_parameters()]
+    named = list(zip(names, model.parameters()))
+    cfg = OptimConfig(name=name, lr=0.05, weight_decay=0.01, eps=1e-6)
+    ws = [p.detach().double().numpy().copy() for _, p in named]
+    rng = np.random.default_rng(0)
+    gs = [[rng.normal(size=w.shape) for w in ws] for _ in range(3)]
+    opt = build_optimizer(named, cfg)
+    for g in opt.param_groups:  # run in float64 to compare tightly
+        for p in g["params"]:
+            p.data = p.data.double()
+    init_state(opt)
+    got = run_torch(opt, [p for _, p in named], gs)
+    want = run_common(name, ws, gs, lr=0.05, **cfg.step_kwargs(names))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_reference_vectors_in_float32():
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+    opt = Lamb([w], lr=0.01, weight_decay=0.01)
+    run_torch(opt, [w], [[np.array([0.1, 0.2, -0.3])], [np.array([-0.05, 0.1, 0.2])]])
+    np.testing.assert_allclose(w.detach().numpy(), [0.9670593971, -2.057225312, 3.025718234], rtol=1e-6)
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+    opt = Lars([w], lr=1.0, momentum=0.9, weight_decay=5e-4, eta=1e-3)
+    run_torch(opt, [w], [[np.array([0.1, 0.2, -0.3])], [np.array([-0.05, 0.1, 0.2])]])
+    np.testing.assert_allclose(w.detach().numpy(), [0.9989024676, -2.005367092, 3.002376682], rtol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [Lamb, NVLamb, Lars])
+def test_state_dict_round_trip_continues_identically(cls):
+    torch.manual_seed(0)
+    a = torch.nn.Linear(5, 3)
+    b = torch.nn.Linear(5, 3)
+    b.load_state_dict(a.state_dict())
+    opt_a, opt_b = cls(a.parameters(), lr=0.01), cls(b.parameters(), lr=0.01)
+    x = torch.randn(8, 5)
+    for _ in range(2):
+        opt_a.zero_grad()
+        a(x).square().mean().backward()
+        opt_a.step()
+    buf = io.BytesIO()
+    torch.save({"opt": opt_a.state_dict(), "model": a.state_dict()}, buf)
+    buf.seek(0)
+    saved = torch.load(buf)
+    opt_b.load_state_dict(saved["opt"])
+    b.load_state_dict(saved["model"])
+    for m, o in ((a, opt_a), (b, opt_b)):
+        o.zero_grad()
+        m(x).square().mean().backward()
+        o.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+
+
+def test_init_state_takes_no_step():
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+    opt = Lamb([w], lr=0.01, weight_decay=0.01)
+    init_state(opt)
+    st = opt.state[w]
+    assert st["step"].item() == 0 and not st["exp_avg"].any()
+    assert torch.equal(w, torch.tensor([1.0, -2.0, 3.0]))  # no weight decay applied
+    # the first real step is then t = 1, as in the reference vector
+    run_torch(opt, [w], [[np.array([0.1, 0.2, -0.3])]])
+    np.testing.assert_allclose(w.detach().numpy(), [0.9778900231, -2.021453348, 3.021234472], rtol=1e-6)
+
+
+def test_init_state_for_torch_optimizers_and_refusal():
+    w = torch.nn.Parameter(torch.ones(2))
+    sgd = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+    init_state(sgd)
+    assert torch.equal(sgd.state[w]["momentum_buffer"], torch.zeros(2))
+    with pytest.raises(TypeError, match="cannot create the state of RMSprop"):
+        init_state(torch.optim.RMSprop([w]))
+
+
+def test_param_groups_follow_bert_names():
+    model = torch.nn.Module()
+    model.dense = torch.nn.Linear(2, 2)
+    model.LayerNorm = torch.nn.LayerNorm(2)
+    groups = param_groups(model.named_parameters(), OptimConfig(name="nvlamb", weight_decay=0.01))
+    by_name = {n: (g["weight_decay"], g["adapt"]) for g in groups for n in g["names"]}
+    assert by_name == {"dense.weight": (0.01, True), "dense.bias": (0.0, False),
+                       "LayerNorm.weight": (0.0, False), "LayerNorm.bias": (0.0, False)}
+
+
+def test_invalid_hyperparameters_are_rejected():
+    w = [torch.nn.Parameter(torch.ones(1))]
+    with pytest.raises(ValueError, match="invalid LAMB"):
+        Lamb(w, lr=-1)
+    with pytest.raises(ValueError, match="invalid LARS"):
+        Lars(w, momentum=1.5)
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: Lamb(ps, lr=0.01, weight_decay=0.01, max_grad_norm=0.3, bias_correction=False),
+    lambda ps: NVLamb(ps, lr=0.01, max_grad_norm=0.5, use_nvlamb=True),
+    lambda ps: Lars(ps, lr=0.5, momentum=0.8, eta=0.01, weight_decay=1e-3),
+])
+def test_rebuilding_from_param_groups_keeps_every_setting(make):
+    """hvd.DistributedOptimizer rebuilds the optimizer as type(opt)(opt.param_groups, ...)."""
+    ws, gs, params_a = make_case(5, torch.float64)
+    params_b = [torch.nn.Parameter(p.detach().clone()) for p in params_a]
+    a = make([{"params": params_a[:3], "weight_decay": 0.0}, {"params": params_a[3:]}])
+    template = make([{"params": params_b[:3], "weight_decay": 0.0}, {"params": params_b[3:]}])
+    b = type(template)(template.param_groups)
+    gs = [[g * 50 for g in step] for step in gs]  # above the clip norms
+    for x, y in zip(run_torch(a, params_a, gs), run_torch(b, params_b, gs)):
+        np.testing.assert_array_equal(x, y)
