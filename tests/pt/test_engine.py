@@ -1,0 +1,78 @@
+"""The PyTorch engine in one process (Horovod size 1): construction, misuse, bad checkpoints.
+The multi-process behaviour is in tests/parallel/test_pt_engine.py."""
+
+import pytest
+import torch
+
+from hvd_bert.common.config import ConfigError, TrainConfig, apply_overrides
+from hvd_bert.common.schedules import Constant
+from hvd_bert.pt.engine import Engine
+from hvd_bert.pt.optim import Lamb
+
+
+def small_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+
+
+def test_construction_takes_no_step_and_creates_state():
+    model = small_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    engine = Engine(model, Lamb(model.parameters(), lr=0.1, weight_decay=0.1), schedule=Constant(0.1))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    states = list(engine.optimizer.state.values())
+    assert len(states) == 4 and all(s["step"].item() == 0 for s in states)
+
+
+def test_step_in_the_middle_of_a_window_is_an_error():
+    model = small_model()
+    engine = Engine(model, torch.optim.SGD(model.parameters(), lr=0.1), schedule=Constant(0.1),
+                    backward_passes_per_step=2)
+    assert engine.backward(model(torch.ones(2, 3)).sum()) is False
+    with pytest.raises(RuntimeError, match="after 1 of 2 micro-batches"):
+        engine.step()
+    assert engine.backward(model(torch.ones(2, 3)).sum()) is True
+    assert engine.step().step == 1
+
+
+@pytest.mark.parametrize("mode,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_autocast_dtype(mode, dtype):
+    model = small_model()
+    engine = Engine(model, torch.optim.SGD(model.parameters(), lr=0.1), schedule=Constant(0.1),
+                    precision=mode)
+    with engine.autocast():
+        assert model(torch.ones(2, 3)).dtype == dtype
+    assert engine.scaler.is_enabled() == (mode == "fp16")
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
+    (tmp_path / "ckpt-00000004.pt").write_bytes(b"not a checkpoint")
+    model = small_model()
+    engine = Engine(model, torch.optim.SGD(model.parameters(), lr=0.1), schedule=Constant(0.1))
+    with pytest.raises(RuntimeError, match=r"cannot read checkpoint .*ckpt-00000004.pt.*delete it"):
+        engine.resume(tmp_path)
+
+
+def test_no_checkpoint_means_a_fresh_start(tmp_path):
+    model = small_model()
+    engine = Engine(model, torch.optim.SGD(model.parameters(), lr=0.1), schedule=Constant(0.1))
+    assert engine.resume(tmp_path) is None and engine.step_count == 0
+
+
+def test_inconsistent_batch_config_names_the_numbers():
+    cfg = apply_overrides(TrainConfig(), ["batch.local_batch_size=8", "batch.backward_passes_per_step=2",
+                                          "batch.global_batch_size=100"])
+    with pytest.raises(ConfigError, match=r"8 x backward_passes_per_step 2 x world_size 1 = 16"):
+        Engine.from_config(small_model(), cfg)
+
+
+def test_clipping_applies_to_the_reduced_gradient():
+    model = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+    engine = Engine(model, torch.optim.SGD(model.parameters(), lr=1.0), schedule=Constant(1.0),
+                    max_grad_norm=0.5)
+    engine.backward((model(torch.tensor([[3.0, 4.0]])) - 10).square().mean())
+    res = engine.step()
+    assert res.grad_norm == pytest.approx(100.0)  # d/dw (w.x - 10)^2 = -20 x, norm 100
+    assert torch.linalg.vector_norm(model.weight).item() == pytest.approx(0.5)
