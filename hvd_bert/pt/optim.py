@@ -18,6 +18,8 @@ count (its bias correction) and applies one weight decay.
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Iterable, Sequence
 
 import torch
@@ -32,6 +34,38 @@ def _group_tensors(group, state, names: Sequence[str]):
     grads = [p.grad for p in params]
     bufs = [[state[p][n] for p in params] for n in names]
     return params, grads, bufs
+
+
+# Elementwise work runs over slices of about this many elements (small tensors grouped,
+# large ones cut), so the chain of ops over one slice stays in the CPU cache instead of
+# streaming every array from memory once per op. On CUDA, and with 0, whole tensors are used.
+CHUNK_ELEMENTS = int(os.environ.get("HVD_BERT_FOREACH_CHUNK", 1 << 18))
+
+
+def _plan_slices(tensors: list[torch.Tensor]) -> list[list[tuple[int, slice]]]:
+    """Chunks of (tensor index, flat element range) covering every tensor once."""
+    if not tensors:
+        return []
+    cpu = tensors[0].device.type == "cpu"
+    if not cpu or CHUNK_ELEMENTS <= 0 or not all(t.is_contiguous() for t in tensors):
+        return [[(i, slice(0, t.numel())) for i, t in enumerate(tensors)]]
+    chunks, cur, acc = [], [], 0
+    for i, t in enumerate(tensors):
+        n = t.numel()
+        for lo in range(0, max(n, 1), CHUNK_ELEMENTS):
+            hi = min(lo + CHUNK_ELEMENTS, n)
+            cur.append((i, slice(lo, hi)))
+            acc += hi - lo
+            if acc >= CHUNK_ELEMENTS:
+                chunks.append(cur)
+                cur, acc = [], 0
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def _views(tensors: list[torch.Tensor], chunk: list[tuple[int, slice]]) -> list[torch.Tensor]:
+    return [tensors[i].view(-1)[sl] for i, sl in chunk]
 
 
 def _trust_ratios(w_norms: list[torch.Tensor], u_norms: list[torch.Tensor]) -> torch.Tensor:
@@ -118,26 +152,62 @@ class Lamb(torch.optim.Optimizer):
             t = steps[0].item()  # every tensor of a group steps together
             c1 = 1.0 - beta1 ** t if group["bias_correction"] else 1.0
             c2 = 1.0 - beta2 ** t if group["bias_correction"] else 1.0
-            if clip is not None:
-                grads = torch._foreach_mul(grads, clip)
-            # m = b1 m + (1 - b1) g ; v = b2 v + (1 - b2) g^2
-            torch._foreach_mul_(m, beta1)
-            torch._foreach_add_(m, grads, alpha=1.0 - beta1)
-            torch._foreach_mul_(v, beta2)
-            torch._foreach_addcmul_(v, grads, grads, value=1.0 - beta2)
-            # u = (m / c1) / (sqrt(v / c2) + eps) + wd w
-            denom = torch._foreach_div(v, c2)
-            torch._foreach_sqrt_(denom)
-            torch._foreach_add_(denom, group["eps"])
-            update = torch._foreach_div(m, c1)
-            torch._foreach_div_(update, denom)
-            if group["weight_decay"]:
-                torch._foreach_add_(update, params, alpha=group["weight_decay"])
-            if self._adapt(group):
-                ratios = _trust_ratios(torch._foreach_norm(params), torch._foreach_norm(update))
-                torch._foreach_mul_(update, list(ratios.unbind()))
-            torch._foreach_add_(params, update, alpha=-group["lr"])
+            c = 1.0 if clip is None else float(clip)  # global-norm clip, folded into the scalars
+            self._update(group, params, grads, m, v, c, c1, c2)
         return loss
+
+    def _update(self, group, params, grads, m, v, c, c1, c2) -> None:
+        """Two passes over cache-sized slices: (1) moments, the update u and the squared
+        norms of w and u; (2) recompute u and apply w -= lr * ratio * u. Recomputing u costs
+        arithmetic but no full-size temporary (and no extra trip through memory)."""
+        beta1, beta2 = group["betas"]
+        wd, eps, adapt = group["weight_decay"], group["eps"], self._adapt(group)
+        sqrt_c2 = math.sqrt(c2)
+        plan = _plan_slices(params)
+
+        def update_of(w, mm, vv):
+            # u = (m / c1) / (sqrt(v) / sqrt(c2) + eps) + wd w
+            denom = torch._foreach_sqrt(vv)
+            torch._foreach_div_(denom, sqrt_c2)
+            torch._foreach_add_(denom, eps)
+            if wd:
+                u = torch._foreach_mul(w, wd)
+                torch._foreach_addcdiv_(u, mm, denom, value=1.0 / c1)
+            else:
+                u = torch._foreach_div(mm, denom)
+                if c1 != 1.0:
+                    torch._foreach_mul_(u, 1.0 / c1)
+            return u
+
+        acc_dtype = torch.float64 if params[0].dtype == torch.float64 else torch.float32
+        w_sq = torch.zeros(len(params), dtype=acc_dtype, device=params[0].device)
+        u_sq = torch.zeros_like(w_sq)
+        for chunk in plan:
+            w, g, mm, vv = (_views(t, chunk) for t in (params, grads, m, v))
+            # m = b1 m + (1 - b1) c g ; v = b2 v + (1 - b2) c^2 g^2
+            if c == 1.0:
+                torch._foreach_lerp_(mm, g, 1.0 - beta1)
+            else:
+                torch._foreach_mul_(mm, beta1)
+                torch._foreach_add_(mm, g, alpha=(1.0 - beta1) * c)
+            torch._foreach_mul_(vv, beta2)
+            torch._foreach_addcmul_(vv, g, g, value=(1.0 - beta2) * c * c)
+            if adapt:
+                u = update_of(w, mm, vv)
+                idx = torch.tensor([i for i, _ in chunk], device=w_sq.device)
+                w_sq.index_add_(0, idx, torch.stack(torch._foreach_norm(w)).to(acc_dtype) ** 2)
+                u_sq.index_add_(0, idx, torch.stack(torch._foreach_norm(u)).to(acc_dtype) ** 2)
+        if adapt:
+            ratios = _trust_ratios(list(w_sq.sqrt().unbind()), list(u_sq.sqrt().unbind()))
+            scales = (-group["lr"] * ratios).to(params[0].dtype).unbind()
+        for chunk in plan:
+            w, mm, vv = (_views(t, chunk) for t in (params, m, v))
+            u = update_of(w, mm, vv)
+            if adapt:
+                # w -= lr * ratio * u in one pass: addcmul with a 0-d scale per slice
+                torch._foreach_addcmul_(w, u, [scales[i] for i, _ in chunk])
+            else:
+                torch._foreach_add_(w, u, alpha=-group["lr"])
 
 
 class NVLamb(Lamb):

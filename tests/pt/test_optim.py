@@ -47,10 +47,20 @@ def groups_of(params, decay_mask, wd, adapt_fn):
             for p, d in zip(params, decay_mask)]
 
 
+@pytest.fixture(params=["default", 7, 0], ids=["chunk-default", "chunk-7", "chunk-off"])
+def chunking(request, monkeypatch):
+    """Run the update over cache-sized slices (7 elements: tensors cut across slices and
+    slices spanning tensors) or whole tensors (0)."""
+    import hvd_bert.pt.optim as optim_mod
+    if request.param != "default":
+        monkeypatch.setattr(optim_mod, "CHUNK_ELEMENTS", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("zero_first", [False, True])
 @pytest.mark.parametrize("bias_correction", [True, False])
-def test_lamb_matches_common(dtype, zero_first, bias_correction):
+def test_lamb_matches_common(dtype, zero_first, bias_correction, chunking):
     ws, gs, params = make_case(1, dtype, zero_first)
     mask = [True, False, True, True, False, True]
     opt = Lamb(groups_of(params, mask, 0.01, lambda d: True), lr=0.01, weight_decay=0.01,
@@ -65,7 +75,7 @@ def test_lamb_matches_common(dtype, zero_first, bias_correction):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("use_nvlamb", [False, True])
 @pytest.mark.parametrize("grad_scale", [1.0, 30.0])  # below and above the clip norm
-def test_nvlamb_matches_common(dtype, use_nvlamb, grad_scale):
+def test_nvlamb_matches_common(dtype, use_nvlamb, grad_scale, chunking):
     ws, gs, params = make_case(2, dtype)
     gs = [[g * grad_scale for g in step] for step in gs]
     mask = [True, False, True, False, True, True]
