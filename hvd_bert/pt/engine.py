@@ -343,12 +343,12 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]],
         batch = next(batches)
         with engine.autocast():
             loss = compute_loss(engine.model, batch)
-        window_loss += float(loss.detach()) / engine.k
+        window_loss = window_loss + loss.detach().float() / engine.k  # no host sync here
         if not engine.backward(loss):
             continue
         result = engine.step()
         steps_since_log += 1
-        last_loss, window_loss = window_loss, 0.0
+        last_loss, window_loss = float(window_loss), 0.0  # one host sync per optimizer step
         if on_step is not None:
             on_step(result, last_loss)
         if bar is not None:

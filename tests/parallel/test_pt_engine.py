@@ -27,6 +27,12 @@ def test_two_ranks_with_accumulation_equal_one_process_on_the_global_batch(run_r
         assert not np.allclose(ranks[0]["local_grad"], ranks[1]["local_grad"])
 
 
+def test_gradient_predivide_factor_gives_the_same_average(run_ranks):
+    ranks = run_ranks("pt_engine.py", "train", "lamb", 2, STEPS, "horovod.gradient_predivide_factor=2.0")
+    want = S.reference_run("lamb", world=2, local_b=LOCAL_B, k=2, steps=STEPS)
+    np.testing.assert_allclose(ranks[0]["params"], want, rtol=2e-5, atol=2e-6)
+
+
 def test_accumulation_is_not_a_no_op():
     """The reference itself distinguishes k: 2 ranks x 4 x 3 is not 2 ranks x 4 x 1."""
     a = S.reference_run("lamb", 2, LOCAL_B, 3, STEPS)
