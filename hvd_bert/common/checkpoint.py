@@ -57,7 +57,7 @@ def list_checkpoints(folder: str | Path, suffix: str) -> list[tuple[int, Path]]:
     out = []
     for p in folder.iterdir():
         m = _NAME.match(p.name)
-        if m and m.group(2) == suffix and p.is_file():
+        if m and m.group(2) == suffix and (p.is_file() or p.is_dir()):  # TF: a folder
             out.append((int(m.group(1)), p))
     return sorted(out)
 

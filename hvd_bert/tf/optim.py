@@ -71,6 +71,24 @@ class _HvdBertOptimizer(keras.optimizers.Optimizer):
             None if exclude_from_layer_adaptation is None else list(exclude_from_layer_adaptation))
         self.max_grad_norm = max_grad_norm
 
+    def build(self, var_list):
+        super().build(var_list)
+        if getattr(self, "_applied_built", False):
+            return
+        self._applied_built = True
+        # Updates applied. Not `iterations`: Horovod's gradient aggregation advances
+        # `iterations` on every micro-batch, which would shift LAMB's bias correction.
+        self._applied = self.add_variable((), dtype=tf.int64, name="applied_steps")
+
+    @property
+    def applied_steps(self):
+        return self._applied
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        result = super().apply_gradients(grads_and_vars, *args, **kwargs)
+        self._applied.assign_add(1)
+        return result
+
     def _decays(self, variable) -> bool:
         return self.decay_rate != 0.0 and not _matches(variable.name, self.exclude_from_weight_decay_patterns)
 
@@ -122,7 +140,7 @@ class Lamb(_HvdBertOptimizer):
         v.assign(b2 * v + (1.0 - b2) * g * g)
         m_hat, v_hat = m, v
         if self.bias_correction:
-            t = tf.cast(self.iterations + 1, dtype)
+            t = tf.cast(self._applied + 1, dtype)
             m_hat = m / (1.0 - tf.pow(b1, t))
             v_hat = v / (1.0 - tf.pow(b2, t))
         u = m_hat / (tf.sqrt(v_hat) + _c(self.epsilon, dtype))

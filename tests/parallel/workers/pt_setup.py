@@ -3,13 +3,14 @@ single-process reference (no Horovod in this module)."""
 
 from collections import OrderedDict
 
-import numpy as np
 import torch
 
 from hvd_bert.common.config import TrainConfig, apply_overrides
 
-N_ROWS = 512
-IN, HID, OUT = 8, 16, 4
+from toy_data import IN, HID, OUT, N_ROWS, global_rows as _rows, overrides  # noqa: F401
+import toy_data
+
+LR = toy_data.LR
 
 
 def make_model(seed: int = 0, dropout: float = 0.0) -> torch.nn.Module:
@@ -20,27 +21,21 @@ def make_model(seed: int = 0, dropout: float = 0.0) -> torch.nn.Module:
 
 
 def dataset(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(N_ROWS, IN)).astype(np.float32)
-    w = rng.normal(size=(IN, OUT)).astype(np.float32)
-    y = np.tanh(x @ w) + 0.1 * rng.normal(size=(N_ROWS, OUT)).astype(np.float32)
-    return torch.from_numpy(x), torch.from_numpy(y.astype(np.float32))
+    x, y = toy_data.dataset(seed)
+    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def global_rows(step: int, global_batch: int) -> torch.Tensor:
-    """Row indices of optimizer step ``step`` (0-based): consecutive, wrapping around."""
-    return torch.arange(step * global_batch, (step + 1) * global_batch) % N_ROWS
+    return torch.from_numpy(_rows(step, global_batch))
 
 
 def micro_batches(rank: int, world: int, local_b: int, k: int, start_micro: int = 0):
     """Rank ``rank``'s micro-batches from micro-step ``start_micro`` on: its contiguous share
     of each global batch, cut into k micro-batches of ``local_b`` rows."""
     x, y = dataset()
-    g = world * local_b * k
     m = start_micro
     while True:
-        step, i = divmod(m, k)
-        rows = global_rows(step, g)[rank * local_b * k + i * local_b:][:local_b]
+        rows = torch.from_numpy(toy_data.rank_rows(rank, world, local_b, k, m))
         yield x[rows], y[rows]
         m += 1
 
@@ -50,15 +45,8 @@ def mse(model: torch.nn.Module, batch) -> torch.Tensor:
     return torch.nn.functional.mse_loss(model(x).float(), y)
 
 
-LR = {"sgd": 0.05, "lamb": 0.02, "nvlamb": 0.02, "lars": 2.0, "adamw": 0.01}
-
-
 def config(optim: str, local_b: int, k: int, steps: int, *extra: str) -> TrainConfig:
-    return apply_overrides(TrainConfig(), [
-        f"optim.name={optim}", f"optim.lr={LR[optim]}", "optim.weight_decay=0.01",
-        f"batch.local_batch_size={local_b}", f"batch.backward_passes_per_step={k}",
-        "schedule.name=poly_warmup", "schedule.warmup=0.2", f"schedule.total_steps={steps}",
-        *extra])
+    return apply_overrides(TrainConfig(), overrides(optim, local_b, k, steps, *extra))
 
 
 def flat_params(model: torch.nn.Module) -> list[float]:
