@@ -45,14 +45,28 @@ def verbose() -> int:
 
 
 def distributed_optimizer(optimizer, backward_passes_per_step: int = 1, compression: str = "none",
-                          gradient_predivide_factor: float = 1.0):
+                          gradient_predivide_factor: float = 1.0, loss_scale: bool = False):
     """``hvd.DistributedOptimizer`` averaging the k accumulated micro-batch gradients, so k
-    micro-batches of b equal one batch of k*b."""
-    return hvd.DistributedOptimizer(  # Horovod:
+    micro-batches of b equal one batch of k*b; with ``loss_scale`` (fp16), wrapped in Keras'
+    dynamic ``LossScaleOptimizer``.
+
+    The wrapping order is ``LossScaleOptimizer(hvd.DistributedOptimizer(opt))``: Horovod cannot
+    rebuild a LossScaleOptimizer from its config. Then the overflow check sees the allreduced
+    gradients only when every micro-batch is reduced (k = 1): with k > 1, Horovod hands back each
+    rank's local sum on the other micro-batches, so ranks could disagree on the loss scale.
+    """
+    if loss_scale and backward_passes_per_step > 1:
+        raise ValueError(
+            f"fp16 loss scaling with backward_passes_per_step={backward_passes_per_step} in the "
+            f"model.fit path would let ranks disagree on the loss scale (Keras checks each "
+            f"micro-batch before Horovod's allreduce). Use hvd_bert.tf.engine.Engine (a custom "
+            f"loop that checks after the allreduce), bf16, or backward_passes_per_step=1")
+    opt = hvd.DistributedOptimizer(  # Horovod:
         optimizer, backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=True,
         compression=hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none,
         gradient_predivide_factor=gradient_predivide_factor)
+    return keras.mixed_precision.LossScaleOptimizer(opt) if loss_scale else opt
 
 
 class BroadcastCallback(keras.callbacks.Callback):
