@@ -96,3 +96,61 @@ def plan_reads(files: Sequence[T], rank: int, world_size: int, epoch: int = 0, s
         order = epoch_permutation(len(files), epoch, seed, shuffle)
         return ReadPlan(tuple(files[i] for i in order), world_size, rank)
     return ReadPlan(tuple(assign_files(files, rank, world_size, epoch, seed, shuffle)))
+
+
+# ---------------------------------------------------------------------------- reading order
+# A windowed shuffle that both readers reproduce exactly: records (numbered in the order this
+# rank reads them) are cut into windows of `shuffle_buffer`, and each window is sorted by
+# shuffle_keys(index, seed). The keys are three Lehmer (Park-Miller) rounds modulo the prime
+# 2^31 - 1: each round is a bijection, so keys are distinct, and every product stays below
+# 2^48, so numpy and TensorFlow int64 arithmetic give the same numbers.
+LEHMER_M = 2**31 - 1
+_ROUNDS = ((48271, 0), (69621, 1), (16807, 2))
+
+
+def stream_seed(seed: int, epoch: int, rank: int) -> int:
+    """The shuffle seed of one rank's stream in one epoch (a number below 2^31 - 1)."""
+    return ((int(seed) * 1_000_003 + int(epoch)) * 1_000_003 + int(rank)) % LEHMER_M
+
+
+def _round_constants(stream: int) -> list[tuple[int, int]]:
+    return [(a, (stream * 2_654_435_761 + 97 * (i + 1)) % LEHMER_M) for a, i in _ROUNDS]
+
+
+def shuffle_keys(indices: np.ndarray, stream: int) -> np.ndarray:
+    """Distinct pseudo-random sort keys for record indices (see above)."""
+    k = np.asarray(indices, dtype=np.int64) % LEHMER_M
+    for a, c in _round_constants(stream):
+        k = (k * a + c) % LEHMER_M
+    return k
+
+
+def window_order(n: int, start_index: int, stream: int) -> np.ndarray:
+    """The permutation of one window of ``n`` records whose first record has index
+    ``start_index``."""
+    return np.argsort(shuffle_keys(np.arange(start_index, start_index + n), stream), kind="stable")
+
+
+def rank_record_count(counts: Sequence[int], files: Sequence, plan: ReadPlan) -> int:
+    """Records one rank reads under ``plan``, from the per-file counts."""
+    by_file = dict(zip(files, counts))
+    total = sum(by_file[f] for f in plan.files)
+    if plan.record_stride == 1:
+        return total
+    return len(range(plan.record_offset, total, plan.record_stride))
+
+
+def epoch_batches(files: Sequence, counts: Sequence[int], world_size: int, local_batch_size: int,
+                  epoch: int = 0, seed: int = 0, record_striding: bool = False,
+                  shuffle: bool = True) -> int:
+    """Batches per rank in ``epoch``: the same on every rank (the smallest rank's count), so no
+    rank starts an allreduce that another never joins."""
+    per_rank = [rank_record_count(counts, files, plan_reads(files, r, world_size, epoch, seed, shuffle,
+                                                            record_striding))
+                for r in range(world_size)]
+    n = min(per_rank) // local_batch_size
+    if n == 0:
+        raise ValueError(
+            f"a rank gets only {min(per_rank)} records in epoch {epoch}, fewer than one local batch "
+            f"of {local_batch_size}; use a smaller batch, fewer ranks or more data")
+    return n
