@@ -12,8 +12,11 @@ setup:
 lint: setup
 	$(VENV)/bin/ruff check hvd_bert tests scripts
 
+# tests/tf runs in its own pytest process: the tfrecord package (used by tests/common, tests/pt)
+# and TensorFlow cannot be imported into one process.
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider tests/common tests/pt tests/parallel
+	$(PY) -m pytest -q -p no:cacheprovider tests/tf
 
 doctor: setup
 	$(VENV)/bin/hvd-bert doctor

@@ -2,6 +2,8 @@
 
     hvd-bert doctor                 check the installation with real 2-process runs
     hvd-bert config [--explain]     print the resolved configuration or its documentation
+    hvd-bert prepare-bert           text -> BERT pretraining shards (mpirun: across ranks)
+    hvd-bert prepare-classification TSV/CSV -> sentence(-pair) classification shards
 """
 
 from __future__ import annotations
@@ -39,6 +41,93 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_cache():
+    import os
+    from pathlib import Path
+    return Path(os.environ.get("HVD_BERT_CACHE", Path.home() / ".cache" / "hvd_bert"))
+
+
+def default_corpus(vocab_size: int = 8192, lower: bool = True, build: bool = True, vocab=None):
+    """The built-in corpus and its WordPiece vocab, made once and cached (a trained vocab is not
+    bit-reproducible: the trainer breaks frequency ties in hash order)."""
+    from hvd_bert.common.bert_data import train_vocab
+    from hvd_bert.common.checkpoint import atomic_write
+    from hvd_bert.common.corpus import write_stdlib_corpus
+
+    folder = default_cache() / "corpus"
+    corpus = folder / f"stdlib-py{sys.version_info[0]}.{sys.version_info[1]}.txt"
+    if vocab is None:
+        vocab = folder / f"vocab-{vocab_size}-{'uncased' if lower else 'cased'}.txt"
+        if build and not vocab.is_file():
+            write_stdlib_corpus(corpus)
+            import tempfile
+            with tempfile.TemporaryDirectory() as tmp:
+                made = train_vocab([corpus], tmp, vocab_size, lower)
+                atomic_write(vocab, lambda t: t.write_bytes(made.read_bytes()))
+    if build:
+        write_stdlib_corpus(corpus)
+    return corpus, vocab
+
+
+def _mpi_world():
+    """(rank, size, comm) under mpirun/srun --mpi=pmix, else (0, 1, None)."""
+    import os
+    if not any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")):
+        return 0, 1, None
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    return comm.Get_rank(), comm.Get_size(), comm
+
+
+def _cmd_prepare_bert(args: argparse.Namespace) -> int:
+    from hvd_bert.common.bert_data import PretrainingSettings, prepare_bert
+    from hvd_bert.common.records import DatasetError
+
+    rank, size, comm = _mpi_world()
+    inputs, vocab = args.input, args.vocab
+    if not inputs:
+        corpus, vocab = default_corpus(args.vocab_size, not args.cased, rank == 0, vocab)
+        if comm is not None:
+            comm.Barrier()
+        inputs = [str(corpus)]
+        if rank == 0:
+            print(f"no --input: using the built-in corpus {corpus} (Python standard library docstrings)")
+    try:
+        settings = PretrainingSettings(
+            max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
+            masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
+            dupe_factor=args.dupe_factor, do_lower_case=not args.cased, seed=args.seed)
+        meta = prepare_bert(inputs, args.output, vocab_file=vocab, vocab_size=args.vocab_size,
+                            num_shards=args.num_shards, settings=settings, rank=rank, world_size=size,
+                            comm=comm, overwrite=args.overwrite)
+    except (DatasetError, ValueError) as e:
+        print(f"hvd-bert prepare-bert: {e}", file=sys.stderr)
+        if comm is not None:
+            comm.Abort(2)
+        return 2
+    if meta is not None:
+        print(f"wrote {meta['total_records']} instances in {meta['num_shards']} shards to {args.output} "
+              f"(vocab {meta['vocab_size']} tokens, seq {meta['max_seq_length']}, {size} process(es))")
+    return 0
+
+
+def _cmd_prepare_classification(args: argparse.Namespace) -> int:
+    from hvd_bert.common.bert_data import prepare_classification
+    from hvd_bert.common.records import DatasetError
+
+    try:
+        meta = prepare_classification(args.table, args.output, args.vocab, text_a=args.text_a,
+                                      text_b=args.text_b, label=args.label,
+                                      max_seq_length=args.max_seq_length, num_shards=args.num_shards,
+                                      do_lower_case=not args.cased, labels=args.labels,
+                                      overwrite=args.overwrite)
+    except (DatasetError, ValueError) as e:
+        print(f"hvd-bert prepare-classification: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {meta['total_records']} examples ({len(meta['labels'])} labels) to {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hvd-bert", description="Distributed large-batch training on Horovod "
@@ -55,6 +144,40 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--explain", action="store_true", help="document every setting instead")
     p.set_defaults(func=_cmd_config)
+
+    p = sub.add_parser("prepare-bert", help="text files -> BERT pretraining TFRecord shards "
+                                            "(under mpirun -np P: shards split across ranks)")
+    p.add_argument("--input", nargs="*", default=[], metavar="TXT",
+                   help="text files: one sentence per line, blank line between documents "
+                        "(default: the built-in Python-docstring corpus)")
+    p.add_argument("--output", required=True, help="output folder")
+    p.add_argument("--vocab", help="an existing WordPiece vocab.txt (default: train one on the input)")
+    p.add_argument("--vocab-size", type=int, default=8192, help="size of a trained vocab")
+    p.add_argument("--cased", action="store_true", help="keep case (default: lower-case)")
+    p.add_argument("--num-shards", type=int, default=8)
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--max-predictions-per-seq", type=int, default=20)
+    p.add_argument("--masked-lm-prob", type=float, default=0.15)
+    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--dupe-factor", type=int, default=5)
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--overwrite", action="store_true", help="replace prepared data in --output")
+    p.set_defaults(func=_cmd_prepare_bert)
+
+    p = sub.add_parser("prepare-classification",
+                       help="a TSV/CSV with a header -> sentence(-pair) classification shards")
+    p.add_argument("table", help="the .tsv or .csv file")
+    p.add_argument("--output", required=True)
+    p.add_argument("--vocab", required=True, help="the pretraining vocab.txt")
+    p.add_argument("--text-a", required=True, help="column of the (first) sentence")
+    p.add_argument("--text-b", help="column of the second sentence, for pairs")
+    p.add_argument("--label", required=True, help="column of the label")
+    p.add_argument("--labels", nargs="*", help="label order (pass the training set's to a dev set)")
+    p.add_argument("--cased", action="store_true")
+    p.add_argument("--num-shards", type=int, default=2)
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_cmd_prepare_classification)
     return parser
 
 

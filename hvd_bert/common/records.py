@@ -1,7 +1,8 @@
 """TFRecord files of ``tf.train.Example`` records, without TensorFlow, and their JSON sidecar.
 
-Writing uses the ``tfrecord`` package (so files are interchangeable with Google's and
-NVIDIA's). Reading frames records itself and verifies both CRCs: a corrupt record or a
+Writing uses the ``tfrecord`` package's ``Example`` proto and CRC (files are interchangeable
+with Google's and NVIDIA's) with deterministic serialization, so the same input and seed give
+byte-identical files. Reading frames records itself and verifies both CRCs: a corrupt record or a
 truncated file fails with the file name and the record's byte offset (``tfrecord``'s own
 reader does not check CRCs). ``tfrecord`` and TensorFlow cannot share a process: the
 TensorFlow reader (``hvd_bert.tf.data``) never imports this module's readers.
@@ -48,23 +49,43 @@ def shard_name(index: int, total: int, prefix: str = "part") -> str:
     return f"{prefix}-{index:05d}-of-{total:05d}.tfrecord"
 
 
+def _serialize(ex: Mapping[str, tuple[Any, str]]) -> bytes:
+    from tfrecord import example_pb2
+
+    out = example_pb2.Example()
+    for name, (values, kind) in ex.items():
+        feat = out.features.feature[name]
+        if kind == "int":
+            feat.int64_list.value.extend(int(v) for v in values)
+        elif kind == "float":
+            feat.float_list.value.extend(float(v) for v in values)
+        elif kind == "byte":
+            feat.bytes_list.value.append(values.encode() if isinstance(values, str) else bytes(values))
+        else:
+            raise ValueError(f"feature {name!r}: kind must be int, float or byte, got {kind!r}")
+    # Deterministic: `features` is a protobuf map, whose entry order otherwise varies by process.
+    return out.SerializeToString(deterministic=True)
+
+
 def write_examples(path: str | Path, examples: Iterable[Mapping[str, tuple[Any, str]]]) -> int:
-    """Write ``{feature: (values, "int"|"float"|"byte")}`` examples to ``path`` atomically.
-    Returns the number of records."""
+    """Write ``{feature: (values, "int"|"float"|"byte")}`` examples as ``tf.train.Example``
+    records (the ``tfrecord`` package's proto and CRC) to ``path`` atomically. Returns the
+    number of records."""
     from tfrecord.writer import TFRecordWriter
 
     count = 0
 
     def write(tmp: Path) -> None:
         nonlocal count
-        w = TFRecordWriter(str(tmp))
-        try:
+        with open(tmp, "wb") as f:
             for ex in examples:
-                w.write({k: (list(v) if not isinstance(v, (bytes, str)) else v, t)
-                         for k, (v, t) in ex.items()})
+                data = _serialize(ex)
+                length = struct.pack("<Q", len(data))
+                f.write(length)
+                f.write(TFRecordWriter.masked_crc(length))
+                f.write(data)
+                f.write(TFRecordWriter.masked_crc(data))
                 count += 1
-        finally:
-            w.close()
 
     atomic_write(path, write)
     return count

@@ -1,0 +1,168 @@
+"""BERT data preparation and the record reader (no framework; tfrecord and tokenizers)."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from hvd_bert.common.bert_data import (PretrainingSettings, check_pretraining_data, create_instances,
+                                       prepare_bert, prepare_classification, pretraining_spec,
+                                       read_documents)
+from hvd_bert.common.corpus import stdlib_documents, write_stdlib_corpus
+from hvd_bert.common.records import (CorruptRecordError, DatasetError, decode_example, iter_records,
+                                     read_sidecar)
+
+SMALL = PretrainingSettings(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, seed=7)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_stdlib_corpus(tmp_path_factory.mktemp("corpus") / "c.txt", max_bytes=300_000)
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bert")
+    meta = prepare_bert([corpus], out, vocab_size=2000, num_shards=3, settings=SMALL, log=lambda *_: None)
+    return out, meta
+
+
+def examples(folder, meta):
+    spec = pretraining_spec(meta["max_seq_length"], meta["max_predictions_per_seq"])
+    return [decode_example(r, spec) for s in meta["shards"] for _, r in iter_records(folder / s["file"])]
+
+
+def test_corpus_is_stdlib_prose_in_bert_format(corpus):
+    docs = read_documents([corpus])
+    assert len(docs) > 20 and all(len(d) >= 2 for d in docs)
+    assert stdlib_documents(max_bytes=300_000)[0] == docs[0]  # deterministic
+
+
+def test_sidecar_records_settings_and_counts(prepared):
+    folder, meta = prepared
+    side = json.loads((folder / "dataset.json").read_text())
+    assert side == meta
+    assert meta["max_seq_length"] == 64 and meta["vocab_size"] <= 2000 and meta["num_shards"] == 3
+    assert sum(s["records"] for s in meta["shards"]) == meta["total_records"] > 100
+
+
+def test_instances_follow_googles_format(prepared):
+    folder, meta = prepared
+    vocab = (folder / "vocab.txt").read_text().splitlines()
+    cls, sep, mask = vocab.index("[CLS]"), vocab.index("[SEP]"), vocab.index("[MASK]")
+    exs = examples(folder, meta)
+    n_masked = n_mask_token = n_kept = 0
+    nsp = []
+    for ex in exs:
+        ids, m, seg = ex["input_ids"], ex["input_mask"], ex["segment_ids"]
+        n = int(m.sum())
+        assert ids[0] == cls and ids[n - 1] == sep and not ids[n:].any()
+        # segment A ([CLS] a [SEP]) is all 0, segment B (b [SEP]) all 1; [SEP] ends each (a
+        # random replacement may also draw the [SEP] id elsewhere, as in Google's script)
+        end_a = int(np.flatnonzero(seg[:n] == 0)[-1])
+        assert ids[end_a] == sep and seg[end_a + 1:n].all() and not seg[:end_a + 1].any()
+        assert not seg[n:].any()
+        w = ex["masked_lm_weights"]
+        k = int(w.sum())
+        pos, labels = ex["masked_lm_positions"][:k], ex["masked_lm_ids"][:k]
+        assert 1 <= k <= 10 and list(pos) == sorted(pos) and (pos < n).all() and (pos > 0).all()
+        assert k == min(10, max(1, round(n * 0.15)))
+        assert not np.isin(labels, [cls, sep]).any()  # never [CLS]/[SEP]
+        n_masked += k
+        n_mask_token += int((ids[pos] == mask).sum())
+        n_kept += int((ids[pos] == labels).sum())
+        nsp.append(int(ex["next_sentence_labels"][0]))
+    assert 0.77 < n_mask_token / n_masked < 0.83  # 80% [MASK]
+    assert 0.08 < n_kept / n_masked < 0.12        # 10% kept (+ random draws of the same token)
+    assert 0.40 < np.mean(nsp) < 0.65             # ~50% random next (more for 1-segment chunks)
+
+
+def test_same_vocab_and_seed_give_identical_files(prepared, corpus, tmp_path):
+    folder, meta = prepared
+    again = prepare_bert([corpus], tmp_path, vocab_file=folder / "vocab.txt", num_shards=3, settings=SMALL,
+                         log=lambda *_: None)
+    for s in meta["shards"]:
+        assert (folder / s["file"]).read_bytes() == (tmp_path / s["file"]).read_bytes()
+    other = prepare_bert([corpus], tmp_path / "o", vocab_file=folder / "vocab.txt", num_shards=3,
+                         settings=PretrainingSettings(max_seq_length=64, max_predictions_per_seq=10,
+                                                      dupe_factor=2, seed=8), log=lambda *_: None)
+    assert (tmp_path / "o" / meta["shards"][0]["file"]).read_bytes() != \
+        (folder / meta["shards"][0]["file"]).read_bytes()
+    assert again["total_records"] == meta["total_records"] and other["total_records"] > 0
+
+
+def test_short_seq_prob_makes_short_sequences():
+    rng = random.Random(0)
+    doc = [[5 + (i % 50)] * 10 for i in range(40)]
+    ids = {"[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
+    long = create_instances([doc, doc], PretrainingSettings(max_seq_length=64, short_seq_prob=0.0,
+                                                            dupe_factor=1), ids, 100, rng)
+    short = create_instances([doc, doc], PretrainingSettings(max_seq_length=64, short_seq_prob=1.0,
+                                                             dupe_factor=1), ids, 100, rng)
+    assert np.mean([len(i.tokens) for i in short]) < np.mean([len(i.tokens) for i in long])
+    assert all(len(i.tokens) <= 64 for i in long + short)
+
+
+def test_corrupt_record_names_file_and_offset(prepared, tmp_path):
+    folder, meta = prepared
+    name = meta["shards"][0]["file"]
+    data = bytearray((folder / name).read_bytes())
+    offsets = [o for o, _ in iter_records(folder / name)]
+    data[offsets[3] + 40] ^= 0xFF  # inside the 4th record's data
+    bad = tmp_path / name
+    bad.write_bytes(bytes(data))
+    with pytest.raises(CorruptRecordError, match=rf"{name}: record at byte offset {offsets[3]}: data CRC"):
+        list(iter_records(bad))
+    bad.write_bytes(bytes(data[:offsets[5] + 20]))  # truncated inside record 6
+    with pytest.raises(CorruptRecordError, match=rf"truncated at byte offset {offsets[5]}"):
+        list(iter_records(bad, verify=False))
+
+
+def test_bad_inputs_name_the_fix(prepared, corpus, tmp_path):
+    folder, meta = prepared
+    with pytest.raises(DatasetError, match="does not exist"):
+        read_documents([tmp_path / "missing.txt"])
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(DatasetError, match="hold no text"):
+        read_documents([tmp_path / "empty.txt"])
+    with pytest.raises(DatasetError, match="prepared with max_seq_length=64 but 128 is expected"):
+        check_pretraining_data(folder, max_seq_length=128)
+    other_vocab = tmp_path / "vocab.txt"
+    other_vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\n")
+    with pytest.raises(DatasetError, match="is not the vocab .* was prepared with"):
+        check_pretraining_data(folder, vocab_file=other_vocab)
+    with pytest.raises(DatasetError, match="has no dataset.json"):
+        read_sidecar(tmp_path, "bert-pretraining")
+    with pytest.raises(DatasetError, match="already holds prepared data; pass --overwrite"):
+        prepare_bert([corpus], folder, num_shards=3, settings=SMALL)
+    with pytest.raises(DatasetError, match="lacks the special tokens"):
+        (tmp_path / "v2.txt").write_text("a\nb\n")
+        prepare_bert([corpus], tmp_path / "x", vocab_file=tmp_path / "v2.txt")
+    with pytest.raises(DatasetError, match="got no instances: too few documents"):
+        tiny = tmp_path / "tiny.txt"
+        tiny.write_text("one two three four.\nfive six seven eight.\n")
+        prepare_bert([tiny], tmp_path / "y", vocab_file=folder / "vocab.txt", num_shards=4, settings=SMALL,
+                     log=lambda *_: None)
+
+
+def test_classification_from_tsv_and_csv(prepared, tmp_path):
+    folder, _ = prepared
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text("sentence\tother\tlabel\nthe file is read\tit is written\tpos\n"
+                   "a socket is closed\tnothing\tneg\nthe module imports a name\tit does\tpos\n")
+    meta = prepare_classification(tsv, tmp_path / "cls", folder / "vocab.txt", text_a="sentence",
+                                  text_b="other", label="label", max_seq_length=16, num_shards=1)
+    assert meta["labels"] == ["neg", "pos"] and meta["total_records"] == 3
+    from hvd_bert.common.bert_data import classification_spec
+    exs = [decode_example(r, classification_spec(16))
+           for _, r in iter_records(tmp_path / "cls" / meta["shards"][0]["file"])]
+    assert [int(e["label_ids"][0]) for e in exs] == [1, 0, 1]
+    assert all(e["segment_ids"].max() == 1 for e in exs)  # pairs
+    with pytest.raises(DatasetError, match="column 'text' is not in"):
+        prepare_classification(tsv, tmp_path / "c2", folder / "vocab.txt", text_a="text", label="label")
+    csv_file = tmp_path / "dev.csv"
+    csv_file.write_text('text,label\n"a, b, c",pos\n"unknown label",maybe\n')
+    with pytest.raises(DatasetError, match=r"labels \['maybe'\] are not in the label list"):
+        prepare_classification(csv_file, tmp_path / "c3", folder / "vocab.txt", text_a="text",
+                               label="label", labels=["neg", "pos"])

@@ -1,0 +1,90 @@
+"""Data across processes: preparation under mpirun equals one process byte for byte; the
+PyTorch and TensorFlow readers yield the same examples in the same order; files written by
+TensorFlow's own writer are read by the PyTorch reader."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvd_bert import launch
+
+WORKERS = Path(__file__).parent / "workers"
+HVD_BERT = [sys.executable, "-m", "hvd_bert"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    text = root / "corpus.txt"
+    from hvd_bert.common.corpus import write_stdlib_corpus
+    write_stdlib_corpus(text, max_bytes=200_000)
+    one = root / "one"
+    subprocess.run([*HVD_BERT, "prepare-bert", "--input", str(text), "--output", str(one), "--num-shards", "5",
+                    "--vocab-size", "2000", "--max-seq-length", "64", "--max-predictions-per-seq", "10",
+                    "--dupe-factor", "2"], check=True, timeout=300, capture_output=True)
+    return root, text, one
+
+
+def test_prepare_under_mpirun_equals_one_process(data):
+    root, text, one = data
+    two = root / "two"
+    cmd = launch.command(["-m", "hvd_bert", "prepare-bert", "--input", str(text), "--output", str(two),
+                          "--num-shards", "5", "--vocab", str(one / "vocab.txt"), "--max-seq-length", "64",
+                          "--max-predictions-per-seq", "10", "--dupe-factor", "2"], np=2, launcher="mpi")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=launch.mpi_env())
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[rank 1]" in p.stdout and "2 process(es)" in p.stdout
+    for f in sorted(os.listdir(one)):
+        if f.endswith(".tfrecord") or f == "vocab.txt":
+            assert (one / f).read_bytes() == (two / f).read_bytes(), f
+    a, b = (json.loads((d / "dataset.json").read_text()) for d in (one, two))
+    assert a == b
+
+
+def read(fw, folder, rank, world, stride=False, seed=3, epoch=1, batch=8, buffer=64):
+    p = subprocess.run([sys.executable, str(WORKERS / "read_batches.py"), fw, str(folder), str(rank), str(world),
+                        "1" if stride else "0", str(seed), str(epoch), str(batch), str(buffer)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("rank,world,stride,buffer", [(0, 1, False, 64), (1, 2, False, 64), (2, 3, False, 1),
+                                                      (3, 7, True, 50)])
+def test_pytorch_and_tensorflow_readers_agree(data, rank, world, stride, buffer):
+    _, _, one = data
+    pt = read("pt", one, rank, world, stride, buffer=buffer)
+    tf = read("tf", one, rank, world, stride, buffer=buffer)
+    assert pt == tf and pt["batches"] > 0
+
+
+def test_ranks_get_the_same_number_of_batches_and_different_data(data):
+    _, _, one = data
+    r0, r1 = read("pt", one, 0, 2), read("pt", one, 1, 2)
+    assert r0["batches"] == r1["batches"] and r0["sha"] != r1["sha"]
+    assert read("pt", one, 0, 2, epoch=2)["sha"] != r0["sha"]  # reshuffled per epoch
+
+
+def test_too_few_shards_for_the_ranks_is_a_clear_error(data):
+    _, _, one = data
+    p = subprocess.run([sys.executable, str(WORKERS / "read_batches.py"), "pt", str(one), "0", "8", "0",
+                        "0", "0", "8", "64"], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "5 shard file(s) for 8 ranks" in p.stderr and "--num-shards 32" in p.stderr
+
+
+def test_shards_written_by_tensorflow_are_read_by_the_pytorch_reader(tmp_path):
+    subprocess.run([sys.executable, str(WORKERS / "tf_write_google_shard.py"), str(tmp_path)], check=True,
+                   timeout=120, capture_output=True)
+    code = ("from hvd_bert.pt.data import ShardedDataset\n"
+            f"ds = ShardedDataset({str(tmp_path)!r}, 'bert-pretraining', 0, 1, 5, shuffle_buffer=0)\n"
+            "b = next(iter(ds))\n"
+            "print(b['input_ids'][:, 1].tolist(), b['masked_lm_weights'][0].tolist(), "
+            "b['next_sentence_labels'][:, 0].tolist())")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[10, 11, 12, 13, 14] [1.0, 1.0, 0.0] [0, 1, 0, 1, 0]"

@@ -1,0 +1,26 @@
+"""Print a digest of one epoch of one rank's batches, read by the PyTorch or the TensorFlow
+reader (they cannot share a process: tfrecord and TensorFlow)."""
+
+import hashlib
+import json
+import sys
+
+fw, folder, rank, world, stride, seed, epoch, batch, buffer = sys.argv[1:10]
+rank, world, seed, epoch, batch, buffer = map(int, (rank, world, seed, epoch, batch, buffer))
+stride = stride == "1"
+rows = []
+if fw == "pt":
+    from hvd_bert.pt.data import ShardedDataset
+    ds = ShardedDataset(folder, "bert-pretraining", rank, world, batch, seed=seed, shuffle_buffer=buffer,
+                        record_striding=stride, epoch=epoch)
+    for b in ds:
+        rows.append({k: v.numpy().tolist() for k, v in sorted(b.items())})
+else:
+    from hvd_bert.tf.data import make_dataset
+    ds, _ = make_dataset(folder, "bert-pretraining", rank, world, batch, seed=seed, shuffle_buffer=buffer,
+                         record_striding=stride, epoch=epoch)
+    for b in ds:
+        rows.append({k: v.numpy().tolist() for k, v in sorted(b.items())})
+text = json.dumps(rows)
+print(json.dumps({"batches": len(rows), "sha": hashlib.sha256(text.encode()).hexdigest(),
+                  "first_ids": rows[0]["input_ids"][0][:6] if rows else None}))
