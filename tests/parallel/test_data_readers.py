@@ -23,9 +23,9 @@ def data(tmp_path_factory):
     from hvd_bert.common.corpus import write_stdlib_corpus
     write_stdlib_corpus(text, max_bytes=200_000)
     one = root / "one"
-    subprocess.run([*HVD_BERT, "prepare-bert", "--input", str(text), "--output", str(one), "--num-shards", "5",
-                    "--vocab-size", "2000", "--max-seq-length", "64", "--max-predictions-per-seq", "10",
-                    "--dupe-factor", "2"], check=True, timeout=300, capture_output=True)
+    subprocess.run([*HVD_BERT, "prepare-bert", "--input", str(text), "--output", str(one),
+                    "--num-shards", "5", "--vocab-size", "2000", "--max-seq-length", "64",
+                    "--max-predictions-per-seq", "10", "--dupe-factor", "2"], check=True, timeout=300, capture_output=True)
     return root, text, one
 
 
@@ -46,8 +46,8 @@ def test_prepare_under_mpirun_equals_one_process(data):
 
 
 def read(fw, folder, rank, world, stride=False, seed=3, epoch=1, batch=8, buffer=64):
-    p = subprocess.run([sys.executable, str(WORKERS / "read_batches.py"), fw, str(folder), str(rank), str(world),
-                        "1" if stride else "0", str(seed), str(epoch), str(batch), str(buffer)],
+    p = subprocess.run([sys.executable, str(WORKERS / "read_batches.py"), fw, str(folder), str(rank),
+                        str(world), "1" if stride else "0", str(seed), str(epoch), str(batch), str(buffer)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
