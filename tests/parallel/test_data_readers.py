@@ -25,7 +25,8 @@ def data(tmp_path_factory):
     one = root / "one"
     subprocess.run([*HVD_BERT, "prepare-bert", "--input", str(text), "--output", str(one),
                     "--num-shards", "5", "--vocab-size", "2000", "--max-seq-length", "64",
-                    "--max-predictions-per-seq", "10", "--dupe-factor", "2"], check=True, timeout=300, capture_output=True)
+                    "--max-predictions-per-seq", "10", "--dupe-factor", "2"],
+                   check=True, timeout=300, capture_output=True)
     return root, text, one
 
 
