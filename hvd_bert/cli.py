@@ -4,6 +4,7 @@
     hvd-bert config [--explain]     print the resolved configuration or its documentation
     hvd-bert prepare-bert           text -> BERT pretraining shards (mpirun: across ranks)
     hvd-bert prepare-classification TSV/CSV -> sentence(-pair) classification shards
+    hvd-bert prepare-ncf            MovieLens or synthetic data -> NCF leave-one-out data
 """
 
 from __future__ import annotations
@@ -128,6 +129,23 @@ def _cmd_prepare_classification(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_prepare_ncf(args: argparse.Namespace) -> int:
+    from hvd_bert.common.ncf_data import prepare_ncf
+    from hvd_bert.common.records import DatasetError
+
+    try:
+        meta = prepare_ncf(args.output, movielens=args.movielens,
+                           synthetic=None if args.movielens else args.synthetic,
+                           synthetic_scale=args.scale, seed=args.seed, overwrite=args.overwrite)
+    except (DatasetError, ValueError) as e:
+        print(f"hvd-bert prepare-ncf: {e}", file=sys.stderr)
+        return 2
+    print(f"{meta['source']}: {meta['n_users']} users, {meta['n_items']} items, "
+          f"{meta['train_interactions']} training interactions, leave-one-out test with "
+          f"100 negatives per user -> {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hvd-bert", description="Distributed large-batch training on Horovod "
@@ -178,6 +196,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_cmd_prepare_classification)
+
+    p = sub.add_parser("prepare-ncf", help="MovieLens ratings or synthetic data -> NCF implicit "
+                                           "feedback with a leave-one-out test")
+    p.add_argument("--output", required=True)
+    p.add_argument("--movielens", help="ratings.csv (ml-20m, ml-25m) or ratings.dat (ml-1m), or its folder")
+    p.add_argument("--synthetic", default="ml-1m", choices=["ml-1m", "ml-20m"],
+                   help="synthetic data of this size when no --movielens is given (default ml-1m)")
+    p.add_argument("--scale", type=float, default=1.0, help="scale the synthetic users and interactions")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_cmd_prepare_ncf)
     return parser
 
 
