@@ -12,7 +12,8 @@ def test_movielens_formats_parse_alike(tmp_path):
     (tmp_path / "ratings.csv").write_text("userId,movieId,rating,timestamp\n" +
                                           "".join(f"{u},{i},{r},{t}\n" for u, i, r, t in rows))
     (tmp_path / "ml1m").mkdir()
-    (tmp_path / "ml1m" / "ratings.dat").write_text("".join(f"{u}::{i}::{int(r)}::{t}\n" for u, i, r, t in rows))
+    dat = "".join(f"{u}::{i}::{int(r)}::{t}\n" for u, i, r, t in rows)
+    (tmp_path / "ml1m" / "ratings.dat").write_text(dat)
     a = N.load_movielens(tmp_path / "ratings.csv")
     b = N.load_movielens(tmp_path / "ml1m")
     for x, y in zip(a, b):
