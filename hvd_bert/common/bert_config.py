@@ -1,0 +1,53 @@
+"""BERT's architecture as one config shared by both frameworks, with the published presets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+__all__ = ["BertConfig", "PRESETS", "bert_preset"]
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    gelu: Literal["tanh", "none"] = "tanh"  # BERT's tanh approximation, or the exact erf form
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """The vocabulary padded to a multiple of 8 (Tensor Core friendly, as NVIDIA does)."""
+        return (self.vocab_size + 7) // 8 * 8
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+# Google BERT's released sizes (tiny .. medium from "Well-Read Students Learn Better", 2019).
+PRESETS = {
+    "tiny": BertConfig(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512),
+    "mini": BertConfig(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024),
+    "small": BertConfig(hidden_size=512, num_layers=4, num_heads=8, intermediate_size=2048),
+    "base": BertConfig(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
+    "large": BertConfig(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
+}
+
+
+def bert_preset(name: str, **overrides) -> BertConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown BERT preset {name!r}; choose one of {sorted(PRESETS)}")
+    return replace(PRESETS[name], **overrides)
