@@ -25,7 +25,8 @@ class BertConfig:
 
     def __post_init__(self):
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads "
+                             f"{self.num_heads}")
 
     @property
     def padded_vocab_size(self) -> int:
