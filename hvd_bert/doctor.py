@@ -154,8 +154,8 @@ def run_doctor(np: int = 2, timeout: float = 180, runs: bool = True) -> int:
                 else:
                     why = "timed out" if res.timed_out else f"exit code {res.returncode}"
                     _row(f"{fw} / {ctl}", f"FAILED ({why})")
-                    tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
-                    for t in tail:
+                    tail = [ln for ln in (res.stdout + "\n" + res.stderr).splitlines() if ln.strip()][-6:]
+                    for t in tail or ["(the launcher printed nothing)"]:
                         print(f"      {t[:200]}")
                     problems.append((f"{np}-process {fw} allreduce over {ctl} failed ({why})",
                                      _run_fix(ctl, res)))
