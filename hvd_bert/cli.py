@@ -5,6 +5,7 @@
     hvd-bert prepare-bert           text -> BERT pretraining shards (mpirun: across ranks)
     hvd-bert prepare-classification TSV/CSV -> sentence(-pair) classification shards
     hvd-bert prepare-ncf            MovieLens or synthetic data -> NCF leave-one-out data
+    hvd-bert pretrain               BERT pretraining (under horovodrun / mpirun)
 """
 
 from __future__ import annotations
@@ -146,6 +147,37 @@ def _cmd_prepare_ncf(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_data(max_seq_length: int = 128):
+    return default_cache() / "data" / f"stdlib-seq{max_seq_length}"
+
+
+def _cmd_pretrain(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from hvd_bert.common.config import ConfigError, PretrainConfig, load_config
+    from hvd_bert.common.records import DatasetError
+
+    try:
+        cfg = load_config(PretrainConfig, args.config, args.overrides)
+    except ConfigError as e:
+        print(f"hvd-bert pretrain: {e}", file=sys.stderr)
+        return 2
+    if not cfg.data:
+        cfg = replace(cfg, data=str(default_data(cfg.max_seq_length)))
+    if args.framework == "tf":
+        print("hvd-bert pretrain: the TensorFlow pretraining job is not available yet; "
+              "use --framework pt", file=sys.stderr)
+        return 2
+    from hvd_bert.pt.pretrain import run
+    try:
+        run(cfg)
+    except DatasetError as e:
+        print(f"hvd-bert pretrain: {e}\n  to prepare the built-in corpus: hvd-bert prepare-bert "
+              f"--output {cfg.data} --max-seq-length {cfg.max_seq_length}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hvd-bert", description="Distributed large-batch training on Horovod "
@@ -207,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_cmd_prepare_ncf)
+
+    p = sub.add_parser("pretrain", help="BERT pretraining, one process per rank: start it with "
+                                        "horovodrun -np N or mpirun -np N")
+    p.add_argument("--framework", choices=["pt", "tf"], default="pt")
+    _add_config_args(p)
+    p.set_defaults(func=_cmd_pretrain)
     return parser
 
 

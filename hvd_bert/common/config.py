@@ -444,3 +444,24 @@ class TrainConfig:
         _require(self.log_every > 0, f"log_every must be > 0, got {self.log_every}")
         _require(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         _require(self.keep_checkpoints > 0, f"keep_checkpoints must be > 0, got {self.keep_checkpoints}")
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """BERT pretraining: the engine settings plus model and data. Defaults: a tiny BERT on the
+    built-in corpus with NVLAMB and BERT's polynomial warmup (NVIDIA's recipe shape)."""
+
+    train: TrainConfig = doc(TrainConfig(
+        optim=OptimConfig(name="nvlamb", lr=5e-3, weight_decay=0.01),
+        schedule=ScheduleConfig(name="poly_warmup", warmup=0.1, total_steps=200, power=0.5),
+        batch=BatchConfig(local_batch_size=32, backward_passes_per_step=2),
+        checkpoint_every=50, output_dir="runs/pretrain"), "")
+    model: Literal["tiny", "mini", "small", "base", "large"] = doc("tiny", "BERT size preset")
+    data: str = doc("", "prepared pretraining folder (hvd-bert prepare-bert); empty: the built-in "
+                        "corpus prepared under the cache folder")
+    max_seq_length: int = doc(128, "sequence length the data was prepared with (phase 1: 128, 2: 512)")
+    max_predictions_per_seq: int = doc(20, "masked positions per sequence in the data")
+    shuffle_buffer: int = doc(1024, "records per shuffle window of the reader")
+    init_checkpoint: str = doc("", "phase 2: start from this phase-1 checkpoint's weights with a "
+                                   "fresh optimizer and schedule")
+    progress: bool = doc(True, "show a progress bar on rank 0")

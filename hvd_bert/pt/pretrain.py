@@ -1,0 +1,164 @@
+"""BERT pretraining with PyTorch on Horovod: the toolkit's main job.
+
+    horovodrun -np 2 -H localhost:2 --gloo python -m hvd_bert pretrain --framework pt \\
+        --set data=DATA_DIR --set train.output_dir=runs/tiny
+
+Reads top to bottom: Horovod and the config, the data's sidecar checked against the config,
+the model, the engine (optimizer, schedule, accumulation, AMP, broadcast), resume, then the
+loop. Rank 0 prints the batch arithmetic once and logs loss, MLM accuracy, LR and
+sequences/s (a progress bar, a JSON-lines file and TensorBoard). Checkpoints are atomic; a run
+resumes from the newest one; SIGTERM saves and stops. Phase 2 starts from a phase-1
+checkpoint's weights with a fresh optimizer (``init_checkpoint``), as NVIDIA does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import horovod.torch as hvd
+
+from hvd_bert.common.bert_config import bert_preset
+from hvd_bert.common.bert_data import check_pretraining_data
+from hvd_bert.common.config import PretrainConfig, to_dict
+from hvd_bert.pt.bert import BertForPreTraining, pretraining_loss
+from hvd_bert.pt.data import ShardedDataset
+from hvd_bert.pt.engine import Engine
+
+__all__ = ["run"]
+
+
+def _load_init_weights(model: torch.nn.Module, path: str, rank: int) -> None:
+    """Phase-1 weights into the model on rank 0 (the engine broadcasts them); optimizer reset."""
+    if rank != 0:
+        return
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"init_checkpoint {p} does not exist; give a phase-1 checkpoint "
+                                f"(runs/<phase1>/ckpt-<step>.pt)")
+    state = torch.load(p, map_location="cpu", weights_only=False)["model"]
+    # position embeddings may grow (seq 128 -> 512): copy the rows that exist
+    pe = "embeddings.position_embeddings.weight"
+    own = model.state_dict()[pe]
+    if state[pe].shape != own.shape:
+        grown = own.clone()
+        n = min(len(grown), len(state[pe]))
+        grown[:n] = state[pe][:n]
+        state[pe] = grown
+    model.load_state_dict(state)
+
+
+def _summary_writer(logdir: Path):
+    """A TensorBoard writer that does not import TensorFlow: TensorBoard falls back to its own
+    stub when the marker module ``tensorboard.compat.notf`` exists (as in its no-TF builds).
+    TensorFlow must stay out of this process: tfrecord and TensorFlow cannot share one."""
+    import sys
+    import types
+
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(logdir))
+
+
+def run(cfg: PretrainConfig) -> dict:
+    hvd.init()  # Horovod:
+    rank, size = hvd.rank(), hvd.size()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    out = Path(cfg.train.output_dir)
+    meta = check_pretraining_data(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq)
+
+    bert = bert_preset(cfg.model, vocab_size=meta["vocab_size"],
+                       max_position_embeddings=max(512, cfg.max_seq_length))
+    torch.manual_seed(cfg.train.seed + rank)  # per-rank dropout streams; weights come from rank 0
+    model = BertForPreTraining(bert)
+    if cfg.init_checkpoint:
+        _load_init_weights(model, cfg.init_checkpoint, rank)
+    engine = Engine.from_config(model, cfg.train)  # broadcasts rank 0's weights
+    plan = engine.plan
+    engine.resume(out)  # newest checkpoint of this run, if any
+    data = ShardedDataset(cfg.data, "bert-pretraining", rank, size, plan.local_batch_size,
+                          seed=cfg.train.seed, shuffle_buffer=cfg.shuffle_buffer,
+                          record_striding=len(meta["shards"]) < size)
+    batches = data.stream(start_batch=engine.micro_step)  # the data position of the checkpoint
+
+    log = writer = None
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"model: BERT-{cfg.model} ({n_params / 1e6:.1f}M parameters), data: {cfg.data} "
+              f"({meta['total_records']} sequences of {cfg.max_seq_length}, {len(meta['shards'])} shards)")
+        print(f"batch: {plan.describe()}")  # printed once
+        if engine.step_count:
+            print(f"resumed from step {engine.step_count} in {out}")
+        log = open(out / "metrics.jsonl", "a")
+        writer = _summary_writer(out / "tensorboard")
+    engine.install_stop_handler()
+    bar = None
+    if rank == 0 and cfg.progress:
+        from tqdm import tqdm
+        bar = tqdm(total=cfg.train.schedule.total_steps, initial=engine.step_count, unit="step",
+                   dynamic_ncols=True)
+
+    total = cfg.train.schedule.total_steps
+    window = {"loss": 0.0, "mlm_accuracy": 0.0}
+    t0, steps_since, saved, stopped, last = time.perf_counter(), 0, engine.step_count, False, {}
+    while engine.step_count < total:
+        batch = next(batches)
+        with engine.autocast():
+            loss, metrics = pretraining_loss(model, batch)
+        window["loss"] = window["loss"] + loss.detach() / engine.k
+        window["mlm_accuracy"] = window["mlm_accuracy"] + metrics["mlm_accuracy"] / engine.k
+        if not engine.backward(loss):
+            continue
+        result = engine.step()
+        steps_since += 1
+        local = {k: float(v) for k, v in window.items()}
+        window = {"loss": 0.0, "mlm_accuracy": 0.0}
+        if bar is not None and not result.skipped:
+            bar.update(1)
+        if result.step % cfg.train.log_every == 0 or result.step == total:
+            # Horovod: every rank joins these averages (collectives)
+            mean = {k: engine.average(v, f"hvd_bert.{k}") for k, v in local.items()}
+            dt = time.perf_counter() - t0
+            last = dict(step=result.step, loss=mean["loss"], mlm_accuracy=mean["mlm_accuracy"],
+                        lr=result.lr, sequences_per_s=plan.global_batch_size * steps_since / dt,
+                        grad_norm=result.grad_norm, loss_scale=result.loss_scale,
+                        skipped_steps=engine.skipped_steps, time=time.time())
+            if rank == 0:
+                msg = (f"step {result.step:>6} | loss {mean['loss']:.4f} | mlm acc "
+                       f"{mean['mlm_accuracy']:.3f} | lr {result.lr:.2e} | "
+                       f"{last['sequences_per_s']:,.1f} seq/s")
+                (bar.write if bar is not None else print)(msg)
+                log.write(json.dumps(last) + "\n")
+                log.flush()
+                if writer is not None:
+                    for k in ("loss", "mlm_accuracy", "lr", "sequences_per_s"):
+                        writer.add_scalar(f"train/{k}", last[k], result.step)
+            t0, steps_since = time.perf_counter(), 0
+        if (cfg.train.checkpoint_every and result.step % cfg.train.checkpoint_every == 0
+                and result.step != saved):
+            engine.save(out, {"micro_step": engine.micro_step}, cfg.train.keep_checkpoints)
+            saved = result.step
+        if engine.should_stop():  # SIGTERM on any rank (e.g. SLURM's time limit)
+            stopped = True
+            break
+    ckpt = None
+    if saved != engine.step_count:
+        ckpt = engine.save(out, {"micro_step": engine.micro_step}, cfg.train.keep_checkpoints)
+    if bar is not None:
+        bar.close()
+    if rank == 0:
+        log.close()
+        if writer is not None:
+            writer.close()
+        print(f"{'stopped by a signal at' if stopped else 'finished'} step {engine.step_count}; "
+              f"checkpoint: {ckpt or 'unchanged'}; metrics: {out / 'metrics.jsonl'}; "
+              f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}")
+    return {"steps": engine.step_count, "stopped": stopped, "last": last}
