@@ -462,6 +462,9 @@ class PretrainConfig:
     max_seq_length: int = doc(128, "sequence length the data was prepared with (phase 1: 128, 2: 512)")
     max_predictions_per_seq: int = doc(20, "masked positions per sequence in the data")
     shuffle_buffer: int = doc(1024, "records per shuffle window of the reader")
+    record_striding: bool = doc(False, "every rank reads every shard and keeps every world_size-th "
+                                       "record (automatic when there are fewer shards than ranks)")
+    dropout: float = doc(0.1, "BERT's hidden and attention dropout")
     init_checkpoint: str = doc("", "phase 2: start from this phase-1 checkpoint's weights with a "
                                    "fresh optimizer and schedule")
     progress: bool = doc(True, "show a progress bar on rank 0")

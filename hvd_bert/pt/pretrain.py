@@ -74,7 +74,8 @@ def run(cfg: PretrainConfig) -> dict:
     meta = check_pretraining_data(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq)
 
     bert = bert_preset(cfg.model, vocab_size=meta["vocab_size"],
-                       max_position_embeddings=max(512, cfg.max_seq_length))
+                       max_position_embeddings=max(512, cfg.max_seq_length),
+                       hidden_dropout=cfg.dropout, attention_dropout=cfg.dropout)
     torch.manual_seed(cfg.train.seed + rank)  # per-rank dropout streams; weights come from rank 0
     model = BertForPreTraining(bert)
     if cfg.init_checkpoint:
@@ -84,7 +85,7 @@ def run(cfg: PretrainConfig) -> dict:
     engine.resume(out)  # newest checkpoint of this run, if any
     data = ShardedDataset(cfg.data, "bert-pretraining", rank, size, plan.local_batch_size,
                           seed=cfg.train.seed, shuffle_buffer=cfg.shuffle_buffer,
-                          record_striding=len(meta["shards"]) < size)
+                          record_striding=cfg.record_striding or len(meta["shards"]) < size)
     batches = data.stream(start_batch=engine.micro_step)  # the data position of the checkpoint
 
     log = writer = None
@@ -104,11 +105,12 @@ def run(cfg: PretrainConfig) -> dict:
     if rank == 0 and cfg.progress:
         from tqdm import tqdm
         bar = tqdm(total=cfg.train.schedule.total_steps, initial=engine.step_count, unit="step",
-                   dynamic_ncols=True)
+                   dynamic_ncols=True, mininterval=5.0)
 
     total = cfg.train.schedule.total_steps
     window = {"loss": 0.0, "mlm_accuracy": 0.0}
     t0, steps_since, saved, stopped, last = time.perf_counter(), 0, engine.step_count, False, {}
+    ckpt = None
     while engine.step_count < total:
         batch = next(batches)
         with engine.autocast():
@@ -144,12 +146,11 @@ def run(cfg: PretrainConfig) -> dict:
             t0, steps_since = time.perf_counter(), 0
         if (cfg.train.checkpoint_every and result.step % cfg.train.checkpoint_every == 0
                 and result.step != saved):
-            engine.save(out, {"micro_step": engine.micro_step}, cfg.train.keep_checkpoints)
+            ckpt = engine.save(out, {"micro_step": engine.micro_step}, cfg.train.keep_checkpoints)
             saved = result.step
         if engine.should_stop():  # SIGTERM on any rank (e.g. SLURM's time limit)
             stopped = True
             break
-    ckpt = None
     if saved != engine.step_count:
         ckpt = engine.save(out, {"micro_step": engine.micro_step}, cfg.train.keep_checkpoints)
     if bar is not None:
