@@ -6,6 +6,7 @@
     hvd-bert prepare-classification TSV/CSV -> sentence(-pair) classification shards
     hvd-bert prepare-ncf            MovieLens or synthetic data -> NCF leave-one-out data
     hvd-bert pretrain               BERT pretraining (under horovodrun / mpirun)
+    hvd-bert simulate               scaling projection (alpha-beta allreduce cost model)
 """
 
 from __future__ import annotations
@@ -178,6 +179,65 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import replace
+
+    from hvd_bert.common import simulate as S
+
+    net = S.INTERCONNECTS[args.interconnect]
+    if args.calibrate:
+        from hvd_bert import launch
+        res = launch.run(["-m", "hvd_bert._allreduce_probe"], np=args.calibrate_np, timeout=600)
+        if not res.ok:
+            print(res.explain(), file=sys.stderr)
+            return 1
+        probe = json.loads(next(ln for ln in res.stdout.splitlines() if "PROBE " in ln).split("PROBE ", 1)[1])
+        sizes, times = zip(*probe["points"])
+        alpha, bw = S.fit_alpha_beta(list(sizes), list(times), probe["size"])
+        print(f"measured {probe['size']}-rank allreduce on this machine:")
+        fitted = S.Interconnect(alpha, bw)
+        for sz, t in probe["points"]:
+            model = S.allreduce_time(sz, probe["size"], fitted)
+            print(f"  {sz / 1024:>8.0f} KiB  {t * 1e3:8.3f} ms  (model {model * 1e3:8.3f} ms)")
+        print(f"fitted ring model: alpha {alpha * 1e6:.1f} us, bandwidth {bw / 1e9:.2f} GB/s per rank")
+        net = S.with_bandwidth(replace(net, gpus_per_node=1), alpha, bw)
+    if args.params is not None:
+        w = S.Workload("custom", args.params, args.tensors, args.micro_batch_seconds, args.samples)
+    else:
+        w = S.WORKLOADS[args.workload]
+    kw = dict(algorithm=args.algorithm,
+              fusion_bytes=None if args.fusion_mb == 0 else args.fusion_mb * S.MIB, fp16=args.fp16,
+              overlap=not args.no_overlap, backward_passes_per_step=args.k)
+    print(f"workload: {w.name} ({w.params / 1e6:.1f}M parameters, {w.micro_batch_seconds * 1e3:.1f} ms "
+          f"per micro-batch{'; ' + w.note if w.note else ''})")
+    print(f"network: {net.note}; {args.algorithm} allreduce, "
+          f"{'fp16' if args.fp16 else 'fp32'} gradients, fusion {args.fusion_mb} MiB, "
+          f"{'overlapped with backward' if not args.no_overlap else 'no overlap'}, k={args.k}")
+    print(f"{'GPUs':>6} {'step ms':>9} {'comm ms':>9} {'exposed ms':>10} {'efficiency':>10} "
+          f"{'samples/s':>12}")
+    for n in args.gpus:
+        p = S.project(w, n, net, **kw)
+        print(f"{n:>6} {p.step_s * 1e3:>9.1f} {p.comm_s * 1e3:>9.1f} {p.exposed_comm_s * 1e3:>10.1f} "
+              f"{p.efficiency:>10.1%} {p.samples_per_s:>12,.0f}")
+    if args.bert_recipe:
+        total = 0.0
+        n = args.gpus[-1]
+        for name, steps, gbatch, seq in (("phase 1", 7038, 65536, 128), ("phase 2", 1563, 32768, 512)):
+            per_gpu = gbatch / n
+            base = S.WORKLOADS["bert-large-p1"]
+            tflops = 6 * base.params * 128 * 64 / base.micro_batch_seconds / 1e12
+            wl = replace(base, micro_batch_seconds=6 * base.params * seq * per_gpu / (tflops * 1e12),
+                         samples_per_micro_batch=round(per_gpu))
+            p = S.project(wl, n, net, **kw)
+            total += steps * p.step_s
+            print(f"{name}: {steps} steps of {gbatch} x {seq} ({per_gpu:.1f} seq/GPU): "
+                  f"{p.step_s * 1e3:.0f} ms/step, efficiency {p.efficiency:.1%}, "
+                  f"{steps * p.step_s / 60:.1f} min")
+        print(f"BERT-Large (NVIDIA LAMB recipe) on {n} GPUs: {total / 60:.1f} minutes")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hvd-bert", description="Distributed large-batch training on Horovod "
@@ -245,6 +305,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--framework", choices=["pt", "tf"], default="pt")
     _add_config_args(p)
     p.set_defaults(func=_cmd_pretrain)
+
+    from hvd_bert.common.simulate import INTERCONNECTS, WORKLOADS
+    p = sub.add_parser("simulate", help="project step time and scaling efficiency on N GPUs "
+                                        "(alpha-beta allreduce model)")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="bert-large-p1")
+    p.add_argument("--params", type=float, help="a custom model: trainable parameters")
+    p.add_argument("--tensors", type=int, default=200, help="custom model: parameter tensors")
+    p.add_argument("--micro-batch-seconds", type=float, default=0.1, help="custom: compute per micro-batch")
+    p.add_argument("--samples", type=int, default=64, help="custom: samples per micro-batch")
+    p.add_argument("--gpus", type=int, nargs="+", default=[1, 16, 128, 512, 1472])
+    p.add_argument("--interconnect", choices=sorted(INTERCONNECTS), default="dgx2h")
+    p.add_argument("--algorithm", choices=["ring", "tree", "hierarchical"], default="hierarchical")
+    p.add_argument("--fusion-mb", type=float, default=128, help="tensor fusion buffer (0: no fusion)")
+    p.add_argument("--fp16", action="store_true", help="fp16 gradient compression")
+    p.add_argument("--no-overlap", action="store_true", help="reductions after the backward pass")
+    p.add_argument("--k", type=int, default=1, help="backward_passes_per_step")
+    p.add_argument("--bert-recipe", action="store_true",
+                   help="also project NVIDIA's BERT-Large LAMB recipe (both phases) on the last --gpus")
+    p.add_argument("--calibrate", action="store_true",
+                   help="fit alpha and bandwidth from allreduces measured here (flat network)")
+    p.add_argument("--calibrate-np", type=int, default=2)
+    p.set_defaults(func=_cmd_simulate)
     return parser
 
 
