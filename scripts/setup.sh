@@ -13,16 +13,22 @@
 # default ~/.cache/hvd_bert), HVD_BERT_PYTHON (interpreter, default python3.11),
 # HVD_BERT_TORCH_INDEX (extra pip index for torch's CPU build, for machines where plain
 # `pip install torch==2.13.0` would take a CUDA build, e.g. https://download.pytorch.org/whl/cpu),
-# HVD_BERT_SKIP_APT=1 (never call apt-get; fail with the package list instead).
+# HVD_BERT_SKIP_APT=1 (never call apt-get; fail with the package list instead),
+# HVD_BERT_GPU=1 (build Horovod with NCCL for GPU tensors; the GPU image sets it).
 set -Eeuo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HVD_BERT_VENV:-$ROOT/.venv}
 CACHE=${HVD_BERT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_bert}
 PYTHON=${HVD_BERT_PYTHON:-python3.11}
-HOROVOD_VERSION=0.28.1
-TORCH_VERSION=2.13.0
-TF_VERSION=2.21.0
+# One source of truth for the framework versions: requirements.txt (the images' build
+# arguments rewrite it). Horovod's version is this script's (the patch is made for it).
+HOROVOD_VERSION=${HVD_BERT_HOROVOD_VERSION:-0.28.1}
+pin() { sed -n "s/^$1==\([^ ]*\).*/\1/p" "$ROOT/requirements.txt"; }
+TORCH_VERSION=$(pin torch)
+TF_VERSION=$(pin tensorflow-cpu)
+[[ -n $TORCH_VERSION && -n $TF_VERSION ]] || { echo "setup: requirements.txt must pin torch== and tensorflow-cpu==" >&2; exit 1; }
+GPU=${HVD_BERT_GPU:-0}  # 1: Horovod with NCCL for GPU tensors (needs CUDA and NCCL, as in NGC images)
 APT_PACKAGES=(libopenmpi-dev openmpi-bin cmake g++ make)
 
 STEP="start"
@@ -89,6 +95,7 @@ fi
 # ---------------------------------------------------------------------------------------
 step "Horovod $HOROVOD_VERSION (patched build, cached)"
 key="horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-tf$TF_VERSION-py$pyver-$(uname -m)"
+if [[ $GPU == 1 ]]; then key="$key-nccl"; fi
 patch_sum=$(sha256sum "$ROOT/scripts/patch_horovod.py" | cut -c1-8)
 wheel_dir=$CACHE/wheels/$key-$patch_sum
 hvd_stamp=$VENV/.hvd_bert_horovod
@@ -112,6 +119,7 @@ if [[ $(cat "$hvd_stamp" 2>/dev/null) != "$key-$patch_sum" ]]; then
             export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
                 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO \
                 MAKEFLAGS="-j$(nproc)" TF_USE_LEGACY_KERAS=1
+            if [[ $GPU == 1 ]]; then export HOROVOD_GPU_OPERATIONS=NCCL; fi
             "$VENV/bin/python" -m pip wheel -q --no-deps --no-build-isolation -w "$build/wheel" . >"$build/build.log" 2>&1
         ) || { tail -n 40 "$build/build.log" >&2; die "the Horovod build failed (log: $build/build.log)" \
             "read the compiler error above; the build needs torch and TensorFlow installed, cmake, g++ and mpicc"; }
