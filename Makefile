@@ -15,6 +15,7 @@ lint: setup
 # tests/tf runs in its own pytest process: the tfrecord package (used by tests/common, tests/pt)
 # and TensorFlow cannot be imported into one process.
 test: lint
+	-bash scripts/slurm_local.sh install   # for tests/parallel/test_slurm.py (skips without it)
 	$(PY) -m pytest -q -p no:cacheprovider tests/common tests/pt tests/parallel
 	$(PY) -m pytest -q -p no:cacheprovider tests/tf
 

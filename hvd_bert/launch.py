@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
 
@@ -97,7 +98,19 @@ def run(argv: Sequence[str], np: int = 2, launcher: Launcher = "gloo", timeout: 
         env: Mapping[str, str] | None = None, cwd: str | None = None) -> RunResult:
     """Run ``python argv...`` on ``np`` processes and wait at most ``timeout`` seconds."""
     full_env = mpi_env(env)
-    cmd = command(argv, np, launcher, extra_env=[k for k in (env or {}) if k not in _FORWARD])
+    # Each run gets its own OpenMPI session folder: concurrent jobs on one machine otherwise
+    # share /tmp/ompi.<host>.<uid> and can trip over each other.
+    session = tempfile.mkdtemp(prefix="hvd_bert-ompi-")
+    full_env["OMPI_MCA_orte_tmpdir_base"] = session
+    extra = [k for k in (env or {}) if k not in _FORWARD] + ["OMPI_MCA_orte_tmpdir_base"]
+    cmd = command(argv, np, launcher, extra_env=extra)
+    try:
+        return _run(cmd, full_env, cwd, timeout)
+    finally:
+        shutil.rmtree(session, ignore_errors=True)
+
+
+def _run(cmd: list[str], full_env: dict, cwd: str | None, timeout: float) -> RunResult:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=full_env, cwd=cwd, start_new_session=True)
     try:

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 import horovod.torch as hvd
 
+from hvd_bert.cluster import check_launch, check_world
 from hvd_bert.common.batch import BatchPlan, is_sync_step
 from hvd_bert.common.checkpoint import atomic_write, checkpoint_path, latest_checkpoint, prune
 from hvd_bert.common.config import PrecisionConfig, TrainConfig, make_schedule
@@ -63,7 +64,9 @@ class StepResult:
 
 def _ensure_init() -> None:
     if not hvd.is_initialized():
+        check_launch()  # plain `srun` without --mpi=pmix: say so before MPI aborts
         hvd.init()  # Horovod:
+        check_world(hvd.size())
 
 
 class Engine:

@@ -26,7 +26,7 @@ from hvd_bert.common.bert_data import check_pretraining_data
 from hvd_bert.common.config import PretrainConfig, to_dict
 from hvd_bert.pt.bert import BertForPreTraining, pretraining_loss
 from hvd_bert.pt.data import ShardedDataset
-from hvd_bert.pt.engine import Engine
+from hvd_bert.pt.engine import Engine, _ensure_init
 
 __all__ = ["run"]
 
@@ -67,7 +67,7 @@ def _summary_writer(logdir: Path):
 
 
 def run(cfg: PretrainConfig) -> dict:
-    hvd.init()  # Horovod:
+    _ensure_init()  # checks the launch (e.g. srun without --mpi=pmix), then hvd.init()
     rank, size = hvd.rank(), hvd.size()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
     out = Path(cfg.train.output_dir)

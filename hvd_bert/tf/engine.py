@@ -27,6 +27,7 @@ import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
+from hvd_bert.cluster import check_launch, check_world
 from hvd_bert.common.batch import is_sync_step
 from hvd_bert.common.checkpoint import checkpoint_path, latest_checkpoint, list_checkpoints
 from hvd_bert.common.config import PrecisionConfig, TrainConfig, make_schedule
@@ -62,7 +63,9 @@ def set_precision_policy(mode: str) -> None:
 
 def _ensure_init() -> None:
     if not hvd.is_initialized():
+        check_launch()  # plain `srun` without --mpi=pmix: say so before MPI aborts
         hvd.init()  # Horovod:
+        check_world(hvd.size())
 
 
 class Engine:

@@ -1,0 +1,52 @@
+"""Where this process sits in a launch, read from the environment (standard library only).
+
+The toolkit takes rank, local rank and size from Horovod. Before ``hvd.init()`` it checks the
+launch: under SLURM, a step of several tasks started with plain ``srun`` (no ``--mpi=pmix``)
+gives every task its own world of one, and OpenMPI then aborts inside ``MPI_Init`` with a
+message that does not say why. :func:`check_launch` turns that into an error with the fix.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["LaunchError", "check_launch", "check_world", "slurm_tasks"]
+
+_WIRED = ("HOROVOD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
+
+
+class LaunchError(RuntimeError):
+    """The processes were started in a way that cannot form one Horovod job."""
+
+
+def slurm_tasks(env=None) -> int:
+    env = os.environ if env is None else env
+    for var in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"):
+        if env.get(var, "").isdigit():
+            return int(env[var])
+    return 1
+
+
+def _inside_srun_step(env) -> bool:
+    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
+
+
+def check_launch(env=None) -> None:
+    """Raise :class:`LaunchError` for a multi-task SLURM step without MPI/PMIx wiring."""
+    env = os.environ if env is None else env
+    n = slurm_tasks(env)
+    if _inside_srun_step(env) and n > 1 and not any(v in env for v in _WIRED):
+        raise LaunchError(
+            f"this SLURM job step has {n} tasks but no MPI/PMIx wiring (task {env.get('SLURM_PROCID')}): "
+            f"it was started with plain srun, so every task would train alone. Start it with "
+            f"`srun --mpi=pmix ...` (or mpirun / horovodrun inside the allocation)")
+
+
+def check_world(size: int, env=None) -> None:
+    """After ``hvd.init()``: the Horovod world must match the SLURM step."""
+    env = os.environ if env is None else env
+    n = slurm_tasks(env)
+    if _inside_srun_step(env) and n > 1 and size != n:
+        raise LaunchError(
+            f"Horovod sees {size} rank(s) but this SLURM step has {n} tasks; start the step with "
+            f"`srun --mpi=pmix` and one task per GPU (--ntasks-per-node = GPUs per node)")

@@ -1,0 +1,28 @@
+"""Launch checks read from the environment."""
+
+import pytest
+
+from hvd_bert.cluster import LaunchError, check_launch, check_world
+
+STEP = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "4"}
+
+
+def test_plain_srun_with_several_tasks_is_explained():
+    with pytest.raises(LaunchError, match=r"4 tasks but no MPI/PMIx wiring .*srun --mpi=pmix"):
+        check_launch(STEP)
+
+
+@pytest.mark.parametrize("wired", ["PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "HOROVOD_RANK"])
+def test_wired_launches_pass(wired):
+    check_launch({**STEP, wired: "1"})
+
+
+def test_outside_slurm_or_one_task_passes():
+    check_launch({})
+    check_launch({**STEP, "SLURM_STEP_NUM_TASKS": "1"})
+
+
+def test_world_size_must_match_the_step():
+    check_world(4, STEP)
+    with pytest.raises(LaunchError, match="Horovod sees 1 rank"):
+        check_world(1, STEP)
