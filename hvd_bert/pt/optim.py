@@ -29,6 +29,18 @@ from hvd_bert.common.config import OptimConfig
 __all__ = ["Lamb", "NVLamb", "Lars", "param_groups", "build_optimizer", "init_state"]
 
 
+@torch.no_grad()
+def _fill_state(opt: torch.optim.Optimizer, buffers: Sequence[str]) -> None:
+    """Step 0 and zero ``buffers`` for every parameter of ``opt`` without state."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state[p]
+            if not st:
+                st["step"] = torch.zeros((), dtype=torch.float32)
+                for name in buffers:
+                    st[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
 def _group_tensors(group, state, names: Sequence[str]):
     params = [p for p in group["params"] if p.grad is not None]
     grads = [p.grad for p in params]
@@ -107,16 +119,9 @@ class Lamb(torch.optim.Optimizer):
     def _adapt(self, group) -> bool:
         return bool(group["adapt"])
 
-    @torch.no_grad()
     def init_state(self) -> None:
         """Zero moments and step 0 for every parameter that has none yet."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state[p]
-                if not st:
-                    st["step"] = torch.zeros((), dtype=torch.float32)
-                    st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        _fill_state(self, ("exp_avg", "exp_avg_sq"))
 
     def _clip_factor(self) -> torch.Tensor | None:
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
@@ -251,14 +256,9 @@ class Lars(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
                                       eta=eta, eps=eps, adapt=adapt))
 
-    @torch.no_grad()
     def init_state(self) -> None:
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state[p]
-                if not st:
-                    st["step"] = torch.zeros((), dtype=torch.float32)
-                    st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        """A zero momentum buffer and step 0 for every parameter that has none yet."""
+        _fill_state(self, ("momentum_buffer",))
 
     @torch.no_grad()
     def step(self, closure=None):

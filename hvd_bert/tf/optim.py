@@ -106,6 +106,17 @@ class _HvdBertOptimizer(keras.optimizers.Optimizer):
         return config
 
 
+class _MomentumOptimizer(_HvdBertOptimizer):
+    """One momentum buffer per variable (SGD, LARS)."""
+
+    def build(self, var_list):
+        super().build(var_list)
+        if getattr(self, "_built", False):
+            return
+        self._built = True
+        self._buf = [self.add_variable_from_reference(v, "momentum") for v in var_list]
+
+
 @keras.utils.register_keras_serializable(package="hvd_bert")
 class Lamb(_HvdBertOptimizer):
     """LAMB (You et al. 2019, arXiv:1904.00962, Alg. 2), as ``hvd_bert.common.optim.lamb_step``.
@@ -184,7 +195,7 @@ class NVLamb(Lamb):
 
 
 @keras.utils.register_keras_serializable(package="hvd_bert")
-class Lars(_HvdBertOptimizer):
+class Lars(_MomentumOptimizer):
     """LARS (MLPerf form), as ``hvd_bert.common.optim.lars_step``:
     trust = eta ||w|| / (||g|| + wd ||w|| + eps); v = mu v + lr trust (g + wd w); w -= v.
     Variables matching ``exclude`` get neither trust ratio nor weight decay."""
@@ -196,13 +207,6 @@ class Lars(_HvdBertOptimizer):
         kwargs.pop("max_grad_norm", None)
         super().__init__(name, learning_rate, weight_decay, exclude, exclude, None, **kwargs)
         self.momentum, self.eta, self.epsilon = momentum, eta, epsilon
-
-    def build(self, var_list):
-        super().build(var_list)
-        if getattr(self, "_built", False):
-            return
-        self._built = True
-        self._buf = [self.add_variable_from_reference(v, "momentum") for v in var_list]
 
     def update_step(self, gradient, variable):
         dtype = variable.dtype
@@ -231,7 +235,7 @@ class Lars(_HvdBertOptimizer):
 
 
 @keras.utils.register_keras_serializable(package="hvd_bert")
-class SGD(_HvdBertOptimizer):
+class SGD(_MomentumOptimizer):
     """SGD with momentum in PyTorch's form, as ``hvd_bert.common.optim.sgd_step``:
     d = g + wd w; v = mu v + d; w -= lr v (Nesterov: w -= lr (d + mu v)). Keras' own SGD keeps
     ``mu m - lr g`` instead, which differs from this as soon as the learning rate changes."""
@@ -243,13 +247,6 @@ class SGD(_HvdBertOptimizer):
         super().__init__(name, learning_rate, weight_decay, exclude_from_weight_decay, None, None,
                          **kwargs)
         self.momentum, self.nesterov = momentum, nesterov
-
-    def build(self, var_list):
-        super().build(var_list)
-        if getattr(self, "_built", False):
-            return
-        self._built = True
-        self._buf = [self.add_variable_from_reference(v, "momentum") for v in var_list]
 
     def update_step(self, gradient, variable):
         dtype = variable.dtype
