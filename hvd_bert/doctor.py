@@ -145,14 +145,14 @@ def run_doctor(np: int = 2, timeout: float = 180, runs: bool = True) -> int:
                 if not pr["build"][ctl] or (ctl == "mpi" and mpirun_v == "missing"):
                     _row(f"{fw} / {ctl}", "skipped: not available")
                     continue
-                res = launch.run(["-m", "hvd_bert._doctor_worker", fw], np=np, launcher=ctl,
-                                 timeout=timeout, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-                lines = [ln for ln in res.stdout.splitlines() if "doctor-rank" in ln]
+                res, lines, note = _check_run(fw, ctl, np, timeout)
                 if res.ok and len(lines) == np:
                     ok_runs += 1
-                    _row(f"{fw} / {ctl}", f"OK: {np} ranks agree ({lines[0].split('allreduce=')[1]})")
+                    _row(f"{fw} / {ctl}", f"OK: {np} ranks agree ({lines[0].split('allreduce=')[1]}){note}")
                 else:
                     why = "timed out" if res.timed_out else f"exit code {res.returncode}"
+                    if res.returncode == 0 and not res.timed_out:
+                        why = f"{len(lines)} of {np} ranks reported"
                     _row(f"{fw} / {ctl}", f"FAILED ({why})")
                     tail = [ln for ln in (res.stdout + "\n" + res.stderr).splitlines() if ln.strip()][-6:]
                     for t in tail or ["(the launcher printed nothing)"]:
@@ -167,6 +167,25 @@ def run_doctor(np: int = 2, timeout: float = 180, runs: bool = True) -> int:
         return 1
     print(f"everything works: {ok_runs} distributed runs passed")
     return 0
+
+
+def _check_run(fw: str, ctl: str, np: int, timeout: float):
+    """One 2-process allreduce; ranks report to files. A launch that produced no rank result
+    at all (seen rarely with mpirun inside long test sessions: exit 1, no output) is tried once
+    more, and the report says so."""
+    import tempfile
+
+    note = ""
+    for attempt in (1, 2):
+        with tempfile.TemporaryDirectory(prefix="hvd_bert-doctor-") as out:
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", HVD_BERT_DOCTOR_OUT=out)
+            res = launch.run(["-m", "hvd_bert._doctor_worker", fw], np=np, launcher=ctl,
+                             timeout=timeout, env=env)
+            lines = sorted(open(os.path.join(out, f)).read().strip() for f in os.listdir(out))
+        if lines or res.timed_out or attempt == 2:
+            return res, lines, note
+        note = f"; passed on a retry: the first launch exited {res.returncode} with no rank result"
+    return res, lines, note
 
 
 def _run_fix(ctl: str, res: launch.RunResult) -> str:
