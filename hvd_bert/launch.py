@@ -102,7 +102,10 @@ def run(argv: Sequence[str], np: int = 2, launcher: Launcher = "gloo", timeout: 
     # share /tmp/ompi.<host>.<uid> and can trip over each other.
     session = tempfile.mkdtemp(prefix="hvd_bert-ompi-")
     full_env["OMPI_MCA_orte_tmpdir_base"] = session
-    extra = [k for k in (env or {}) if k not in _FORWARD] + ["OMPI_MCA_orte_tmpdir_base"]
+    # -x only what the caller set or changed (local ranks inherit mpirun's environment; passing
+    # every variable as -x NAME makes mpirun fail silently on some environments)
+    extra = [k for k, v in (env or {}).items() if k not in _FORWARD and os.environ.get(k) != v]
+    extra.append("OMPI_MCA_orte_tmpdir_base")
     cmd = command(argv, np, launcher, extra_env=extra)
     try:
         return _run(cmd, full_env, cwd, timeout)
@@ -111,8 +114,9 @@ def run(argv: Sequence[str], np: int = 2, launcher: Launcher = "gloo", timeout: 
 
 
 def _run(cmd: list[str], full_env: dict, cwd: str | None, timeout: float) -> RunResult:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=full_env, cwd=cwd, start_new_session=True)
+    # stdin from /dev/null: mpirun forwards stdin to rank 0, and may run where there is none
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=full_env, cwd=cwd, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
         return RunResult(cmd, proc.returncode, out, err, False)
