@@ -20,7 +20,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from hvd_bert.common.records import (SIDECAR, DatasetError, file_sha256, read_sidecar, shard_name,
                                      write_examples, write_sidecar)
@@ -59,6 +59,15 @@ def pretraining_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
     return {"input_ids": ("int", s), "input_mask": ("int", s), "segment_ids": ("int", s),
             "masked_lm_positions": ("int", p), "masked_lm_ids": ("int", p),
             "masked_lm_weights": ("float", p), "next_sentence_labels": ("int", 1)}
+
+
+def spec_for_meta(meta: dict) -> dict:
+    """The feature spec (name -> (kind, length)) of a prepared folder, from its sidecar."""
+    if meta["kind"] == KIND_PRETRAIN:
+        return pretraining_spec(meta["max_seq_length"], meta["max_predictions_per_seq"])
+    if meta["kind"] == KIND_CLASSIFY:
+        return classification_spec(meta["max_seq_length"])
+    raise DatasetError(f"no reader for data of kind {meta['kind']!r}")
 
 
 def classification_spec(max_seq_length: int) -> dict:
@@ -404,8 +413,3 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
     write_sidecar(out, meta)
     return meta
 
-
-def iter_text(docs: Iterable[list[str]]) -> Iterable[str]:
-    for d in docs:
-        yield from d
-        yield ""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Sequence
 
 from hvd_bert.common.batch import BatchPlan, plan_batch
-from hvd_bert.common.optim import BERT_EXCLUDE, LARS_EXCLUDE
+from hvd_bert.common.optim import BERT_EXCLUDE, LARS_EXCLUDE, name_mask
 from hvd_bert.common import schedules as S
 
 __all__ = ["ConfigError", "doc", "from_dict", "to_dict", "load_config", "apply_overrides",
@@ -287,8 +287,6 @@ class OptimConfig:
 
     def masks(self, names: Sequence[str]) -> tuple[list[bool], list[bool]]:
         """``(decay_mask, adapt_mask)`` for parameters called ``names``."""
-        from hvd_bert.common.optim import name_mask
-
         decay = name_mask(names, self.effective_exclude)
         on_excluded = self.trust_ratio_on_excluded
         if on_excluded is None:

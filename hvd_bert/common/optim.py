@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -285,7 +285,3 @@ def apply_step(name: str, params, grads, state, **hparams):
     """One step of optimizer ``name``: ``(params, state, info)``."""
     return _lookup(name)[1](params, grads, state, **hparams)
 
-
-def with_step(state, step: int):
-    """A copy of ``state`` with its step count set (resuming a schedule)."""
-    return replace(state, step=step)

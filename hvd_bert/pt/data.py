@@ -19,21 +19,13 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from hvd_bert.common.bert_data import classification_spec, pretraining_spec
-from hvd_bert.common.records import DatasetError, decode_example, read_ordered, read_sidecar
+from hvd_bert.common.bert_data import spec_for_meta
+from hvd_bert.common.records import decode_example, read_ordered, read_sidecar
 from hvd_bert.common.sharding import TooFewShardsError, epoch_batches, plan_reads, stream_seed
 
 __all__ = ["ShardedDataset"]
 
 _DONE = object()
-
-
-def spec_for(meta: dict) -> dict:
-    if meta["kind"] == "bert-pretraining":
-        return pretraining_spec(meta["max_seq_length"], meta["max_predictions_per_seq"])
-    if meta["kind"] == "bert-classification":
-        return classification_spec(meta["max_seq_length"])
-    raise DatasetError(f"no reader for data of kind {meta['kind']!r}")
 
 
 class ShardedDataset(torch.utils.data.IterableDataset):
@@ -58,7 +50,7 @@ class ShardedDataset(torch.utils.data.IterableDataset):
         super().__init__()
         self.folder = Path(folder)
         self.meta = read_sidecar(self.folder, kind, expect)
-        self.spec = spec_for(self.meta)
+        self.spec = spec_for_meta(self.meta)
         self.files = [s["file"] for s in self.meta["shards"]]
         self.counts = [s["records"] for s in self.meta["shards"]]
         if len(self.files) < world_size and not record_striding:

@@ -15,7 +15,8 @@ from pathlib import Path
 import hvd_bert.tf  # noqa: F401
 import tensorflow as tf
 
-from hvd_bert.common.records import DatasetError, read_sidecar
+from hvd_bert.common.bert_data import spec_for_meta
+from hvd_bert.common.records import read_sidecar
 from hvd_bert.common.sharding import (LEHMER_M, TooFewShardsError, _round_constants, epoch_batches,
                                       plan_reads, stream_seed)
 
@@ -23,17 +24,9 @@ __all__ = ["make_dataset", "feature_spec"]
 
 
 def feature_spec(meta: dict) -> dict:
-    s = meta["max_seq_length"]
-    ints = lambda n: tf.io.FixedLenFeature([n], tf.int64)  # noqa: E731
-    if meta["kind"] == "bert-pretraining":
-        p = meta["max_predictions_per_seq"]
-        return {"input_ids": ints(s), "input_mask": ints(s), "segment_ids": ints(s),
-                "masked_lm_positions": ints(p), "masked_lm_ids": ints(p),
-                "masked_lm_weights": tf.io.FixedLenFeature([p], tf.float32),
-                "next_sentence_labels": ints(1)}
-    if meta["kind"] == "bert-classification":
-        return {"input_ids": ints(s), "input_mask": ints(s), "segment_ids": ints(s), "label_ids": ints(1)}
-    raise DatasetError(f"no reader for data of kind {meta['kind']!r}")
+    """``tf.io`` parsing spec from the folder's feature layout (``common.bert_data``)."""
+    kinds = {"int": tf.int64, "float": tf.float32}
+    return {name: tf.io.FixedLenFeature([n], kinds[kind]) for name, (kind, n) in spec_for_meta(meta).items()}
 
 
 def _keys(indices, stream: int):
