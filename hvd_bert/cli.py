@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -179,6 +180,40 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    """A PyTorch or TensorFlow checkpoint -> portable weights (.npz) that both frameworks load."""
+    from hvd_bert.common.bert_weights import WeightsError, save_weights
+    from hvd_bert.common.checkpoint import latest_checkpoint
+
+    src = Path(args.checkpoint).expanduser()
+    framework = args.framework
+    if framework == "auto":
+        if src.suffix == ".pt" or (src.is_dir() and src.suffix != ".tf" and latest_checkpoint(src, "pt")):
+            framework = "pt"
+        elif src.suffix == ".tf" or (src.is_dir() and latest_checkpoint(src, "tf")):
+            framework = "tf"
+        else:
+            print(f"hvd-bert convert: {src} is neither a ckpt-*.pt file, a ckpt-*.tf folder nor a run "
+                  f"folder holding one", file=sys.stderr)
+            return 2
+    try:
+        if framework == "pt":
+            from hvd_bert.pt.bert import read_checkpoint_weights
+        else:
+            from hvd_bert.tf.bert import read_checkpoint_weights
+        arrays, config = read_checkpoint_weights(src)
+        if config is None:
+            raise WeightsError(f"no bert_config.json beside {src}: it is written into every run folder "
+                               f"by hvd-bert pretrain / finetune")
+        out = save_weights(args.output, arrays, config)
+    except WeightsError as e:
+        print(f"hvd-bert convert: {e}", file=sys.stderr)
+        return 2
+    print(f"{src} ({framework}, {len(arrays)} tensors, {sum(a.size for a in arrays.values()) / 1e6:.1f}M "
+          f"parameters) -> {out}; load it with --set init_checkpoint={out} in either framework")
+    return 0
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     import json
     from dataclasses import replace
@@ -305,6 +340,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--framework", choices=["pt", "tf"], default="pt")
     _add_config_args(p)
     p.set_defaults(func=_cmd_pretrain)
+
+    p = sub.add_parser("convert", help="a PyTorch or TensorFlow BERT checkpoint -> portable weights "
+                                       "(.npz) that both frameworks load")
+    p.add_argument("checkpoint", help="ckpt-*.pt, ckpt-*.tf, or a run folder (its newest checkpoint)")
+    p.add_argument("--output", required=True, help="the .npz to write")
+    p.add_argument("--framework", choices=["auto", "pt", "tf"], default="auto")
+    p.set_defaults(func=_cmd_convert)
 
     from hvd_bert.common.simulate import INTERCONNECTS, WORKLOADS
     p = sub.add_parser("simulate", help="project step time and scaling efficiency on N GPUs "

@@ -9,14 +9,20 @@ masked-LM head (transform + vocabulary projection) runs only at the masked posit
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hvd_bert.common.bert_config import BertConfig
+from hvd_bert.common.bert_weights import WeightsError, fit_weights, read_run_bert_config, read_weights
+from hvd_bert.common.checkpoint import latest_checkpoint
 from hvd_bert.pt.kernels import LinearGELU, bias_gelu
 
-__all__ = ["BertForPreTraining", "pretraining_loss"]
+__all__ = ["BertModel", "BertForPreTraining", "BertForSequenceClassification", "pretraining_loss",
+           "classification_loss", "export_weights", "load_weights", "read_checkpoint_weights"]
 
 
 class BertEmbeddings(nn.Module):
@@ -63,10 +69,9 @@ class BertLayer(nn.Module):
         return self.output_LayerNorm(x + self.dropout(self.output(self.intermediate(x))))
 
 
-class BertForPreTraining(nn.Module):
-    """BERT with the masked-LM head (decoder tied to the word embeddings) and the
-    next-sentence head. ``forward`` returns ``(mlm_logits [B, P, V], nsp_logits [B, 2])``,
-    the MLM logits only at ``masked_lm_positions``."""
+class BertModel(nn.Module):
+    """The encoder (embeddings, layers, pooler) the task models share; ``encode`` gives the
+    sequence output, ``pool`` the first token's tanh projection."""
 
     def __init__(self, c: BertConfig):
         super().__init__()
@@ -74,11 +79,6 @@ class BertForPreTraining(nn.Module):
         self.embeddings = BertEmbeddings(c)
         self.layers = nn.ModuleList(BertLayer(c) for _ in range(c.num_layers))
         self.pooler = nn.Linear(c.hidden_size, c.hidden_size)
-        self.mlm_transform = nn.Linear(c.hidden_size, c.hidden_size)
-        self.mlm_LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.mlm_bias = nn.Parameter(torch.zeros(c.padded_vocab_size))
-        self.nsp = nn.Linear(c.hidden_size, 2)
-        self.apply(self._init)
 
     def _init(self, m):
         """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm."""
@@ -99,9 +99,26 @@ class BertForPreTraining(nn.Module):
             x = layer(x, attn_bias)
         return x
 
+    def pool(self, x):
+        return torch.tanh(self.pooler(x[:, 0]))
+
+
+class BertForPreTraining(BertModel):
+    """BERT with the masked-LM head (decoder tied to the word embeddings) and the
+    next-sentence head. ``forward`` returns ``(mlm_logits [B, P, V], nsp_logits [B, 2])``,
+    the MLM logits only at ``masked_lm_positions``."""
+
+    def __init__(self, c: BertConfig):
+        super().__init__(c)
+        self.mlm_transform = nn.Linear(c.hidden_size, c.hidden_size)
+        self.mlm_LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.mlm_bias = nn.Parameter(torch.zeros(c.padded_vocab_size))
+        self.nsp = nn.Linear(c.hidden_size, 2)
+        self.apply(self._init)
+
     def forward(self, input_ids, segment_ids, input_mask, masked_lm_positions):
         x = self.encode(input_ids, segment_ids, input_mask)
-        pooled = torch.tanh(self.pooler(x[:, 0]))
+        pooled = self.pool(x)
         # the MLM head only where tokens were masked: gather first, then transform
         idx = masked_lm_positions.unsqueeze(-1).expand(-1, -1, x.shape[-1])
         m = torch.gather(x, 1, idx)
@@ -125,3 +142,69 @@ def pretraining_loss(model: BertForPreTraining, batch: dict) -> tuple[torch.Tens
         acc = (correct * w).sum() / w.sum().clamp_min(1.0)
     return mlm_loss + nsp_loss, {"mlm_loss": mlm_loss.detach(), "nsp_loss": nsp_loss.detach(),
                                  "mlm_accuracy": acc}
+
+
+class BertForSequenceClassification(BertModel):
+    """BERT with a classifier on the pooled first token (Google's run_classifier):
+    ``forward`` returns logits ``[B, num_labels]``."""
+
+    def __init__(self, c: BertConfig, num_labels: int):
+        super().__init__(c)
+        self.dropout = nn.Dropout(c.hidden_dropout)
+        self.classifier = nn.Linear(c.hidden_size, num_labels)
+        self.apply(self._init)
+
+    def forward(self, input_ids, segment_ids, input_mask):
+        return self.classifier(self.dropout(self.pool(self.encode(input_ids, segment_ids, input_mask))))
+
+
+def classification_loss(model: BertForSequenceClassification, batch: dict) -> tuple[torch.Tensor, dict]:
+    logits = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+    labels = batch["label_ids"].view(-1)
+    loss = F.cross_entropy(logits.float(), labels)
+    acc = (logits.argmax(-1) == labels).float().mean()
+    return loss, {"accuracy": acc}
+
+
+# ---------------------------------------------------------------------- portable weights
+def export_weights(model: nn.Module) -> dict[str, np.ndarray]:
+    """The model's parameters as float32 numpy arrays under their ``state_dict`` names (the
+    portable names of ``hvd_bert.common.bert_weights``)."""
+    return {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
+
+
+def load_weights(model: nn.Module, arrays: dict[str, np.ndarray], *, source: str = "weights") -> None:
+    """Load portable weights, checked name by name. A classifier takes the encoder of a
+    pretraining checkpoint (its own classifier keeps its initialisation)."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    task = isinstance(model, BertForSequenceClassification)
+    fitted = fit_weights(arrays, expected, source=source,
+                         allow_missing=("classifier.",) if task else (),
+                         ignore_unexpected=("mlm_", "nsp.") if task else ())
+    state = model.state_dict()
+    with torch.no_grad():
+        for k, a in fitted.items():
+            state[k].copy_(torch.from_numpy(np.ascontiguousarray(a)).to(state[k].dtype))
+
+
+def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], BertConfig | None]:
+    """Portable weights from a portable ``.npz``, a PyTorch checkpoint ``ckpt-*.pt`` or a run
+    folder (its newest ``ckpt-*.pt``). TensorFlow checkpoints: convert them first with
+    ``hvd-bert convert``."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        found = latest_checkpoint(p, "pt")
+        if found is None:
+            raise WeightsError(f"{p} has no ckpt-*.pt checkpoint; give a checkpoint file or a .npz "
+                               f"from `hvd-bert convert`")
+        p = found
+    if p.suffix == ".npz":
+        return read_weights(p)
+    if p.suffix == ".tf" or p.is_dir():
+        raise WeightsError(f"{p} is a TensorFlow checkpoint; convert it with `hvd-bert convert {p} "
+                           f"--output weights.npz` and give the .npz")
+    if not p.is_file():
+        raise WeightsError(f"checkpoint {p} does not exist; give runs/<run>/ckpt-<step>.pt, a run "
+                           f"folder or a .npz")
+    state = torch.load(p, map_location="cpu", weights_only=False)
+    return {k: v.float().numpy() for k, v in state["model"].items()}, read_run_bert_config(p.parent)

@@ -1,0 +1,114 @@
+"""BERT weights in a framework-neutral file, so a checkpoint moves between PyTorch and
+TensorFlow.
+
+A portable weights file is an ``.npz`` archive: one array per parameter under the PyTorch
+model's ``state_dict`` names and layouts (``nn.Linear`` weights are ``[out, in]``), plus the
+model's :class:`BertConfig` as JSON under ``__bert_config__``. Each frontend maps its own
+variables to these names (``hvd_bert.pt.bert.export_weights`` / ``load_weights``, and the
+same in ``hvd_bert.tf.bert``); ``hvd-bert convert`` writes one from either framework's
+checkpoint. Loading checks every name and shape and says which do not fit; the position
+embeddings may grow (phase 1 at 128 tokens to phase 2 at 512 keeps the rows it has).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from hvd_bert.common.bert_config import BertConfig
+from hvd_bert.common.checkpoint import atomic_write
+
+__all__ = ["WeightsError", "save_weights", "write_run_bert_config", "read_run_bert_config",
+           "read_weights", "fit_weights", "POSITION_EMBEDDINGS", "ENCODER_PREFIXES"]
+
+CONFIG_KEY = "__bert_config__"
+POSITION_EMBEDDINGS = "embeddings.position_embeddings.weight"
+# the parameters a fine-tuning model takes from a pretrained one (not the pretraining heads)
+ENCODER_PREFIXES = ("embeddings.", "layers.", "pooler.")
+
+
+class WeightsError(ValueError):
+    """A weights file that does not fit the model it is loaded into."""
+
+
+def save_weights(path: str | Path, arrays: Mapping[str, np.ndarray], config: BertConfig) -> Path:
+    """Write ``arrays`` and ``config`` to ``path`` (``.npz``) atomically."""
+    payload = {k: np.asarray(v) for k, v in arrays.items()}
+    payload[CONFIG_KEY] = np.frombuffer(json.dumps(dataclasses.asdict(config)).encode(), dtype=np.uint8)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            np.savez(f, **payload)
+
+    return atomic_write(path, write)
+
+
+def write_run_bert_config(folder: str | Path, config: BertConfig) -> Path:
+    """``folder/bert_config.json``: a run's model, so its checkpoints can be converted."""
+    text = json.dumps(dataclasses.asdict(config), indent=1)
+    return atomic_write(Path(folder) / "bert_config.json", lambda tmp: tmp.write_text(text))
+
+
+def read_run_bert_config(folder: str | Path) -> BertConfig | None:
+    p = Path(folder) / "bert_config.json"
+    return BertConfig(**json.loads(p.read_text())) if p.is_file() else None
+
+
+def read_weights(path: str | Path) -> tuple[dict[str, np.ndarray], BertConfig | None]:
+    """``(arrays, config)`` of a portable weights file."""
+    p = Path(path)
+    if not p.is_file():
+        raise WeightsError(f"weights file {p} does not exist")
+    try:
+        with np.load(p) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as e:
+        raise WeightsError(f"{p} is not a readable .npz weights file ({e}); write one with "
+                           f"`hvd-bert convert CHECKPOINT --output {p.name}`") from None
+    raw = arrays.pop(CONFIG_KEY, None)
+    config = BertConfig(**json.loads(raw.tobytes().decode())) if raw is not None else None
+    return arrays, config
+
+
+def fit_weights(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]], *,
+                source: str = "weights", allow_missing: tuple[str, ...] = (),
+                ignore_unexpected: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Check ``arrays`` against the model's ``{name: shape}``; grow the position embeddings if
+    the model has more positions. Names starting with ``allow_missing`` prefixes may be absent
+    (they keep the model's initialisation), names with ``ignore_unexpected`` prefixes are
+    dropped. Anything else that does not fit is a :class:`WeightsError` naming it."""
+    out = {}
+    missing = [k for k in expected if k not in arrays and not k.startswith(allow_missing)]
+    unexpected = [k for k in arrays if k not in expected and not k.startswith(ignore_unexpected)]
+    wrong = []
+    for name, shape in expected.items():
+        if name not in arrays:
+            continue
+        a = np.asarray(arrays[name])
+        if tuple(a.shape) != tuple(shape):
+            grows = a.ndim == 2 and a.shape[1] == shape[1] and a.shape[0] <= shape[0]
+            if name == POSITION_EMBEDDINGS and grows:
+                grown = np.zeros(shape, a.dtype)
+                grown[: a.shape[0]] = a
+                rng = np.random.default_rng(0)  # the rows phase 1 never trained: BERT's init
+                grown[a.shape[0]:] = rng.normal(0.0, 0.02, (shape[0] - a.shape[0], shape[1]))
+                a = grown
+            else:
+                wrong.append(f"{name}: file {tuple(a.shape)}, model {tuple(shape)}")
+                continue
+        out[name] = a
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {missing[:6]}{' ...' if len(missing) > 6 else ''}")
+        if unexpected:
+            parts.append(f"unexpected {unexpected[:6]}{' ...' if len(unexpected) > 6 else ''}")
+        if wrong:
+            parts.append(f"wrong shapes {wrong[:6]}")
+        raise WeightsError(f"{source} do not fit this model: {'; '.join(parts)}. Use the same model "
+                           f"preset and vocabulary as the run that wrote them")
+    return out
