@@ -6,6 +6,8 @@
     hvd-bert prepare-classification TSV/CSV -> sentence(-pair) classification shards
     hvd-bert prepare-ncf            MovieLens or synthetic data -> NCF leave-one-out data
     hvd-bert pretrain               BERT pretraining (under horovodrun / mpirun)
+    hvd-bert finetune               BERT sentence(-pair) classification (under horovodrun / mpirun)
+    hvd-bert convert                a PyTorch or TensorFlow checkpoint -> portable .npz weights
     hvd-bert simulate               scaling projection (alpha-beta allreduce cost model)
 """
 
@@ -167,12 +169,15 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     if not cfg.data:
         cfg = replace(cfg, data=str(default_data(cfg.max_seq_length)))
     if args.framework == "tf":
-        print("hvd-bert pretrain: the TensorFlow pretraining job is not available yet; "
-              "use --framework pt", file=sys.stderr)
-        return 2
-    from hvd_bert.pt.pretrain import run
+        from hvd_bert.tf.pretrain import run
+    else:
+        from hvd_bert.pt.pretrain import run
+    from hvd_bert.common.bert_weights import WeightsError
     try:
         run(cfg)
+    except WeightsError as e:
+        print(f"hvd-bert pretrain: {e}", file=sys.stderr)
+        return 2
     except DatasetError as e:
         print(f"hvd-bert pretrain: {e}\n  to prepare the built-in corpus: hvd-bert prepare-bert "
               f"--output {cfg.data} --max-seq-length {cfg.max_seq_length}", file=sys.stderr)
@@ -196,6 +201,11 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             print(f"hvd-bert convert: {src} is neither a ckpt-*.pt file, a ckpt-*.tf folder nor a run "
                   f"folder holding one", file=sys.stderr)
             return 2
+    kind = {".pt": "pt", ".tf": "tf"}.get(src.suffix)
+    if kind and kind != framework:
+        print(f"hvd-bert convert: {src} is a {'PyTorch' if kind == 'pt' else 'TensorFlow'} checkpoint; "
+              f"use --framework {kind} (or leave it out)", file=sys.stderr)
+        return 2
     try:
         if framework == "pt":
             from hvd_bert.pt.bert import read_checkpoint_weights

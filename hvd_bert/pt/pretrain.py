@@ -23,32 +23,23 @@ import horovod.torch as hvd
 
 from hvd_bert.common.bert_config import bert_preset
 from hvd_bert.common.bert_data import check_pretraining_data
+from hvd_bert.common.bert_weights import write_run_bert_config
 from hvd_bert.common.config import PretrainConfig, to_dict
-from hvd_bert.pt.bert import BertForPreTraining, pretraining_loss
+from hvd_bert.common.runlog import MetricWindow, RunLog
+from hvd_bert.pt.bert import BertForPreTraining, load_weights, pretraining_loss, read_checkpoint_weights
 from hvd_bert.pt.data import ShardedDataset
 from hvd_bert.pt.engine import Engine, _ensure_init
 
-__all__ = ["run"]
+__all__ = ["run", "load_init_checkpoint"]
 
 
-def _load_init_weights(model: torch.nn.Module, path: str, rank: int) -> None:
-    """Phase-1 weights into the model on rank 0 (the engine broadcasts them); optimizer reset."""
-    if rank != 0:
-        return
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"init_checkpoint {p} does not exist; give a phase-1 checkpoint "
-                                f"(runs/<phase1>/ckpt-<step>.pt)")
-    state = torch.load(p, map_location="cpu", weights_only=False)["model"]
-    # position embeddings may grow (seq 128 -> 512): copy the rows that exist
-    pe = "embeddings.position_embeddings.weight"
-    own = model.state_dict()[pe]
-    if state[pe].shape != own.shape:
-        grown = own.clone()
-        n = min(len(grown), len(state[pe]))
-        grown[:n] = state[pe][:n]
-        state[pe] = grown
-    model.load_state_dict(state)
+def load_init_checkpoint(model: torch.nn.Module, path: str, rank: int) -> None:
+    """Phase-1 (or converted TensorFlow) weights into the model on rank 0; the engine then
+    broadcasts them. Only weights: the optimizer and schedule start fresh, as NVIDIA's phase 2.
+    Position embeddings grow from 128 to 512 rows as needed."""
+    if rank == 0:
+        arrays, _ = read_checkpoint_weights(path)
+        load_weights(model, arrays, source=f"init_checkpoint {path}")
 
 
 def _summary_writer(logdir: Path):
@@ -79,7 +70,7 @@ def run(cfg: PretrainConfig) -> dict:
     torch.manual_seed(cfg.train.seed + rank)  # per-rank dropout streams; weights come from rank 0
     model = BertForPreTraining(bert)
     if cfg.init_checkpoint:
-        _load_init_weights(model, cfg.init_checkpoint, rank)
+        load_init_checkpoint(model, cfg.init_checkpoint, rank)
     engine = Engine.from_config(model, cfg.train)  # broadcasts rank 0's weights
     plan = engine.plan
     engine.resume(out)  # newest checkpoint of this run, if any
@@ -88,43 +79,37 @@ def run(cfg: PretrainConfig) -> dict:
                           record_striding=cfg.record_striding or len(meta["shards"]) < size)
     batches = data.stream(start_batch=engine.micro_step)  # the data position of the checkpoint
 
-    log = writer = None
+    total = cfg.train.schedule.total_steps
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
-        n_params = sum(p.numel() for p in model.parameters())
-        print(f"model: BERT-{cfg.model} ({n_params / 1e6:.1f}M parameters), data: {cfg.data} "
+        write_run_bert_config(out, bert)
+    log = RunLog(out, rank, total_steps=total, initial_step=engine.step_count, progress=cfg.progress,
+                 writer=_summary_writer(out / "tensorboard") if rank == 0 else None,
+                 line_keys=("loss", "mlm_accuracy", "lr", "sequences_per_s"))
+    n_params = sum(p.numel() for p in model.parameters())
+    log.print(f"model: BERT-{cfg.model} ({n_params / 1e6:.1f}M parameters), data: {cfg.data} "
               f"({meta['total_records']} sequences of {cfg.max_seq_length}, {len(meta['shards'])} shards)")
-        print(f"batch: {plan.describe()}")  # printed once
-        if engine.step_count:
-            print(f"resumed from step {engine.step_count} in {out}")
-        log = open(out / "metrics.jsonl", "a")
-        writer = _summary_writer(out / "tensorboard")
+    log.print(f"batch: {plan.describe()}")  # printed once
+    if engine.step_count:
+        log.print(f"resumed from step {engine.step_count} in {out}")
     engine.install_stop_handler()
-    bar = None
-    if rank == 0 and cfg.progress:
-        from tqdm import tqdm
-        bar = tqdm(total=cfg.train.schedule.total_steps, initial=engine.step_count, unit="step",
-                   dynamic_ncols=True, mininterval=5.0)
 
-    total = cfg.train.schedule.total_steps
-    window = {"loss": 0.0, "mlm_accuracy": 0.0}
+    window = MetricWindow(engine.k)
     t0, steps_since, saved, stopped, last = time.perf_counter(), 0, engine.step_count, False, {}
     ckpt = None
     while engine.step_count < total:
         batch = next(batches)
         with engine.autocast():
             loss, metrics = pretraining_loss(model, batch)
-        window["loss"] = window["loss"] + loss.detach() / engine.k
-        window["mlm_accuracy"] = window["mlm_accuracy"] + metrics["mlm_accuracy"] / engine.k
+        window.add({"loss": loss.detach(), "mlm_accuracy": metrics["mlm_accuracy"]})
         if not engine.backward(loss):
             continue
         result = engine.step()
         steps_since += 1
-        local = {k: float(v) for k, v in window.items()}
-        window = {"loss": 0.0, "mlm_accuracy": 0.0}
-        if bar is not None and not result.skipped:
-            bar.update(1)
+        local = window.take()
+        if not result.skipped:
+            log.advance()
         if result.step % cfg.train.log_every == 0 or result.step == total:
             # Horovod: every rank joins these averages (collectives)
             mean = {k: engine.average(v, f"hvd_bert.{k}") for k, v in local.items()}
@@ -133,16 +118,7 @@ def run(cfg: PretrainConfig) -> dict:
                         lr=result.lr, sequences_per_s=plan.global_batch_size * steps_since / dt,
                         grad_norm=result.grad_norm, loss_scale=result.loss_scale,
                         skipped_steps=engine.skipped_steps, time=time.time())
-            if rank == 0:
-                msg = (f"step {result.step:>6} | loss {mean['loss']:.4f} | mlm acc "
-                       f"{mean['mlm_accuracy']:.3f} | lr {result.lr:.2e} | "
-                       f"{last['sequences_per_s']:,.1f} seq/s")
-                (bar.write if bar is not None else print)(msg)
-                log.write(json.dumps(last) + "\n")
-                log.flush()
-                if writer is not None:
-                    for k in ("loss", "mlm_accuracy", "lr", "sequences_per_s"):
-                        writer.add_scalar(f"train/{k}", last[k], result.step)
+            log.record(last)
             t0, steps_since = time.perf_counter(), 0
         if (cfg.train.checkpoint_every and result.step % cfg.train.checkpoint_every == 0
                 and result.step != saved):
@@ -153,13 +129,9 @@ def run(cfg: PretrainConfig) -> dict:
             break
     if saved != engine.step_count:
         ckpt = engine.save(out, {"micro_step": engine.micro_step}, cfg.train.keep_checkpoints)
-    if bar is not None:
-        bar.close()
+    log.close()
     if rank == 0:
-        log.close()
-        if writer is not None:
-            writer.close()
         print(f"{'stopped by a signal at' if stopped else 'finished'} step {engine.step_count}; "
               f"checkpoint: {ckpt or 'unchanged'}; metrics: {out / 'metrics.jsonl'}; "
-              f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}")
+              f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}", flush=True)
     return {"steps": engine.step_count, "stopped": stopped, "last": last}

@@ -20,7 +20,7 @@ from hvd_bert.common.records import read_sidecar
 from hvd_bert.common.sharding import (LEHMER_M, TooFewShardsError, _round_constants, epoch_batches,
                                       plan_reads, stream_seed)
 
-__all__ = ["make_dataset", "feature_spec"]
+__all__ = ["make_dataset", "feature_spec", "stream"]
 
 
 def feature_spec(meta: dict) -> dict:
@@ -65,3 +65,21 @@ def make_dataset(folder: str | Path, kind: str, rank: int, world_size: int, loca
                 deterministic=True)
     ds = ds.take(n_batches).skip(start_batch)
     return ds.prefetch(tf.data.AUTOTUNE), n_batches
+
+
+def stream(folder: str | Path, kind: str, rank: int, world_size: int, local_batch_size: int, *,
+           seed: int = 0, shuffle_buffer: int = 1024, record_striding: bool = False,
+           expect: dict | None = None, start_batch: int = 0):
+    """This rank's batches over consecutive epochs from global batch number ``start_batch`` on
+    (the data position a checkpoint records), as ``hvd_bert.pt.data.ShardedDataset.stream``."""
+    epoch, skip = 0, start_batch
+    while True:
+        ds, n = make_dataset(folder, kind, rank, world_size, local_batch_size, seed=seed, epoch=epoch,
+                             shuffle_buffer=shuffle_buffer, record_striding=record_striding,
+                             expect=expect)
+        if skip >= n:
+            skip -= n
+        else:
+            yield from iter(ds.skip(skip))
+            skip = 0
+        epoch += 1

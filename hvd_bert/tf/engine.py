@@ -19,6 +19,7 @@ dynamic loss scaling (GradScaler's defaults); a skipped step does not advance th
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -96,6 +97,8 @@ class Engine:
         self.compression = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         self.predivide = float(gradient_predivide_factor)
         self.rank, self.world_size = hvd.rank(), hvd.size()
+        self._stop_requested = False
+        self.last_loss, self.last_metrics = None, {}
         self.step_count = 0
         self.micro_step = 0
         self.skipped_steps = 0
@@ -137,7 +140,9 @@ class Engine:
     # ------------------------------------------------------------------ the step
     def _micro_impl(self, batch):
         with tf.GradientTape() as tape:
-            loss = tf.cast(self.loss_fn(self.model, batch), tf.float32)
+            out = self.loss_fn(self.model, batch)
+            loss, metrics = out if isinstance(out, tuple) else (out, {})
+            loss = tf.cast(loss, tf.float32)
             # dividing by k makes the k accumulated micro-batch gradients their mean
             scaled = loss * self.loss_scale / self.k
         grads = tape.gradient(scaled, self.variables)
@@ -145,7 +150,7 @@ class Engine:
             if g is not None:
                 acc.assign_add(tf.cast(tf.convert_to_tensor(g), acc.dtype))
         self._window_loss.assign_add(loss / self.k)
-        return loss
+        return loss, metrics
 
     def _apply_impl(self, lr):
         # Horovod: one grouped allreduce of the accumulated gradients of this window.
@@ -184,8 +189,10 @@ class Engine:
         return finite, norm, self.loss_scale.read_value(), window_loss
 
     def train_micro_batch(self, batch) -> StepResult | None:
-        """Back-propagate one micro-batch; on the k-th, reduce and apply (returns the result)."""
-        self._micro(batch)
+        """Back-propagate one micro-batch; on the k-th, reduce and apply (returns the result).
+        The micro-batch's loss and the metrics ``loss_fn`` returned (when it returns
+        ``(loss, metrics)``) are in ``last_loss`` / ``last_metrics`` as tensors."""
+        self.last_loss, self.last_metrics = self._micro(batch)
         sync = is_sync_step(self.micro_step, self.k)
         self.micro_step += 1
         if not sync:
@@ -202,6 +209,19 @@ class Engine:
     def average(self, value: float, name: str = "metric") -> float:
         """Mean of a scalar over ranks (a collective)."""
         return float(hvd.allreduce(tf.constant([float(value)]), op=hvd.Average, name=name)[0])
+
+    def install_stop_handler(self, signals=(signal.SIGTERM, signal.SIGUSR1)) -> None:
+        """On SIGTERM (what SLURM sends before a time limit), finish the current step, save a
+        checkpoint and stop: :meth:`should_stop` turns true on every rank together."""
+        def handler(signum, frame):
+            self._stop_requested = True
+        for s in signals:
+            signal.signal(s, handler)
+
+    def should_stop(self) -> bool:
+        """Whether any rank received a stop signal (a collective: every rank must call it)."""
+        flag = tf.constant([1.0 if self._stop_requested else 0.0])
+        return bool(hvd.allreduce(flag, op=hvd.Max, name="hvd_bert.stop")[0] > 0)  # Horovod:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, folder: str | Path, data_state: Any = None, keep: int = 3) -> Path | None:

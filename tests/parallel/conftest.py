@@ -5,6 +5,8 @@ fails the test with the ranks' output."""
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,3 +33,17 @@ def run_ranks(tmp_path):
             f"expected one result per rank, got {[r['rank'] for r in results]}\n{res.explain()}")
         return results
     return run
+
+
+@pytest.fixture(scope="session")
+def bert_data(tmp_path_factory):
+    """A small prepared pretraining set (seq 64, 10 predictions, 4 shards) from part of the
+    built-in corpus, made once per session by `hvd-bert prepare-bert`."""
+    root = tmp_path_factory.mktemp("pretrain")
+    from hvd_bert.common.corpus import write_stdlib_corpus
+    text = write_stdlib_corpus(root / "c.txt", max_bytes=150_000)
+    subprocess.run([sys.executable, "-m", "hvd_bert", "prepare-bert", "--input", str(text), "--output",
+                    str(root / "data"), "--num-shards", "4", "--vocab-size", "1500", "--max-seq-length", "64",
+                    "--max-predictions-per-seq", "10", "--dupe-factor", "2"],
+                   check=True, capture_output=True, timeout=300)
+    return root / "data"
