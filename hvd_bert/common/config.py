@@ -466,3 +466,32 @@ class PretrainConfig:
     init_checkpoint: str = doc("", "phase 2: start from this phase-1 checkpoint's weights with a "
                                    "fresh optimizer and schedule")
     progress: bool = doc(True, "show a progress bar on rank 0")
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """BERT sentence(-pair) classification from a pretrained checkpoint (Google's
+    run_classifier recipe: AdamW, linear warmup and decay, a few epochs)."""
+
+    train: TrainConfig = doc(TrainConfig(
+        optim=OptimConfig(name="adamw", lr=5e-5, weight_decay=0.01),
+        schedule=ScheduleConfig(name="poly_warmup", warmup=0.1, total_steps=1000, power=1.0),
+        batch=BatchConfig(local_batch_size=32, backward_passes_per_step=1),
+        log_every=10, checkpoint_every=0, output_dir="runs/finetune"), "")
+    data: str = doc("", "training set prepared by hvd-bert prepare-classification (required)")
+    eval_data: str = doc("", "evaluation set (prepared with the training set's --labels); empty: none")
+    init_checkpoint: str = doc("", "pretrained weights: a run folder, ckpt-*.pt / ckpt-*.tf, or a .npz "
+                                   "(hvd-bert convert); empty: train from BERT's initialisation")
+    model: Literal["tiny", "mini", "small", "base", "large"] = doc(
+        "tiny", "BERT size preset when init_checkpoint does not say (a .npz or a run folder does)")
+    epochs: float = doc(3.0, "passes over the training set; sets train.schedule.total_steps "
+                             "(0: use train.schedule.total_steps)")
+    eval_every: int = doc(0, "also evaluate every this many steps (0: at the end only)")
+    eval_batch_size: int = doc(64, "examples per evaluation batch on one rank")
+    dropout: float = doc(0.1, "BERT's hidden and attention dropout")
+    shuffle_buffer: int = doc(1024, "records per shuffle window of the reader")
+    progress: bool = doc(True, "show a progress bar on rank 0")
+
+    def __post_init__(self) -> None:
+        _require(self.epochs >= 0, f"epochs must be >= 0, got {self.epochs}")
+        _require(self.eval_batch_size > 0, f"eval_batch_size must be > 0, got {self.eval_batch_size}")

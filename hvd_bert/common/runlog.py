@@ -64,6 +64,12 @@ class RunLog:
             else:
                 print(msg, flush=True)
 
+    def set_step(self, step: int) -> None:
+        """Where the bar starts (after a resume)."""
+        if self._bar is not None:
+            self._bar.n = self._bar.last_print_n = step
+            self._bar.refresh()
+
     def advance(self, n: int = 1) -> None:
         if self._bar is not None:
             self._bar.update(n)

@@ -43,6 +43,7 @@ from hvd_bert.cluster import check_launch, check_world
 from hvd_bert.common.batch import BatchPlan, is_sync_step
 from hvd_bert.common.checkpoint import atomic_write, checkpoint_path, latest_checkpoint, prune
 from hvd_bert.common.config import PrecisionConfig, TrainConfig, make_schedule
+from hvd_bert.common.runlog import MetricWindow, RunLog
 from hvd_bert.common.schedules import Schedule
 from hvd_bert.pt.optim import build_optimizer, init_state
 
@@ -310,79 +311,81 @@ class FitResult:
     skipped_steps: int
     last_loss: float
     checkpoint: Path | None
-    stopped_early: bool
+    stopped_early: bool  # by a signal or by on_step
     history: list[dict]
+    stopped_by_signal: bool = False
 
 
 def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]],
-        compute_loss: Callable[[torch.nn.Module, Any], torch.Tensor], *, total_steps: int,
+        compute_loss: Callable[[torch.nn.Module, Any], Any], *, total_steps: int,
         plan: BatchPlan | None = None, output_dir: str | Path | None = None,
         checkpoint_every: int = 0, keep_checkpoints: int = 3, log_every: int = 10,
-        progress: bool = True, log: Callable[[str], None] = print,
-        on_step: Callable[[StepResult, float], None] | None = None) -> FitResult:
+        progress: bool = True, log: RunLog | None = None, unit: str = "samples",
+        on_step: Callable[[StepResult, dict], bool | None] | None = None) -> FitResult:
     """Train until ``total_steps`` optimizer steps, resuming from ``output_dir``'s newest
-    checkpoint. Reads top to bottom:
+    checkpoint: the loop every PyTorch job of the toolkit runs. Reads top to bottom:
 
     ``batches_from(micro_step)`` yields this rank's micro-batches from that position on (so a
-    resumed run continues where the data left off); ``compute_loss(model, batch)`` returns
-    the mean loss of one micro-batch. Rank 0 logs loss (averaged over ranks), LR and
-    samples/s every ``log_every`` steps and shows a progress bar; checkpoints are atomic.
+    resumed run continues where the data left off); ``compute_loss(model, batch)`` returns the
+    mean loss of one micro-batch, or ``(loss, {name: tensor})`` with more metrics. Every
+    ``log_every`` steps the loss and metrics are averaged over ranks and rank 0 records them
+    with LR, ``<unit>/s`` and the gradient norm (``log``, a :class:`RunLog`: bar, line,
+    metrics.jsonl, TensorBoard). ``on_step(result, metrics)`` runs on every rank after each
+    optimizer step (it may run collectives, e.g. an evaluation); returning True stops the run.
+    Checkpoints are atomic; SIGTERM saves one and stops.
     """
     plan = plan or getattr(engine, "plan", None)
-    rank0 = engine.rank == 0
     if output_dir is not None:
         engine.resume(output_dir)
-    if rank0 and plan is not None:
-        log(f"batch: {plan.describe()}")  # printed once
+    own_log = log is None
+    if own_log:
+        log = RunLog(None, engine.rank, total_steps=total_steps, initial_step=engine.step_count,
+                     progress=progress, line_keys=("loss", "lr", f"{unit}_per_s", "grad_norm"))
+    log.set_step(engine.step_count)
+    if plan is not None:
+        log.print(f"batch: {plan.describe()}")  # printed once
+    if engine.step_count and output_dir is not None:
+        log.print(f"resumed from step {engine.step_count} in {output_dir}")
     engine.install_stop_handler()
-    bar = None
-    if progress and rank0:
-        from tqdm import tqdm
-        bar = tqdm(total=total_steps, initial=engine.step_count, unit="step", dynamic_ncols=True)
     batches = batches_from(engine.micro_step)
-    window_loss, t0, steps_since_log, history = 0.0, time.perf_counter(), 0, []
-    last_loss, ckpt, stopped, saved_step = float("nan"), None, False, -1
+    window = MetricWindow(engine.k)
+    t0, steps_since_log = time.perf_counter(), 0
+    last_loss, ckpt, stopped, by_signal, saved_step = float("nan"), None, False, False, engine.step_count
     while engine.step_count < total_steps:
         batch = next(batches)
         with engine.autocast():
-            loss = compute_loss(engine.model, batch)
-        window_loss = window_loss + loss.detach().float() / engine.k  # no host sync here
+            out = compute_loss(engine.model, batch)
+        loss, metrics = out if isinstance(out, tuple) else (out, {})
+        window.add({"loss": loss.detach().float(), **{k: v.detach() for k, v in metrics.items()}})
         if not engine.backward(loss):
             continue
         result = engine.step()
         steps_since_log += 1
-        last_loss, window_loss = float(window_loss), 0.0  # one host sync per optimizer step
-        if on_step is not None:
-            on_step(result, last_loss)
-        if bar is not None:
-            bar.update(1 if not result.skipped else 0)
+        local = window.take()  # one host sync per optimizer step
+        last_loss = local["loss"]
+        if not result.skipped:
+            log.advance()
         if result.step % log_every == 0 or result.step == total_steps:
-            mean_loss = engine.average(last_loss, "hvd_bert.loss")  # Horovod: a collective
+            mean = {k: engine.average(v, f"hvd_bert.{k}") for k, v in local.items()}  # collectives
             dt = time.perf_counter() - t0
-            sps = (plan.global_batch_size * steps_since_log / dt) if plan and dt > 0 else float("nan")
-            rec = dict(step=result.step, loss=mean_loss, lr=result.lr, samples_per_s=sps,
-                       grad_norm=result.grad_norm, loss_scale=result.loss_scale,
-                       skipped=engine.skipped_steps)
-            history.append(rec)
-            if rank0:
-                msg = (f"step {result.step:>6} | loss {mean_loss:.4f} | lr {result.lr:.3e} | "
-                       f"{sps:,.1f} samples/s | grad norm {result.grad_norm:.3f}")
-                if engine.scaler.is_enabled():
-                    msg += f" | scale {result.loss_scale:g} | skipped {engine.skipped_steps}"
-                (bar.write if bar is not None else log)(msg)
+            rate = plan.global_batch_size * steps_since_log / dt if plan and dt > 0 else float("nan")
+            log.record(dict(step=result.step, **mean, lr=result.lr, **{f"{unit}_per_s": rate},
+                            grad_norm=result.grad_norm, loss_scale=result.loss_scale,
+                            skipped_steps=engine.skipped_steps, time=time.time()))
             t0, steps_since_log = time.perf_counter(), 0
-        if (output_dir is not None and checkpoint_every and not result.skipped
-                and result.step % checkpoint_every == 0):
+        if (output_dir is not None and checkpoint_every and result.step % checkpoint_every == 0
+                and result.step != saved_step):
             ckpt = engine.save(output_dir, {"micro_step": engine.micro_step}, keep_checkpoints)
             saved_step = engine.step_count
-        if engine.should_stop():
+        if on_step is not None and on_step(result, local):
             stopped = True
             break
-    if bar is not None:
-        bar.close()
-    if output_dir is not None:
-        if saved_step != engine.step_count:  # identical on every rank (ckpt is rank 0's only)
-            ckpt = engine.save(output_dir, {"micro_step": engine.micro_step}, keep_checkpoints)
-        if rank0:
-            log(f"checkpoint: {ckpt}")
-    return FitResult(engine.step_count, engine.skipped_steps, last_loss, ckpt, stopped, history)
+        if engine.should_stop():  # SIGTERM on any rank (e.g. SLURM's time limit)
+            stopped = by_signal = True
+            break
+    if output_dir is not None and saved_step != engine.step_count:
+        ckpt = engine.save(output_dir, {"micro_step": engine.micro_step}, keep_checkpoints)
+    if own_log:
+        log.close()
+    return FitResult(engine.step_count, engine.skipped_steps, last_loss, ckpt, stopped, log.history,
+                     by_signal)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import torch
@@ -25,10 +24,10 @@ from hvd_bert.common.bert_config import bert_preset
 from hvd_bert.common.bert_data import check_pretraining_data
 from hvd_bert.common.bert_weights import write_run_bert_config
 from hvd_bert.common.config import PretrainConfig, to_dict
-from hvd_bert.common.runlog import MetricWindow, RunLog
+from hvd_bert.common.runlog import RunLog
 from hvd_bert.pt.bert import BertForPreTraining, load_weights, pretraining_loss, read_checkpoint_weights
 from hvd_bert.pt.data import ShardedDataset
-from hvd_bert.pt.engine import Engine, _ensure_init
+from hvd_bert.pt.engine import Engine, _ensure_init, fit
 
 __all__ = ["run", "load_init_checkpoint"]
 
@@ -72,66 +71,28 @@ def run(cfg: PretrainConfig) -> dict:
     if cfg.init_checkpoint:
         load_init_checkpoint(model, cfg.init_checkpoint, rank)
     engine = Engine.from_config(model, cfg.train)  # broadcasts rank 0's weights
-    plan = engine.plan
-    engine.resume(out)  # newest checkpoint of this run, if any
-    data = ShardedDataset(cfg.data, "bert-pretraining", rank, size, plan.local_batch_size,
+    data = ShardedDataset(cfg.data, "bert-pretraining", rank, size, engine.plan.local_batch_size,
                           seed=cfg.train.seed, shuffle_buffer=cfg.shuffle_buffer,
                           record_striding=cfg.record_striding or len(meta["shards"]) < size)
-    batches = data.stream(start_batch=engine.micro_step)  # the data position of the checkpoint
-
     total = cfg.train.schedule.total_steps
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
         write_run_bert_config(out, bert)
-    log = RunLog(out, rank, total_steps=total, initial_step=engine.step_count, progress=cfg.progress,
+    log = RunLog(out, rank, total_steps=total, progress=cfg.progress,
                  writer=_summary_writer(out / "tensorboard") if rank == 0 else None,
                  line_keys=("loss", "mlm_accuracy", "lr", "sequences_per_s"))
     n_params = sum(p.numel() for p in model.parameters())
     log.print(f"model: BERT-{cfg.model} ({n_params / 1e6:.1f}M parameters), data: {cfg.data} "
               f"({meta['total_records']} sequences of {cfg.max_seq_length}, {len(meta['shards'])} shards)")
-    log.print(f"batch: {plan.describe()}")  # printed once
-    if engine.step_count:
-        log.print(f"resumed from step {engine.step_count} in {out}")
-    engine.install_stop_handler()
-
-    window = MetricWindow(engine.k)
-    t0, steps_since, saved, stopped, last = time.perf_counter(), 0, engine.step_count, False, {}
-    ckpt = None
-    while engine.step_count < total:
-        batch = next(batches)
-        with engine.autocast():
-            loss, metrics = pretraining_loss(model, batch)
-        window.add({"loss": loss.detach(), "mlm_accuracy": metrics["mlm_accuracy"]})
-        if not engine.backward(loss):
-            continue
-        result = engine.step()
-        steps_since += 1
-        local = window.take()
-        if not result.skipped:
-            log.advance()
-        if result.step % cfg.train.log_every == 0 or result.step == total:
-            # Horovod: every rank joins these averages (collectives)
-            mean = {k: engine.average(v, f"hvd_bert.{k}") for k, v in local.items()}
-            dt = time.perf_counter() - t0
-            last = dict(step=result.step, loss=mean["loss"], mlm_accuracy=mean["mlm_accuracy"],
-                        lr=result.lr, sequences_per_s=plan.global_batch_size * steps_since / dt,
-                        grad_norm=result.grad_norm, loss_scale=result.loss_scale,
-                        skipped_steps=engine.skipped_steps, time=time.time())
-            log.record(last)
-            t0, steps_since = time.perf_counter(), 0
-        if (cfg.train.checkpoint_every and result.step % cfg.train.checkpoint_every == 0
-                and result.step != saved):
-            ckpt = engine.save(out, {"micro_step": engine.micro_step}, cfg.train.keep_checkpoints)
-            saved = result.step
-        if engine.should_stop():  # SIGTERM on any rank (e.g. SLURM's time limit)
-            stopped = True
-            break
-    if saved != engine.step_count:
-        ckpt = engine.save(out, {"micro_step": engine.micro_step}, cfg.train.keep_checkpoints)
+    t = cfg.train
+    res = fit(engine, data.stream, pretraining_loss, total_steps=total, output_dir=out,
+              checkpoint_every=t.checkpoint_every, keep_checkpoints=t.keep_checkpoints,
+              log_every=t.log_every, log=log, unit="sequences")
     log.close()
     if rank == 0:
-        print(f"{'stopped by a signal at' if stopped else 'finished'} step {engine.step_count}; "
-              f"checkpoint: {ckpt or 'unchanged'}; metrics: {out / 'metrics.jsonl'}; "
+        print(f"{'stopped by a signal at' if res.stopped_by_signal else 'finished'} step {res.steps}; "
+              f"checkpoint: {res.checkpoint or 'unchanged'}; metrics: {out / 'metrics.jsonl'}; "
               f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}", flush=True)
-    return {"steps": engine.step_count, "stopped": stopped, "last": last}
+    return {"steps": res.steps, "stopped": res.stopped_by_signal,
+            "last": res.history[-1] if res.history else {}}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -38,7 +39,8 @@ from hvd_bert.tf.optim import build_optimizer
 
 check_keras()
 
-__all__ = ["Engine", "StepResult", "set_precision_policy", "save_checkpoint", "restore_checkpoint"]
+__all__ = ["Engine", "StepResult", "fit", "FitResult", "set_precision_policy", "save_checkpoint",
+           "restore_checkpoint"]
 
 CKPT_SUFFIX = "tf"
 
@@ -294,3 +296,76 @@ def _rmtree(p: Path) -> None:
     import shutil
     shutil.rmtree(p, ignore_errors=True)
 
+
+
+# ---------------------------------------------------------------------- the loop helper
+@dataclass
+class FitResult:
+    steps: int
+    skipped_steps: int
+    last_loss: float
+    checkpoint: Path | None
+    stopped_early: bool  # by a signal or by on_step
+    history: list
+    stopped_by_signal: bool = False
+
+
+def fit(engine: Engine, batches_from: Callable[[int], Any], *, total_steps: int,
+        output_dir: str | Path | None = None, checkpoint_every: int = 0, keep_checkpoints: int = 3,
+        log_every: int = 10, progress: bool = True, log: Any = None, unit: str = "samples",
+        on_step: Callable[[StepResult, dict], Any] | None = None) -> FitResult:
+    """The custom-loop twin of ``hvd_bert.pt.engine.fit`` (same arguments, output and
+    checkpoint/resume/SIGTERM behaviour); the loss function is the engine's ``loss_fn``."""
+    from hvd_bert.common.runlog import MetricWindow, RunLog
+
+    plan = getattr(engine, "plan", None)
+    if output_dir is not None:
+        engine.resume(output_dir)
+    own_log = log is None
+    if own_log:
+        log = RunLog(None, engine.rank, total_steps=total_steps, progress=progress,
+                     line_keys=("loss", "lr", f"{unit}_per_s", "grad_norm"))
+    log.set_step(engine.step_count)
+    if plan is not None:
+        log.print(f"batch: {plan.describe()}")  # printed once
+    if engine.step_count and output_dir is not None:
+        log.print(f"resumed from step {engine.step_count} in {output_dir}")
+    engine.install_stop_handler()
+    batches = iter(batches_from(engine.micro_step))
+    window = MetricWindow(engine.k)
+    t0, steps_since_log = time.perf_counter(), 0
+    last_loss, ckpt, stopped, by_signal, saved_step = float("nan"), None, False, False, engine.step_count
+    while engine.step_count < total_steps:
+        result = engine.train_micro_batch(next(batches))
+        window.add({"loss": engine.last_loss, **engine.last_metrics})
+        if result is None:
+            continue
+        steps_since_log += 1
+        local = window.take()
+        last_loss = local["loss"]
+        if not result.skipped:
+            log.advance()
+        if result.step % log_every == 0 or result.step == total_steps:
+            mean = {k: engine.average(v, f"hvd_bert.{k}") for k, v in local.items()}  # collectives
+            dt = time.perf_counter() - t0
+            rate = plan.global_batch_size * steps_since_log / dt if plan and dt > 0 else float("nan")
+            log.record(dict(step=result.step, **mean, lr=result.lr, **{f"{unit}_per_s": rate},
+                            grad_norm=result.grad_norm, loss_scale=result.loss_scale,
+                            skipped_steps=engine.skipped_steps, time=time.time()))
+            t0, steps_since_log = time.perf_counter(), 0
+        if (output_dir is not None and checkpoint_every and result.step % checkpoint_every == 0
+                and result.step != saved_step):
+            ckpt = engine.save(output_dir, {"micro_step": engine.micro_step}, keep_checkpoints)
+            saved_step = engine.step_count
+        if on_step is not None and on_step(result, local):
+            stopped = True
+            break
+        if engine.should_stop():  # SIGTERM on any rank (e.g. SLURM's time limit)
+            stopped = by_signal = True
+            break
+    if output_dir is not None and saved_step != engine.step_count:
+        ckpt = engine.save(output_dir, {"micro_step": engine.micro_step}, keep_checkpoints)
+    if own_log:
+        log.close()
+    return FitResult(engine.step_count, engine.skipped_steps, last_loss, ckpt, stopped, log.history,
+                     by_signal)

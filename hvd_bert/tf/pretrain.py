@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
@@ -24,7 +23,7 @@ from hvd_bert.common.bert_config import bert_preset
 from hvd_bert.common.bert_data import check_pretraining_data
 from hvd_bert.common.bert_weights import write_run_bert_config
 from hvd_bert.common.config import PretrainConfig, to_dict
-from hvd_bert.common.runlog import MetricWindow, RunLog
+from hvd_bert.common.runlog import RunLog
 
 __all__ = ["run", "summary_writer", "set_threads", "load_init_checkpoint"]
 
@@ -65,7 +64,7 @@ def run(cfg: PretrainConfig) -> dict:
 
     from hvd_bert.tf.bert import BertForPreTraining, build_model, pretraining_loss
     from hvd_bert.tf.data import stream
-    from hvd_bert.tf.engine import Engine, _ensure_init, set_precision_policy
+    from hvd_bert.tf.engine import Engine, _ensure_init, fit, set_precision_policy
 
     _ensure_init()  # checks the launch (e.g. srun without --mpi=pmix), then hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -84,62 +83,31 @@ def run(cfg: PretrainConfig) -> dict:
     if cfg.init_checkpoint:
         load_init_checkpoint(model, cfg.init_checkpoint, rank)
     engine = Engine.from_config(model, pretraining_loss, cfg.train)  # broadcasts rank 0's weights
-    plan = engine.plan
-    engine.resume(out)  # newest checkpoint of this run, if any
-    batches = stream(cfg.data, "bert-pretraining", rank, size, plan.local_batch_size,
-                     seed=cfg.train.seed, shuffle_buffer=cfg.shuffle_buffer,
-                     record_striding=cfg.record_striding or len(meta["shards"]) < size,
-                     start_batch=engine.micro_step)
-
     total = cfg.train.schedule.total_steps
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
         write_run_bert_config(out, bert)
-    log = RunLog(out, rank, total_steps=total, initial_step=engine.step_count, progress=cfg.progress,
+    log = RunLog(out, rank, total_steps=total, progress=cfg.progress,
                  writer=summary_writer(out / "tensorboard") if rank == 0 else None,
                  line_keys=("loss", "mlm_accuracy", "lr", "sequences_per_s"))
     n_params = sum(int(tf.size(v)) for v in model.trainable_variables)
     log.print(f"model: BERT-{cfg.model} ({n_params / 1e6:.1f}M parameters, TensorFlow), data: {cfg.data} "
               f"({meta['total_records']} sequences of {cfg.max_seq_length}, {len(meta['shards'])} shards)")
-    log.print(f"batch: {plan.describe()}")  # printed once
-    if engine.step_count:
-        log.print(f"resumed from step {engine.step_count} in {out}")
-    engine.install_stop_handler()
 
-    window = MetricWindow(engine.k)
-    t0, steps_since, saved, stopped, last = time.perf_counter(), 0, engine.step_count, False, {}
-    ckpt = None
-    while engine.step_count < total:
-        result = engine.train_micro_batch(next(batches))
-        window.add({"loss": engine.last_loss, "mlm_accuracy": engine.last_metrics["mlm_accuracy"]})
-        if result is None:
-            continue
-        steps_since += 1
-        local = window.take()
-        if not result.skipped:
-            log.advance()
-        if result.step % cfg.train.log_every == 0 or result.step == total:
-            mean = {k: engine.average(v, f"hvd_bert.{k}") for k, v in local.items()}  # collectives
-            dt = time.perf_counter() - t0
-            last = dict(step=result.step, loss=mean["loss"], mlm_accuracy=mean["mlm_accuracy"],
-                        lr=result.lr, sequences_per_s=plan.global_batch_size * steps_since / dt,
-                        grad_norm=result.grad_norm, loss_scale=result.loss_scale,
-                        skipped_steps=engine.skipped_steps, time=time.time())
-            log.record(last)
-            t0, steps_since = time.perf_counter(), 0
-        if (cfg.train.checkpoint_every and result.step % cfg.train.checkpoint_every == 0
-                and result.step != saved):
-            ckpt = engine.save(out, {"micro_step": engine.micro_step}, cfg.train.keep_checkpoints)
-            saved = result.step
-        if engine.should_stop():  # SIGTERM on any rank (e.g. SLURM's time limit)
-            stopped = True
-            break
-    if saved != engine.step_count:
-        ckpt = engine.save(out, {"micro_step": engine.micro_step}, cfg.train.keep_checkpoints)
+    def batches_from(micro_step):
+        return stream(cfg.data, "bert-pretraining", rank, size, engine.plan.local_batch_size,
+                      seed=cfg.train.seed, shuffle_buffer=cfg.shuffle_buffer,
+                      record_striding=cfg.record_striding or len(meta["shards"]) < size,
+                      start_batch=micro_step)
+
+    t = cfg.train
+    res = fit(engine, batches_from, total_steps=total, output_dir=out, checkpoint_every=t.checkpoint_every,
+              keep_checkpoints=t.keep_checkpoints, log_every=t.log_every, log=log, unit="sequences")
     log.close()
     if rank == 0:
-        print(f"{'stopped by a signal at' if stopped else 'finished'} step {engine.step_count}; "
-              f"checkpoint: {ckpt or 'unchanged'}; metrics: {out / 'metrics.jsonl'}; "
+        print(f"{'stopped by a signal at' if res.stopped_by_signal else 'finished'} step {res.steps}; "
+              f"checkpoint: {res.checkpoint or 'unchanged'}; metrics: {out / 'metrics.jsonl'}; "
               f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}", flush=True)
-    return {"steps": engine.step_count, "stopped": stopped, "last": last}
+    return {"steps": res.steps, "stopped": res.stopped_by_signal,
+            "last": res.history[-1] if res.history else {}}

@@ -1,0 +1,72 @@
+"""The framework-free parts of fine-tuning: checking the prepared sets, how many steps the
+epochs are, and which evaluation records each rank scores.
+
+Evaluation is exact: every record of the evaluation set is scored once. Rank ``r`` of ``P``
+takes the records whose index (over the files in order) is ``r mod P``, in batches without
+dropping a remainder; the correct counts and totals are summed with an allreduce.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from hvd_bert.common.bert_data import KIND_CLASSIFY, spec_for_meta
+from hvd_bert.common.config import ConfigError, FinetuneConfig
+from hvd_bert.common.records import DatasetError, decode_example, iter_records, read_sidecar
+from hvd_bert.common.sharding import epoch_batches
+
+__all__ = ["check_finetune_data", "total_steps", "eval_batches"]
+
+
+def check_finetune_data(cfg: FinetuneConfig) -> tuple[dict, dict | None]:
+    """The sidecars of the training and evaluation sets, checked against each other."""
+    if not cfg.data:
+        raise ConfigError("data: give the training set (a folder from hvd-bert prepare-classification): "
+                          "--set data=DIR")
+    train = read_sidecar(cfg.data, KIND_CLASSIFY)
+    ev = None
+    if cfg.eval_data:
+        ev = read_sidecar(cfg.eval_data, KIND_CLASSIFY)
+        for key in ("labels", "vocab_sha256", "max_seq_length"):
+            if ev[key] != train[key]:
+                raise DatasetError(f"eval_data {cfg.eval_data} has {key} {ev[key]!r}, the training set "
+                                   f"{train[key]!r}; prepare it with the same vocab, --max-seq-length and "
+                                   f"--labels {' '.join(train['labels'])}")
+    return train, ev
+
+
+def total_steps(cfg: FinetuneConfig, meta: dict, world_size: int, local_batch_size: int, k: int) -> int:
+    """Optimizer steps for ``cfg.epochs`` epochs (every rank reads the same number of batches)."""
+    if cfg.epochs == 0:
+        return cfg.train.schedule.total_steps
+    files = [s["file"] for s in meta["shards"]]
+    counts = [s["records"] for s in meta["shards"]]
+    striding = len(files) < world_size
+    per_epoch = epoch_batches(files, counts, world_size, local_batch_size, 0, cfg.train.seed, striding)
+    if per_epoch < k:
+        raise DatasetError(f"{cfg.data}: {meta['total_records']} examples make {per_epoch} batches of "
+                           f"{local_batch_size} per rank on {world_size} ranks, fewer than one optimizer "
+                           f"step of {k}; lower train.batch.local_batch_size")
+    return max(1, math.ceil(cfg.epochs * per_epoch / k))
+
+
+def eval_batches(folder: str | Path, meta: dict, rank: int, world_size: int,
+                 batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    """This rank's share of the evaluation records (see the module docstring), decoded, in
+    batches; the last one may be short, and a rank may have none."""
+    spec = spec_for_meta(meta)
+    rows, index = [], 0
+    for shard in meta["shards"]:
+        for _, rec in iter_records(Path(folder) / shard["file"]):
+            if index % world_size == rank:
+                rows.append(decode_example(rec, spec))
+                if len(rows) == batch_size:
+                    yield {k: np.stack([r[k] for r in rows]) for k in spec}
+                    rows = []
+            index += 1
+    if rows:
+        yield {k: np.stack([r[k] for r in rows]) for k in spec}
