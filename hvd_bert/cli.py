@@ -33,17 +33,18 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
-    from hvd_bert.common.config import ConfigError, TrainConfig, explain, load_config, to_dict
+    from hvd_bert.common import config as C
 
+    cls = {"train": C.TrainConfig, "pretrain": C.PretrainConfig, "finetune": C.FinetuneConfig}[args.job]
     if args.explain:
-        print("\n".join(explain(TrainConfig)))
+        print("\n".join(C.explain(cls)))
         return 0
     try:
-        cfg = load_config(TrainConfig, args.config, args.overrides)
-    except ConfigError as e:
+        cfg = C.load_config(cls, args.config, args.overrides)
+    except C.ConfigError as e:
         print(f"hvd-bert config: {e}", file=sys.stderr)
         return 2
-    print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+    print(yaml.safe_dump(C.to_dict(cfg), sort_keys=False), end="")
     return 0
 
 
@@ -185,6 +186,24 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    from hvd_bert.common.bert_weights import WeightsError
+    from hvd_bert.common.config import ConfigError, FinetuneConfig, load_config
+    from hvd_bert.common.records import DatasetError
+
+    try:
+        cfg = load_config(FinetuneConfig, args.config, args.overrides)
+        if args.framework == "tf":
+            from hvd_bert.tf.finetune import run
+        else:
+            from hvd_bert.pt.finetune import run
+        run(cfg)
+    except (ConfigError, DatasetError, WeightsError) as e:
+        print(f"hvd-bert finetune: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     """A PyTorch or TensorFlow checkpoint -> portable weights (.npz) that both frameworks load."""
     from hvd_bert.common.bert_weights import WeightsError, save_weights
@@ -298,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print the resolved training configuration (YAML)")
     _add_config_args(p)
     p.add_argument("--explain", action="store_true", help="document every setting instead")
+    p.add_argument("--job", choices=["train", "pretrain", "finetune"], default="train",
+                   help="whose settings: a job's, or the engine's alone (train)")
     p.set_defaults(func=_cmd_config)
 
     p = sub.add_parser("prepare-bert", help="text files -> BERT pretraining TFRecord shards "
@@ -350,6 +371,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--framework", choices=["pt", "tf"], default="pt")
     _add_config_args(p)
     p.set_defaults(func=_cmd_pretrain)
+
+    p = sub.add_parser("finetune", help="BERT sentence(-pair) classification from a pretrained "
+                                        "checkpoint, one process per rank (horovodrun / mpirun)")
+    p.add_argument("--framework", choices=["pt", "tf"], default="pt")
+    _add_config_args(p)
+    p.set_defaults(func=_cmd_finetune)
 
     p = sub.add_parser("convert", help="a PyTorch or TensorFlow BERT checkpoint -> portable weights "
                                        "(.npz) that both frameworks load")

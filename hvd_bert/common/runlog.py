@@ -74,17 +74,19 @@ class RunLog:
         if self._bar is not None:
             self._bar.update(n)
 
-    def record(self, rec: dict, prefix: str = "train") -> None:
-        """Log one step's metrics (every rank may call it; only rank 0 writes)."""
+    def record(self, rec: dict, prefix: str = "train", show: bool = True) -> None:
+        """Log one step's metrics (every rank may call it; only rank 0 writes); ``show``:
+        also as a line of ``line_keys``."""
         self.history.append(rec)
         if not self.active:
             return
-        self.print(format_line(rec, self.line_keys))
+        if show:
+            self.print(format_line(rec, self.line_keys))
         if self._file is not None:
             self._file.write(json.dumps(rec) + "\n")
             self._file.flush()
         if self.writer is not None:
-            for k in self.scalar_keys:
+            for k in (self.scalar_keys if prefix == "train" else rec):
                 v = rec.get(k)
                 if isinstance(v, (int, float)) and math.isfinite(v):
                     self.writer.add_scalar(f"{prefix}/{k}", v, rec["step"])

@@ -34,3 +34,12 @@ def test_config_explain_documents_fields():
 def test_no_subcommand_is_a_usage_error():
     p = hvd_bert()
     assert p.returncode == 2 and "doctor" in p.stderr
+
+
+def test_config_shows_a_jobs_settings():
+    p = hvd_bert("config", "--job", "finetune", "--set", "epochs=2")
+    assert p.returncode == 0, p.stderr
+    cfg = yaml.safe_load(p.stdout)
+    assert cfg["epochs"] == 2 and cfg["train"]["optim"]["name"] == "adamw"
+    p = hvd_bert("config", "--job", "pretrain", "--explain")
+    assert "init_checkpoint" in p.stdout and "train.optim.lr" in p.stdout

@@ -1,0 +1,193 @@
+"""`hvd-bert finetune` under real `horovodrun -np 2`, in both frameworks, from a pretrained
+checkpoint (PyTorch's own, and the same converted for TensorFlow): on a small generated
+sentence task the evaluation accuracy beats chance clearly, and every evaluation example is
+scored exactly once across the ranks."""
+
+import random
+import subprocess
+import sys
+
+import pytest
+from bert_jobs import metrics_of
+from bert_jobs import pretrain as run_pretrain
+
+from hvd_bert import launch
+
+POSITIVE, NEGATIVE = ["true", "open", "start", "first"], ["false", "close", "end", "error"]
+FILLER = [
+    "the",
+    "file",
+    "list",
+    "value",
+    "name",
+    "object",
+    "function",
+    "return",
+    "string",
+    "default",
+    "data",
+    "class",
+    "method",
+    "module",
+    "path",
+    "time",
+    "type",
+    "new",
+    "read",
+    "write",
+]
+
+
+def write_task(path, n, seed):
+    rng = random.Random(seed)
+    rows = ["sentence\tlabel"]
+    for _ in range(n):
+        label = rng.random() < 0.5
+        words = rng.choices(FILLER, k=rng.randint(5, 12))
+        words.insert(rng.randint(0, len(words)), rng.choice(POSITIVE if label else NEGATIVE))
+        rows.append(f"{' '.join(words)}\t{'yes' if label else 'no'}")
+    path.write_text("\n".join(rows) + "\n")
+
+
+def prepare(table, out, vocab):
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hvd_bert",
+            "prepare-classification",
+            str(table),
+            "--output",
+            str(out),
+            "--vocab",
+            str(vocab),
+            "--text-a",
+            "sentence",
+            "--label",
+            "label",
+            "--labels",
+            "no",
+            "yes",
+            "--max-seq-length",
+            "32",
+            "--num-shards",
+            "2",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def task(bert_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("finetune")
+    write_task(root / "train.tsv", 640, 0)
+    write_task(root / "dev.tsv", 201, 1)  # odd: the ranks score 101 and 100
+    run_pretrain("pt", bert_data, root / "p1", "--set", "train.schedule.total_steps=20")
+    res = subprocess.run(
+        [sys.executable, "-m", "hvd_bert", "convert", str(root / "p1"), "--output", str(root / "p1.npz")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    return dict(
+        train=prepare(root / "train.tsv", root / "train", bert_data / "vocab.txt"),
+        dev=prepare(root / "dev.tsv", root / "dev", bert_data / "vocab.txt"),
+        root=root,
+    )
+
+
+def finetune(framework, task, init, out, *extra):
+    res = launch.run(
+        [
+            "-m",
+            "hvd_bert",
+            "finetune",
+            "--framework",
+            framework,
+            "--set",
+            f"data={task['train']}",
+            "--set",
+            f"eval_data={task['dev']}",
+            "--set",
+            f"init_checkpoint={init}",
+            "--set",
+            f"train.output_dir={out}",
+            "--set",
+            "progress=false",
+            "--set",
+            "epochs=4",
+            "--set",
+            "train.optim.lr=1e-3",
+            "--set",
+            "train.batch.local_batch_size=16",
+            "--set",
+            "eval_batch_size=32",
+            *extra,
+        ],
+        np=2,
+        timeout=600,
+    )
+    assert res.ok, res.explain()
+    return metrics_of(out), res.stdout
+
+
+@pytest.mark.parametrize("framework", ["pt", "tf"])
+def test_finetuning_beats_chance_and_evaluates_every_example_once(framework, task, tmp_path):
+    init = task["root"] / ("p1" if framework == "pt" else "p1.npz")
+    metrics, stdout = finetune(framework, task, init, tmp_path / "ft", "--set", "eval_every=20")
+    assert "4 epochs = 80 steps" in stdout  # 640 examples / (16 x 2 ranks) = 20 steps an epoch
+    evals = [m for m in metrics if "eval_accuracy" in m]
+    assert [m["step"] for m in evals] == [20, 40, 60, 80]
+    assert all(m["eval_examples"] == 201 for m in evals)
+    assert evals[-1]["eval_accuracy"] > 0.8, evals  # chance: about 0.5
+    ckpt = "ckpt-00000080.pt" if framework == "pt" else "ckpt-00000080.tf"
+    assert (tmp_path / "ft" / ckpt).exists()
+
+
+def test_a_dev_set_with_other_labels_is_refused(task, tmp_path):
+    other = tmp_path / "other.tsv"
+    other.write_text("sentence\tlabel\nthe file\tmaybe\n")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hvd_bert",
+            "prepare-classification",
+            str(other),
+            "--output",
+            str(tmp_path / "other"),
+            "--vocab",
+            str(task["train"] / "vocab.txt"),
+            "--text-a",
+            "sentence",
+            "--label",
+            "label",
+            "--max-seq-length",
+            "32",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hvd_bert",
+            "finetune",
+            "--set",
+            f"data={task['train']}",
+            "--set",
+            f"eval_data={tmp_path / 'other'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 2
+    assert "has labels ['maybe'], the training set ['no', 'yes']" in res.stderr
+    assert "--labels no yes" in res.stderr
