@@ -7,6 +7,7 @@
     hvd-bert prepare-ncf            MovieLens or synthetic data -> NCF leave-one-out data
     hvd-bert pretrain               BERT pretraining (under horovodrun / mpirun)
     hvd-bert finetune               BERT sentence(-pair) classification (under horovodrun / mpirun)
+    hvd-bert ncf                    NCF (NeuMF) recommendation, HR@10 / NDCG@10 (horovodrun / mpirun)
     hvd-bert convert                a PyTorch or TensorFlow checkpoint -> portable .npz weights
     hvd-bert simulate               scaling projection (alpha-beta allreduce cost model)
 """
@@ -35,7 +36,10 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
     from hvd_bert.common import config as C
 
-    cls = {"train": C.TrainConfig, "pretrain": C.PretrainConfig, "finetune": C.FinetuneConfig}[args.job]
+    from hvd_bert.common.ncf import NCFConfig
+
+    cls = {"train": C.TrainConfig, "pretrain": C.PretrainConfig, "finetune": C.FinetuneConfig,
+           "ncf": NCFConfig}[args.job]
     if args.explain:
         print("\n".join(C.explain(cls)))
         return 0
@@ -204,6 +208,45 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_ncf_data() -> Path:
+    """The synthetic ml-1m data under the cache, prepared by the first process that needs it
+    (a file lock keeps concurrent ranks from preparing it twice)."""
+    import fcntl
+
+    from hvd_bert.common.ncf_data import prepare_ncf
+
+    folder = default_cache() / "data" / "ncf-synthetic-ml-1m"
+    if not (folder / "dataset.json").is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with open(folder.parent / ".ncf-synthetic-ml-1m.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (folder / "dataset.json").is_file():
+                prepare_ncf(folder, synthetic="ml-1m", seed=0, overwrite=True)
+    return folder
+
+
+def _cmd_ncf(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from hvd_bert.common.config import ConfigError, load_config
+    from hvd_bert.common.ncf import NCFConfig
+    from hvd_bert.common.records import DatasetError
+
+    try:
+        cfg = load_config(NCFConfig, args.config, args.overrides)
+        if not cfg.data:
+            cfg = replace(cfg, data=str(default_ncf_data()))
+        if args.framework == "tf":
+            from hvd_bert.tf.ncf import run
+        else:
+            from hvd_bert.pt.ncf import run
+        run(cfg)
+    except (ConfigError, DatasetError) as e:
+        print(f"hvd-bert ncf: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     """A PyTorch or TensorFlow checkpoint -> portable weights (.npz) that both frameworks load."""
     from hvd_bert.common.bert_weights import WeightsError, save_weights
@@ -317,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print the resolved training configuration (YAML)")
     _add_config_args(p)
     p.add_argument("--explain", action="store_true", help="document every setting instead")
-    p.add_argument("--job", choices=["train", "pretrain", "finetune"], default="train",
+    p.add_argument("--job", choices=["train", "pretrain", "finetune", "ncf"], default="train",
                    help="whose settings: a job's, or the engine's alone (train)")
     p.set_defaults(func=_cmd_config)
 
@@ -377,6 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--framework", choices=["pt", "tf"], default="pt")
     _add_config_args(p)
     p.set_defaults(func=_cmd_finetune)
+
+    p = sub.add_parser("ncf", help="NCF (NeuMF) recommendation with HR@10 / NDCG@10, one process per "
+                                   "rank (horovodrun / mpirun)")
+    p.add_argument("--framework", choices=["pt", "tf"], default="pt")
+    _add_config_args(p)
+    p.set_defaults(func=_cmd_ncf)
 
     p = sub.add_parser("convert", help="a PyTorch or TensorFlow BERT checkpoint -> portable weights "
                                        "(.npz) that both frameworks load")
