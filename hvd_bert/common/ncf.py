@@ -57,7 +57,7 @@ class NCFConfig:
     num_negatives: int = doc(4, "sampled negatives per positive in each epoch")
     target_hr: float = doc(0.0, "stop when HR@K reaches this (0: run all epochs)")
     top_k: int = doc(10, "K of HR@K and NDCG@K")
-    eval_every: int = doc(1, "evaluate every this many epochs")
+    eval_every: float = doc(1.0, "evaluate every this many epochs (fractions: within an epoch)")
     eval_batch_users: int = doc(1024, "users scored per evaluation batch on one rank")
     progress: bool = doc(False, "show a progress bar on rank 0")
 
@@ -146,27 +146,29 @@ class EpochEvaluation:
         self.cfg, self.steps_per_epoch, self.total, self.log, self.evaluate = (
             cfg, steps_per_epoch, total_steps, log, evaluate)
         self.start, self.eval_s = time.perf_counter(), 0.0
+        self.interval = max(1, round(cfg.eval_every * steps_per_epoch))
         self.best: dict = {"hr": 0.0, "ndcg": 0.0, "epoch": 0}
 
     def __call__(self, result, _metrics=None) -> bool:
         cfg, k = self.cfg, self.cfg.top_k
-        if result.step % (self.steps_per_epoch * cfg.eval_every) and result.step != self.total:
+        if result.step % self.interval and result.step != self.total:
             return False
         t = time.perf_counter()
         res = self.evaluate()
         self.eval_s += time.perf_counter() - t
         epoch = result.step / self.steps_per_epoch
+        wall = time.perf_counter() - self.start
         rec = {"step": result.step, "epoch": epoch, f"hr@{k}": res["hr"], f"ndcg@{k}": res["ndcg"],
-               "time_s": time.perf_counter() - self.start, "eval_s": self.eval_s}
+               "time_s": wall, "eval_s": self.eval_s, "train_s": wall - self.eval_s}
         self.log.record(rec, prefix="eval", show=False)
-        self.log.print(f"epoch {epoch:g}: HR@{k} {res['hr']:.4f}, NDCG@{k} {res['ndcg']:.4f} "
+        self.log.print(f"epoch {epoch:.3g}: HR@{k} {res['hr']:.4f}, NDCG@{k} {res['ndcg']:.4f} "
                        f"({rec['time_s']:.1f} s)")
         if res["hr"] > self.best["hr"]:
             self.best.update(hr=res["hr"], ndcg=res["ndcg"], epoch=epoch)
         if cfg.target_hr and res["hr"] >= cfg.target_hr:
-            self.log.print(f"target HR@{k} {cfg.target_hr} reached at epoch {epoch:g} after "
+            self.log.print(f"target HR@{k} {cfg.target_hr} reached at epoch {epoch:.3g} after "
                            f"{rec['time_s']:.1f} s")
-            self.best.update(reached_s=rec["time_s"], reached_epoch=epoch, hr_at_target=res["hr"],
-                             ndcg_at_target=res["ndcg"])
+            self.best.update(reached_s=rec["time_s"], reached_train_s=rec["train_s"], reached_epoch=epoch,
+                             hr_at_target=res["hr"], ndcg_at_target=res["ndcg"])
             return True
         return False

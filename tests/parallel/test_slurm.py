@@ -101,3 +101,24 @@ def test_phases_resubmission_and_plain_srun(cluster, data, tmp_path):
                           "--set", "max_predictions_per_seq=10"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode != 0 and "srun --mpi=pmix" in bad.stderr
+
+
+def test_ncf_job_prepares_data_trains_and_evaluates(cluster, tmp_path):
+    results = tmp_path / "results"
+    env = {**cluster, "HVD_BERT_DIR": str(ROOT), "RESULTS": str(results), "PYTHON": sys.executable,
+           "SCALE": "0.05", "GLOBAL_BATCH": "8192", "EPOCHS": "2", "FACTORS": "16", "LAYERS": "[32, 16]",
+           "LR": "0.01", "EXTRA_ARGS": "--set train.log_every=10"}
+    r = subprocess.run(["sbatch", "-W", "-n", "2", f"--output={tmp_path}/ncf-%j.out",
+                        str(ROOT / "slurm" / "ncf.sbatch")], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=900)
+    out = "".join(p.read_text() for p in tmp_path.glob("ncf-*.out"))
+    assert r.returncode == 0, r.stdout + r.stderr + out
+    job = re.search(r"(\d+)", r.stdout).group(1)
+    run = results / "ncf-pt"
+    rank0 = (run / "jobs" / job / "rank-0.log").read_text()
+    assert "global batch 8192 = local batch 4096 x backward_passes_per_step 1 x world size 2" in rank0, rank0
+    assert (run / "jobs" / job / "rank-1.log").exists()
+    assert (results / "ncf-data-ml-1m-x0.05" / "dataset.json").is_file()
+    evals = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e["epoch"] for e in evals if "hr@10" in e] == [1, 2]
+    assert list(run.glob("ckpt-*.pt")), "no checkpoint"
