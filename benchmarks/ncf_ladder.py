@@ -3,7 +3,8 @@ on 1 and 2 Horovod ranks, with each rung's hyperparameters picked by a small swe
 
     .venv/bin/pip install -r requirements-bench.txt        # matplotlib for the plot
     .venv/bin/python benchmarks/ncf_ladder.py               # synthetic ml-1m-sized data
-    .venv/bin/python benchmarks/ncf_ladder.py --data DIR    # e.g. hvd-bert prepare-ncf --movielens ratings.dat
+    .venv/bin/python benchmarks/ncf_ladder.py --movielens ml-1m/ratings.dat --work runs/ladder-ml1m
+    .venv/bin/python benchmarks/ncf_ladder.py --data DIR    # a folder from hvd-bert prepare-ncf
 
 The rungs follow the talk's (batch multipliers of a base batch B0 = 1024, chosen so that an
 epoch of ml-1m-sized data, 5M training pairs, still has 25 steps at 192 x B0):
@@ -102,6 +103,8 @@ def settings(batch: int, np_: int, opt: str, lr: float, epochs: int, warmup_epoc
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", help="prepared NCF folder (default: synthetic ml-1m under the cache)")
+    ap.add_argument("--movielens", help="a MovieLens ratings file (ml-1m ratings.dat, ml-20m ratings.csv): "
+                                        "prepared into WORK/data first")
     ap.add_argument("--target", type=float, default=0.78, help="HR@10 to reach")
     ap.add_argument("--eval-every", type=float, default=0.25, help="evaluate every this many epochs")
     ap.add_argument("--work", default=str(ROOT / "runs" / "ncf_ladder"), help="per-run results (reused)")
@@ -110,6 +113,11 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     args = ap.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
+    if args.movielens:
+        from hvd_bert.common.ncf_data import prepare_ncf
+        args.data = str(Path(args.work) / "data")
+        if not (Path(args.data) / "dataset.json").is_file():
+            prepare_ncf(args.data, movielens=args.movielens, overwrite=True)
     from hvd_bert.cli import default_ncf_data
     from hvd_bert.common.ncf_data import load_ncf
     data = load_ncf(args.data or default_ncf_data())
@@ -158,7 +166,7 @@ def main() -> None:
             finals[rung][np_] = run(args, f"final-r{rung}", np_, s)
 
     report = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-              "target_hr": args.target, "eval_every": args.eval_every, "b0": B0, "data": str(args.data or "synthetic ml-1m"),
+              "target_hr": args.target, "eval_every": args.eval_every, "b0": B0, "data": str(args.movielens or args.data or "synthetic ml-1m"),
               "steps_per_epoch": spe, "sweep": sweep, "hyperparameters": hp, "batches": batches,
               "finals": {r: {str(n): v for n, v in d.items()} for r, d in finals.items()}}
     out = Path(args.out)
