@@ -176,7 +176,16 @@ def main() -> None:
     plot(report, out / "ncf_ladder.png")
 
 
+def _int_keys(report: dict) -> dict:
+    """The report with its rung keys as ints (JSON makes them strings)."""
+    out = dict(report)
+    for key in ("finals", "hyperparameters", "batches", "sweep"):
+        out[key] = {int(k): v for k, v in report[key].items()}
+    return out
+
+
 def table(report: dict) -> str:
+    report = _int_keys(report)
     lines = ["| rung | global batch | hyperparameters (sweep winner) | ranks | training time to target (s) | epochs | "
              "final HR@10 | final NDCG@10 | speed-up vs rung 1 | talk: speed-up |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -188,7 +197,7 @@ def table(report: dict) -> str:
             else:
                 sp = "n/a"
             t = f"{r['time_to_target_s']:.1f}" if r["reached"] else f"not reached ({r['wall_s']:.0f} s)"
-            ep = f"{r['epochs_to_target']:g}" if r["reached"] else "-"
+            ep = f"{r['epochs_to_target']:.3g}" if r["reached"] else "-"
             lines.append(f"| {rung} {NAMES[rung]} | {report['batches'][rung]} | {report['hyperparameters'][rung]} | "
                          f"{n} | {t} | {ep} | {r['final_hr']:.4f} | {r['final_ndcg']:.4f} | {sp} | "
                          f"{TALK[1] / TALK[rung]:.1f}x |")
@@ -196,6 +205,7 @@ def table(report: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> None:
+    report = _int_keys(report)
     try:
         import matplotlib
         matplotlib.use("Agg")
