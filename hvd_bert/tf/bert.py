@@ -147,7 +147,8 @@ class BertForPreTraining(BertModel):
                       self.config.gelu == "tanh")
         m = tf.cast(self.mlm_LayerNorm(tf.cast(m, tf.float32)), self.compute_dtype)
         emb = tf.cast(self.embeddings.word_embeddings.embeddings, m.dtype)
-        mlm = tf.cast(tf.matmul(m, emb, transpose_b=True), tf.float32) + self.mlm_bias
+        # under a mixed policy the variable reads in the compute dtype: add it in float32
+        mlm = tf.cast(tf.matmul(m, emb, transpose_b=True), tf.float32) + tf.cast(self.mlm_bias, tf.float32)
         return mlm, tf.cast(self.nsp(pooled), tf.float32)
 
 
