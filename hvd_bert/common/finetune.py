@@ -19,7 +19,7 @@ from hvd_bert.common.config import ConfigError, FinetuneConfig
 from hvd_bert.common.records import DatasetError, decode_example, iter_records, read_sidecar
 from hvd_bert.common.sharding import epoch_batches
 
-__all__ = ["check_finetune_data", "total_steps", "eval_batches"]
+__all__ = ["check_finetune_data", "total_steps", "eval_batches", "resolve_init"]
 
 
 def check_finetune_data(cfg: FinetuneConfig) -> tuple[dict, dict | None]:
@@ -70,3 +70,26 @@ def eval_batches(folder: str | Path, meta: dict, rank: int, world_size: int,
             index += 1
     if rows:
         yield {k: np.stack([r[k] for r in rows]) for k in spec}
+
+
+def resolve_init(cfg: FinetuneConfig, meta: dict, read_checkpoint_weights) -> tuple:
+    """On rank 0: ``(arrays or None, BertConfig, error or None)`` for the fine-tuning model:
+    the pretrained weights and their config (``read_checkpoint_weights`` is the frontend's),
+    or the ``model`` preset without ``init_checkpoint``; a vocabulary that differs from the
+    data's is an error. The error comes back as text so that it can be broadcast to the
+    other ranks (which then stop too)."""
+    from hvd_bert.common.bert_config import bert_preset
+    from hvd_bert.common.bert_weights import WeightsError
+
+    arrays = config = None
+    try:
+        if cfg.init_checkpoint:
+            arrays, config = read_checkpoint_weights(cfg.init_checkpoint)
+        config = config or bert_preset(cfg.model, vocab_size=meta["vocab_size"])
+        if config.vocab_size != meta["vocab_size"]:
+            raise WeightsError(f"init_checkpoint {cfg.init_checkpoint} has a vocabulary of "
+                               f"{config.vocab_size}, the data {meta['vocab_size']}: prepare the data with "
+                               f"the pretraining vocab.txt")
+    except WeightsError as e:
+        return None, None, str(e)
+    return arrays, config, None

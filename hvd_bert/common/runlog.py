@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["RunLog", "MetricWindow", "format_line"]
+__all__ = ["RunLog", "MetricWindow", "StepBook", "format_line"]
 
 
 def format_line(rec: dict, keys: Iterable[str]) -> str:
@@ -119,3 +120,56 @@ class MetricWindow:
         out = {k: float(v) for k, v in self.sums.items()}
         self.sums = {}
         return out
+
+
+class StepBook:
+    """The bookkeeping both frameworks' ``fit`` loops do after each optimizer step: the
+    progress bar, the metrics averaged over ranks and recorded every ``log_every`` steps (with
+    LR, ``<unit>/s``, gradient norm, loss scale), the periodic checkpoint, the ``on_step`` hook,
+    and the stop signal. ``engine`` is either frontend's Engine (``average``, ``save``,
+    ``should_stop``, ``step_count``, ``micro_step``, ``skipped_steps``)."""
+
+    def __init__(self, engine, log: RunLog, *, plan=None, total_steps: int, log_every: int, unit: str,
+                 output_dir=None, checkpoint_every: int = 0, keep_checkpoints: int = 3, on_step=None):
+        self.engine, self.log, self.plan, self.total = engine, log, plan, total_steps
+        self.log_every, self.unit, self.output_dir = log_every, unit, output_dir
+        self.checkpoint_every, self.keep, self.on_step = checkpoint_every, keep_checkpoints, on_step
+        self.saved_step, self.checkpoint = engine.step_count, None
+        self.t0, self.steps_since_log, self.last_loss = time.perf_counter(), 0, float("nan")
+        self.stopped = self.by_signal = False
+
+    def after_step(self, result, local: dict) -> bool:
+        """Account for one optimizer step (``local``: this rank's metric means over its
+        micro-batches). Returns True when the run must stop (every rank returns the same)."""
+        e = self.engine
+        self.steps_since_log += 1
+        self.last_loss = local["loss"]
+        if not result.skipped:
+            self.log.advance()
+        if result.step % self.log_every == 0 or result.step == self.total:
+            mean = {k: e.average(v, f"hvd_bert.{k}") for k, v in local.items()}  # collectives
+            dt = time.perf_counter() - self.t0
+            rate = (self.plan.global_batch_size * self.steps_since_log / dt if self.plan and dt > 0
+                    else float("nan"))
+            self.log.record(dict(step=result.step, **mean, lr=result.lr, **{f"{self.unit}_per_s": rate},
+                                 grad_norm=result.grad_norm, loss_scale=result.loss_scale,
+                                 skipped_steps=e.skipped_steps, time=time.time()))
+            self.t0, self.steps_since_log = time.perf_counter(), 0
+        if (self.output_dir is not None and self.checkpoint_every
+                and result.step % self.checkpoint_every == 0 and result.step != self.saved_step):
+            self.save()
+        if self.on_step is not None and self.on_step(result, local):
+            self.stopped = True
+        elif e.should_stop():  # SIGTERM on any rank (e.g. SLURM's time limit)
+            self.stopped = self.by_signal = True
+        return self.stopped
+
+    def save(self) -> None:
+        e = self.engine
+        self.checkpoint = e.save(self.output_dir, {"micro_step": e.micro_step}, self.keep)
+        self.saved_step = e.step_count
+
+    def finish(self) -> None:
+        """The final checkpoint, unless this step's is already written."""
+        if self.output_dir is not None and self.saved_step != self.engine.step_count:
+            self.save()

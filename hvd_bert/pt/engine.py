@@ -30,7 +30,6 @@ import contextlib
 import math
 import random
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -43,7 +42,7 @@ from hvd_bert.cluster import check_launch, check_world
 from hvd_bert.common.batch import BatchPlan, is_sync_step
 from hvd_bert.common.checkpoint import atomic_write, checkpoint_path, latest_checkpoint, prune
 from hvd_bert.common.config import PrecisionConfig, TrainConfig, make_schedule
-from hvd_bert.common.runlog import MetricWindow, RunLog
+from hvd_bert.common.runlog import MetricWindow, RunLog, StepBook
 from hvd_bert.common.schedules import Schedule
 from hvd_bert.pt.optim import build_optimizer, init_state
 
@@ -349,8 +348,9 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]],
     engine.install_stop_handler()
     batches = batches_from(engine.micro_step)
     window = MetricWindow(engine.k)
-    t0, steps_since_log = time.perf_counter(), 0
-    last_loss, ckpt, stopped, by_signal, saved_step = float("nan"), None, False, False, engine.step_count
+    book = StepBook(engine, log, plan=plan, total_steps=total_steps, log_every=log_every, unit=unit,
+                    output_dir=output_dir, checkpoint_every=checkpoint_every,
+                    keep_checkpoints=keep_checkpoints, on_step=on_step)
     while engine.step_count < total_steps:
         batch = next(batches)
         with engine.autocast():
@@ -359,33 +359,10 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]],
         window.add({"loss": loss.detach().float(), **{k: v.detach() for k, v in metrics.items()}})
         if not engine.backward(loss):
             continue
-        result = engine.step()
-        steps_since_log += 1
-        local = window.take()  # one host sync per optimizer step
-        last_loss = local["loss"]
-        if not result.skipped:
-            log.advance()
-        if result.step % log_every == 0 or result.step == total_steps:
-            mean = {k: engine.average(v, f"hvd_bert.{k}") for k, v in local.items()}  # collectives
-            dt = time.perf_counter() - t0
-            rate = plan.global_batch_size * steps_since_log / dt if plan and dt > 0 else float("nan")
-            log.record(dict(step=result.step, **mean, lr=result.lr, **{f"{unit}_per_s": rate},
-                            grad_norm=result.grad_norm, loss_scale=result.loss_scale,
-                            skipped_steps=engine.skipped_steps, time=time.time()))
-            t0, steps_since_log = time.perf_counter(), 0
-        if (output_dir is not None and checkpoint_every and result.step % checkpoint_every == 0
-                and result.step != saved_step):
-            ckpt = engine.save(output_dir, {"micro_step": engine.micro_step}, keep_checkpoints)
-            saved_step = engine.step_count
-        if on_step is not None and on_step(result, local):
-            stopped = True
+        if book.after_step(engine.step(), window.take()):  # one host sync per optimizer step
             break
-        if engine.should_stop():  # SIGTERM on any rank (e.g. SLURM's time limit)
-            stopped = by_signal = True
-            break
-    if output_dir is not None and saved_step != engine.step_count:
-        ckpt = engine.save(output_dir, {"micro_step": engine.micro_step}, keep_checkpoints)
+    book.finish()
     if own_log:
         log.close()
-    return FitResult(engine.step_count, engine.skipped_steps, last_loss, ckpt, stopped, log.history,
-                     by_signal)
+    return FitResult(engine.step_count, engine.skipped_steps, book.last_loss, book.checkpoint, book.stopped,
+                     log.history, book.by_signal)

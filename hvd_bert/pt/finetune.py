@@ -21,10 +21,9 @@ from pathlib import Path
 import torch
 import horovod.torch as hvd
 
-from hvd_bert.common.bert_config import bert_preset
 from hvd_bert.common.bert_weights import WeightsError, write_run_bert_config
 from hvd_bert.common.config import FinetuneConfig, to_dict
-from hvd_bert.common.finetune import check_finetune_data, eval_batches, total_steps
+from hvd_bert.common.finetune import check_finetune_data, eval_batches, resolve_init, total_steps
 from hvd_bert.common.runlog import RunLog
 from hvd_bert.pt.bert import (BertForSequenceClassification, classification_loss, load_weights,
                               read_checkpoint_weights)
@@ -57,18 +56,7 @@ def evaluate(model: torch.nn.Module, folder: str, meta: dict, batch_size: int, a
 
 def _model_config(cfg: FinetuneConfig, meta: dict, rank: int):
     """The pretrained weights (rank 0) and the model config, which every rank learns."""
-    arrays, config, error = None, None, None
-    if rank == 0:
-        try:
-            if cfg.init_checkpoint:
-                arrays, config = read_checkpoint_weights(cfg.init_checkpoint)
-            config = config or bert_preset(cfg.model, vocab_size=meta["vocab_size"])
-            if config.vocab_size != meta["vocab_size"]:
-                raise WeightsError(f"init_checkpoint {cfg.init_checkpoint} has a vocabulary of "
-                                   f"{config.vocab_size}, the data {meta['vocab_size']}: prepare the data "
-                                   f"with the pretraining vocab.txt")
-        except WeightsError as e:
-            error = str(e)
+    arrays, config, error = resolve_init(cfg, meta, read_checkpoint_weights) if rank == 0 else (None,) * 3
     config, error = hvd.broadcast_object((config, error), root_rank=0, name="hvd_bert.finetune.config")
     if error:
         raise WeightsError(error)

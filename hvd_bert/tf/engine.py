@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -316,7 +315,7 @@ def fit(engine: Engine, batches_from: Callable[[int], Any], *, total_steps: int,
         on_step: Callable[[StepResult, dict], Any] | None = None) -> FitResult:
     """The custom-loop twin of ``hvd_bert.pt.engine.fit`` (same arguments, output and
     checkpoint/resume/SIGTERM behaviour); the loss function is the engine's ``loss_fn``."""
-    from hvd_bert.common.runlog import MetricWindow, RunLog
+    from hvd_bert.common.runlog import MetricWindow, RunLog, StepBook
 
     plan = getattr(engine, "plan", None)
     if output_dir is not None:
@@ -333,39 +332,16 @@ def fit(engine: Engine, batches_from: Callable[[int], Any], *, total_steps: int,
     engine.install_stop_handler()
     batches = iter(batches_from(engine.micro_step))
     window = MetricWindow(engine.k)
-    t0, steps_since_log = time.perf_counter(), 0
-    last_loss, ckpt, stopped, by_signal, saved_step = float("nan"), None, False, False, engine.step_count
+    book = StepBook(engine, log, plan=plan, total_steps=total_steps, log_every=log_every, unit=unit,
+                    output_dir=output_dir, checkpoint_every=checkpoint_every,
+                    keep_checkpoints=keep_checkpoints, on_step=on_step)
     while engine.step_count < total_steps:
         result = engine.train_micro_batch(next(batches))
         window.add({"loss": engine.last_loss, **engine.last_metrics})
-        if result is None:
-            continue
-        steps_since_log += 1
-        local = window.take()
-        last_loss = local["loss"]
-        if not result.skipped:
-            log.advance()
-        if result.step % log_every == 0 or result.step == total_steps:
-            mean = {k: engine.average(v, f"hvd_bert.{k}") for k, v in local.items()}  # collectives
-            dt = time.perf_counter() - t0
-            rate = plan.global_batch_size * steps_since_log / dt if plan and dt > 0 else float("nan")
-            log.record(dict(step=result.step, **mean, lr=result.lr, **{f"{unit}_per_s": rate},
-                            grad_norm=result.grad_norm, loss_scale=result.loss_scale,
-                            skipped_steps=engine.skipped_steps, time=time.time()))
-            t0, steps_since_log = time.perf_counter(), 0
-        if (output_dir is not None and checkpoint_every and result.step % checkpoint_every == 0
-                and result.step != saved_step):
-            ckpt = engine.save(output_dir, {"micro_step": engine.micro_step}, keep_checkpoints)
-            saved_step = engine.step_count
-        if on_step is not None and on_step(result, local):
-            stopped = True
+        if result is not None and book.after_step(result, window.take()):
             break
-        if engine.should_stop():  # SIGTERM on any rank (e.g. SLURM's time limit)
-            stopped = by_signal = True
-            break
-    if output_dir is not None and saved_step != engine.step_count:
-        ckpt = engine.save(output_dir, {"micro_step": engine.micro_step}, keep_checkpoints)
+    book.finish()
     if own_log:
         log.close()
-    return FitResult(engine.step_count, engine.skipped_steps, last_loss, ckpt, stopped, log.history,
-                     by_signal)
+    return FitResult(engine.step_count, engine.skipped_steps, book.last_loss, book.checkpoint, book.stopped,
+                     log.history, book.by_signal)

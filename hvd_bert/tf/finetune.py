@@ -14,11 +14,10 @@ from pathlib import Path
 import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
 
-from hvd_bert.common.bert_config import bert_preset
 from hvd_bert.common.bert_data import spec_for_meta
 from hvd_bert.common.bert_weights import WeightsError, write_run_bert_config
 from hvd_bert.common.config import FinetuneConfig, to_dict
-from hvd_bert.common.finetune import check_finetune_data, total_steps
+from hvd_bert.common.finetune import check_finetune_data, resolve_init, total_steps
 from hvd_bert.common.runlog import RunLog
 from hvd_bert.tf.pretrain import set_threads, summary_writer
 
@@ -75,18 +74,7 @@ def run(cfg: FinetuneConfig) -> dict:
     meta, eval_meta = check_finetune_data(cfg)
     set_precision_policy(cfg.train.precision.mode)
 
-    arrays, config, error = None, None, None
-    if rank == 0:
-        try:
-            if cfg.init_checkpoint:
-                arrays, config = read_checkpoint_weights(cfg.init_checkpoint)
-            config = config or bert_preset(cfg.model, vocab_size=meta["vocab_size"])
-            if config.vocab_size != meta["vocab_size"]:
-                raise WeightsError(f"init_checkpoint {cfg.init_checkpoint} has a vocabulary of "
-                                   f"{config.vocab_size}, the data {meta['vocab_size']}: prepare the data "
-                                   f"with the pretraining vocab.txt")
-        except WeightsError as e:
-            error = str(e)
+    arrays, config, error = resolve_init(cfg, meta, read_checkpoint_weights) if rank == 0 else (None,) * 3
     config, error = hvd.broadcast_object((config, error), root_rank=0, name="hvd_bert.finetune.config")
     if error:
         raise WeightsError(error)
