@@ -29,11 +29,12 @@ class NeuMF(tf.keras.Model):
                  layers: tuple[int, ...] = (256, 256, 128, 64), dropout: float = 0.0, **kw):
         super().__init__(**kw)
         half = layers[0] // 2
-        emb = tf.keras.initializers.RandomNormal(stddev=0.01)
-        self.mf_user = tf.keras.layers.Embedding(n_users, factors, embeddings_initializer=emb, name="mf_user")
-        self.mf_item = tf.keras.layers.Embedding(n_items, factors, embeddings_initializer=emb, name="mf_item")
-        self.mlp_user = tf.keras.layers.Embedding(n_users, half, embeddings_initializer=emb, name="mlp_user")
-        self.mlp_item = tf.keras.layers.Embedding(n_items, half, embeddings_initializer=emb, name="mlp_item")
+        def emb(n, d, name):  # a fresh initialiser each: one instance would repeat its values
+            return tf.keras.layers.Embedding(n, d, name=name,
+                                             embeddings_initializer=tf.keras.initializers.RandomNormal(stddev=0.01))
+
+        self.mf_user, self.mf_item = emb(n_users, factors, "mf_user"), emb(n_items, factors, "mf_item")
+        self.mlp_user, self.mlp_item = emb(n_users, half, "mlp_user"), emb(n_items, half, "mlp_item")
         self.mlp = [tf.keras.layers.Dense(w, activation="relu", kernel_initializer="glorot_uniform",
                                           name=f"mlp_{i}") for i, w in enumerate(layers[1:])]
         self.drop = tf.keras.layers.Dropout(dropout)

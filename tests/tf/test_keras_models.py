@@ -66,3 +66,11 @@ def test_neumf_runs_under_each_policy(policy, mode):
          "labels": tf.constant([1.0, 0.0, 0.0])}
     loss = ncf_loss(m, b)
     assert loss.dtype == tf.float32 and 0.5 < float(loss) < 0.9  # ln 2 at a near-zero init
+
+
+def test_neumf_embeddings_start_different():
+    m = NeuMF(50, 50, 8, (16, 8))  # four embedding tables of the same shape
+    m({"users": tf.constant([0]), "items": tf.constant([0])})
+    tables = [e.embeddings.numpy() for e in (m.mf_user, m.mf_item, m.mlp_user, m.mlp_item)]
+    assert all(not np.array_equal(a, b) for i, a in enumerate(tables) for b in tables[i + 1:])
+    assert all(0.005 < t.std() < 0.015 for t in tables)
