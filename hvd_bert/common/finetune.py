@@ -19,7 +19,7 @@ from hvd_bert.common.config import ConfigError, FinetuneConfig
 from hvd_bert.common.records import DatasetError, decode_example, iter_records, read_sidecar
 from hvd_bert.common.sharding import epoch_batches
 
-__all__ = ["check_finetune_data", "total_steps", "eval_batches", "resolve_init"]
+__all__ = ["check_finetune_data", "total_steps", "eval_batches", "resolve_init", "Evaluation"]
 
 
 def check_finetune_data(cfg: FinetuneConfig) -> tuple[dict, dict | None]:
@@ -93,3 +93,26 @@ def resolve_init(cfg: FinetuneConfig, meta: dict, read_checkpoint_weights) -> tu
     except WeightsError as e:
         return None, None, str(e)
     return arrays, config, None
+
+
+class Evaluation:
+    """The fine-tuning jobs' evaluation: ``report(step)`` runs ``evaluate()`` (a collective
+    returning ``eval_accuracy``, ``eval_loss``, ``eval_examples``), prints and records it; as
+    ``fit``'s ``on_step`` hook it reports every ``eval_every`` steps before the last (the
+    job reports the last itself)."""
+
+    def __init__(self, cfg: FinetuneConfig, total_steps: int, log, evaluate):
+        self.cfg, self.total, self.log, self.evaluate = cfg, total_steps, log, evaluate
+
+    def report(self, step: int) -> dict:
+        res = self.evaluate()
+        self.log.print(f"eval at step {step}: accuracy {res['eval_accuracy']:.4f} on {res['eval_examples']} "
+                       f"examples (loss {res['eval_loss']:.4f})")
+        self.log.record({"step": step, **res}, prefix="eval", show=False)
+        return res
+
+    def __call__(self, result, _metrics=None) -> bool:
+        every = self.cfg.eval_every
+        if self.cfg.eval_data and every and result.step % every == 0 and result.step < self.total:
+            self.report(result.step)
+        return False

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["RunLog", "MetricWindow", "StepBook", "format_line"]
+__all__ = ["RunLog", "MetricWindow", "StepBook", "StopSignal", "format_line"]
 
 
 def format_line(rec: dict, keys: Iterable[str]) -> str:
@@ -87,7 +88,7 @@ class RunLog:
             self._file.write(json.dumps(rec) + "\n")
             self._file.flush()
         if self.writer is not None:
-            for k in (self.scalar_keys if prefix == "train" else rec):
+            for k in (self.scalar_keys if prefix == "train" else [k for k in rec if k != "step"]):
                 v = rec.get(k)
                 if isinstance(v, (int, float)) and math.isfinite(v):
                     self.writer.add_scalar(f"{prefix}/{k}", v, rec["step"])
@@ -173,3 +174,18 @@ class StepBook:
         """The final checkpoint, unless this step's is already written."""
         if self.output_dir is not None and self.saved_step != self.engine.step_count:
             self.save()
+
+
+class StopSignal:
+    """This process's stop request: ``install()`` turns SIGTERM (what SLURM sends before a
+    time limit) and SIGUSR1 into ``requested = True``; the engines combine the ranks' flags
+    with an allreduce (``should_stop``) so that every rank stops after the same step."""
+
+    def __init__(self):
+        self.requested = False
+
+    def install(self, signals=(signal.SIGTERM, signal.SIGUSR1)) -> None:
+        def handler(signum, frame):
+            self.requested = True
+        for s in signals:
+            signal.signal(s, handler)

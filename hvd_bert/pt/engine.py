@@ -42,7 +42,7 @@ from hvd_bert.cluster import check_launch, check_world
 from hvd_bert.common.batch import BatchPlan, is_sync_step
 from hvd_bert.common.checkpoint import atomic_write, checkpoint_path, latest_checkpoint, prune
 from hvd_bert.common.config import PrecisionConfig, TrainConfig, make_schedule
-from hvd_bert.common.runlog import MetricWindow, RunLog, StepBook
+from hvd_bert.common.runlog import MetricWindow, RunLog, StepBook, StopSignal
 from hvd_bert.common.schedules import Schedule
 from hvd_bert.pt.optim import build_optimizer, init_state
 
@@ -123,7 +123,7 @@ class Engine:
             growth_factor=pcfg.growth_factor, backoff_factor=pcfg.backoff_factor,
             growth_interval=pcfg.growth_interval)
         self.broadcast()
-        self._stop_requested = False
+        self.stop_signal = StopSignal()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -217,14 +217,11 @@ class Engine:
     def install_stop_handler(self, signals=(signal.SIGTERM, signal.SIGUSR1)) -> None:
         """On SIGTERM (what SLURM sends before a time limit), finish the current step, save a
         checkpoint and stop: :meth:`should_stop` turns true on every rank together."""
-        def handler(signum, frame):
-            self._stop_requested = True
-        for s in signals:
-            signal.signal(s, handler)
+        self.stop_signal.install(signals)
 
     def should_stop(self) -> bool:
         """Whether any rank received a stop signal (a collective: every rank must call it)."""
-        flag = torch.tensor([1.0 if self._stop_requested else 0.0])
+        flag = torch.tensor([1.0 if self.stop_signal.requested else 0.0])
         return bool(hvd.allreduce(flag, op=hvd.Max, name="hvd_bert.stop").item() > 0)
 
     # ------------------------------------------------------------------ checkpoints

@@ -23,7 +23,8 @@ import horovod.torch as hvd
 
 from hvd_bert.common.bert_weights import WeightsError, write_run_bert_config
 from hvd_bert.common.config import FinetuneConfig, to_dict
-from hvd_bert.common.finetune import check_finetune_data, eval_batches, resolve_init, total_steps
+from hvd_bert.common.finetune import (Evaluation, check_finetune_data, eval_batches, resolve_init,
+                                      total_steps)
 from hvd_bert.common.runlog import RunLog
 from hvd_bert.pt.bert import (BertForSequenceClassification, classification_loss, load_weights,
                               read_checkpoint_weights)
@@ -92,22 +93,14 @@ def run(cfg: FinetuneConfig) -> dict:
               f"on {cfg.data}: {meta['total_records']} examples, labels {meta['labels']}, "
               f"{cfg.epochs:g} epochs = {steps} steps")
 
-    def report(step: int) -> dict:
-        res = evaluate(model, cfg.eval_data, eval_meta, cfg.eval_batch_size, engine.autocast)
-        log.print(f"eval at step {step}: accuracy {res['eval_accuracy']:.4f} on {res['eval_examples']} "
-                  f"examples (loss {res['eval_loss']:.4f})")
-        log.record({"step": step, **res}, prefix="eval", show=False)
-        return res
-
-    def on_step(result, _metrics):
-        if cfg.eval_data and cfg.eval_every and result.step % cfg.eval_every == 0 and result.step < steps:
-            report(result.step)
+    on_step = Evaluation(cfg, steps, log, lambda: evaluate(
+        model, cfg.eval_data, eval_meta, cfg.eval_batch_size, engine.autocast))
 
     t = cfg.train
     res = fit(engine, data.stream, classification_loss, total_steps=steps, output_dir=out,
               checkpoint_every=t.checkpoint_every, keep_checkpoints=t.keep_checkpoints,
               log_every=t.log_every, log=log, unit="examples", on_step=on_step)
-    final = report(res.steps) if cfg.eval_data else {}
+    final = on_step.report(res.steps) if cfg.eval_data else {}
     log.close()
     if rank == 0:
         print(f"{'stopped by a signal at' if res.stopped_by_signal else 'finished'} step {res.steps}; "

@@ -32,6 +32,7 @@ from hvd_bert.cluster import check_launch, check_world
 from hvd_bert.common.batch import is_sync_step
 from hvd_bert.common.checkpoint import checkpoint_path, latest_checkpoint, list_checkpoints
 from hvd_bert.common.config import PrecisionConfig, TrainConfig, make_schedule
+from hvd_bert.common.runlog import MetricWindow, RunLog, StepBook, StopSignal
 from hvd_bert.common.schedules import Schedule
 from hvd_bert.tf import check_keras
 from hvd_bert.tf.optim import build_optimizer
@@ -98,7 +99,7 @@ class Engine:
         self.compression = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         self.predivide = float(gradient_predivide_factor)
         self.rank, self.world_size = hvd.rank(), hvd.size()
-        self._stop_requested = False
+        self.stop_signal = StopSignal()
         self.last_loss, self.last_metrics = None, {}
         self.step_count = 0
         self.micro_step = 0
@@ -214,14 +215,11 @@ class Engine:
     def install_stop_handler(self, signals=(signal.SIGTERM, signal.SIGUSR1)) -> None:
         """On SIGTERM (what SLURM sends before a time limit), finish the current step, save a
         checkpoint and stop: :meth:`should_stop` turns true on every rank together."""
-        def handler(signum, frame):
-            self._stop_requested = True
-        for s in signals:
-            signal.signal(s, handler)
+        self.stop_signal.install(signals)
 
     def should_stop(self) -> bool:
         """Whether any rank received a stop signal (a collective: every rank must call it)."""
-        flag = tf.constant([1.0 if self._stop_requested else 0.0])
+        flag = tf.constant([1.0 if self.stop_signal.requested else 0.0])
         return bool(hvd.allreduce(flag, op=hvd.Max, name="hvd_bert.stop")[0] > 0)  # Horovod:
 
     # ------------------------------------------------------------------ checkpoints
@@ -315,8 +313,6 @@ def fit(engine: Engine, batches_from: Callable[[int], Any], *, total_steps: int,
         on_step: Callable[[StepResult, dict], Any] | None = None) -> FitResult:
     """The custom-loop twin of ``hvd_bert.pt.engine.fit`` (same arguments, output and
     checkpoint/resume/SIGTERM behaviour); the loss function is the engine's ``loss_fn``."""
-    from hvd_bert.common.runlog import MetricWindow, RunLog, StepBook
-
     plan = getattr(engine, "plan", None)
     if output_dir is not None:
         engine.resume(output_dir)

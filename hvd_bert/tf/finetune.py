@@ -14,10 +14,9 @@ from pathlib import Path
 import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
 
-from hvd_bert.common.bert_data import spec_for_meta
 from hvd_bert.common.bert_weights import WeightsError, write_run_bert_config
 from hvd_bert.common.config import FinetuneConfig, to_dict
-from hvd_bert.common.finetune import check_finetune_data, resolve_init, total_steps
+from hvd_bert.common.finetune import Evaluation, check_finetune_data, resolve_init, total_steps
 from hvd_bert.common.runlog import RunLog
 from hvd_bert.tf.pretrain import set_threads, summary_writer
 
@@ -31,7 +30,6 @@ def eval_dataset(folder: str, meta: dict, rank: int, world_size: int, batch_size
 
     files = [str(Path(folder) / s["file"]) for s in meta["shards"]]
     spec = feature_spec(meta)
-    assert set(spec) == set(spec_for_meta(meta))
     ds = tf.data.TFRecordDataset(files).shard(world_size, rank).batch(batch_size)
     return ds.map(lambda r: tf.io.parse_example(r, spec)).prefetch(tf.data.AUTOTUNE)
 
@@ -98,16 +96,8 @@ def run(cfg: FinetuneConfig) -> dict:
               f"TensorFlow) on {cfg.data}: {meta['total_records']} examples, labels {meta['labels']}, "
               f"{cfg.epochs:g} epochs = {steps} steps")
 
-    def report(step: int) -> dict:
-        res = evaluate(model, cfg.eval_data, eval_meta, cfg.eval_batch_size)
-        log.print(f"eval at step {step}: accuracy {res['eval_accuracy']:.4f} on {res['eval_examples']} "
-                  f"examples (loss {res['eval_loss']:.4f})")
-        log.record({"step": step, **res}, prefix="eval", show=False)
-        return res
-
-    def on_step(result, _metrics):
-        if cfg.eval_data and cfg.eval_every and result.step % cfg.eval_every == 0 and result.step < steps:
-            report(result.step)
+    on_step = Evaluation(cfg, steps, log, lambda: evaluate(
+        model, cfg.eval_data, eval_meta, cfg.eval_batch_size))
 
     def batches_from(micro_step):
         return stream(cfg.data, "bert-classification", rank, size, plan.local_batch_size,
@@ -118,7 +108,7 @@ def run(cfg: FinetuneConfig) -> dict:
     res = fit(engine, batches_from, total_steps=steps, output_dir=out, checkpoint_every=t.checkpoint_every,
               keep_checkpoints=t.keep_checkpoints, log_every=t.log_every, log=log, unit="examples",
               on_step=on_step)
-    final = report(res.steps) if cfg.eval_data else {}
+    final = on_step.report(res.steps) if cfg.eval_data else {}
     log.close()
     if rank == 0:
         print(f"{'stopped by a signal at' if res.stopped_by_signal else 'finished'} step {res.steps}; "
