@@ -12,12 +12,11 @@ setup:
 lint: setup
 	$(VENV)/bin/ruff check hvd_bert tests scripts
 
-# tests/tf runs in its own pytest process: the tfrecord package (used by tests/common, tests/pt)
-# and TensorFlow cannot be imported into one process.
+# One pytest process for the whole suite (hvd_bert.common imports no framework, and PyTorch and
+# TensorFlow share a process); tests/parallel starts real multi-process runs.
 test: lint
 	-bash scripts/slurm_local.sh install   # for tests/parallel/test_slurm.py (skips without it)
-	$(PY) -m pytest -q -p no:cacheprovider tests/common tests/pt tests/parallel
-	$(PY) -m pytest -q -p no:cacheprovider tests/tf
+	$(PY) -m pytest -q -p no:cacheprovider tests/common tests/pt tests/tf tests/parallel
 
 doctor: setup
 	$(VENV)/bin/hvd-bert doctor

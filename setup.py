@@ -17,9 +17,9 @@ setup(
     python_requires=">=3.11,<3.12",
     packages=find_packages(include=["hvd_bert", "hvd_bert.*"]),
     package_data={"hvd_bert": ["recipes/*.yaml"]},
-    install_requires=["numpy>=1.26", "pyyaml>=6.0"],
+    install_requires=["numpy>=1.26", "pyyaml>=6.0", "crc32c>=2.3"],
     extras_require={
-        "pt": ["torch==2.13.0", "tfrecord==1.14.6", "tqdm>=4.66"],
+        "pt": ["torch==2.13.0", "tqdm>=4.66"],
         "tf": ["tensorflow-cpu==2.21.0", "tf-keras==2.21.0", "tqdm>=4.66"],
         "mpi": ["mpi4py>=4.0"],
     },

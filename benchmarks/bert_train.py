@@ -49,7 +49,7 @@ def run_variant(variant: str, preset: str, b: int, s: int, p: int, steps: int, w
     batch = _batch(torch, cfg.vocab_size, b, s, p, device)
     torch.manual_seed(0)
     if variant.startswith("hvd_bert"):
-        from hvd_bert.pt.bert import BertForPreTraining, pretraining_loss
+        from hvd_bert.pt.models.bert import BertForPreTraining, pretraining_loss
         model = BertForPreTraining(cfg).to(device)
 
         def loss_fn():

@@ -55,7 +55,7 @@ def train_rates(folder: Path, batch: int, steps: int) -> dict:
     import torch
     from hvd_bert.common.bert_config import bert_preset
     from hvd_bert.common.records import read_sidecar
-    from hvd_bert.pt.bert import BertForPreTraining, pretraining_loss
+    from hvd_bert.pt.models.bert import BertForPreTraining, pretraining_loss
     from hvd_bert.pt.data import ShardedDataset
 
     meta = read_sidecar(folder, "bert-pretraining")

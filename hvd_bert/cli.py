@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -36,10 +37,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
     from hvd_bert.common import config as C
 
-    from hvd_bert.common.ncf import NCFConfig
-
-    cls = {"train": C.TrainConfig, "pretrain": C.PretrainConfig, "finetune": C.FinetuneConfig,
-           "ncf": NCFConfig}[args.job]
+    cls = _config_class(args.job)
     if args.explain:
         print("\n".join(C.explain(cls)))
         return 0
@@ -160,54 +158,6 @@ def default_data(max_seq_length: int = 128):
     return default_cache() / "data" / f"stdlib-seq{max_seq_length}"
 
 
-def _cmd_pretrain(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from hvd_bert.common.config import ConfigError, PretrainConfig, load_config
-    from hvd_bert.common.records import DatasetError
-
-    try:
-        cfg = load_config(PretrainConfig, args.config, args.overrides)
-    except ConfigError as e:
-        print(f"hvd-bert pretrain: {e}", file=sys.stderr)
-        return 2
-    if not cfg.data:
-        cfg = replace(cfg, data=str(default_data(cfg.max_seq_length)))
-    if args.framework == "tf":
-        from hvd_bert.tf.pretrain import run
-    else:
-        from hvd_bert.pt.pretrain import run
-    from hvd_bert.common.bert_weights import WeightsError
-    try:
-        run(cfg)
-    except WeightsError as e:
-        print(f"hvd-bert pretrain: {e}", file=sys.stderr)
-        return 2
-    except DatasetError as e:
-        print(f"hvd-bert pretrain: {e}\n  to prepare the built-in corpus: hvd-bert prepare-bert "
-              f"--output {cfg.data} --max-seq-length {cfg.max_seq_length}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _cmd_finetune(args: argparse.Namespace) -> int:
-    from hvd_bert.common.bert_weights import WeightsError
-    from hvd_bert.common.config import ConfigError, FinetuneConfig, load_config
-    from hvd_bert.common.records import DatasetError
-
-    try:
-        cfg = load_config(FinetuneConfig, args.config, args.overrides)
-        if args.framework == "tf":
-            from hvd_bert.tf.finetune import run
-        else:
-            from hvd_bert.pt.finetune import run
-        run(cfg)
-    except (ConfigError, DatasetError, WeightsError) as e:
-        print(f"hvd-bert finetune: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
 def default_ncf_data() -> Path:
     """The synthetic ml-1m data under the cache, prepared by the first process that needs it
     (a file lock keeps concurrent ranks from preparing it twice)."""
@@ -225,24 +175,72 @@ def default_ncf_data() -> Path:
     return folder
 
 
-def _cmd_ncf(args: argparse.Namespace) -> int:
-    from dataclasses import replace
+def _pretrain_defaults(cfg):
+    return cfg if cfg.data else replace(cfg, data=str(default_data(cfg.max_seq_length)))
 
-    from hvd_bert.common.config import ConfigError, load_config
+
+def _ncf_defaults(cfg):
+    return cfg if cfg.data else replace(cfg, data=str(default_ncf_data()))
+
+
+def _pretrain_data_hint(cfg) -> str:
+    return (f"\n  to prepare the built-in corpus: hvd-bert prepare-bert --output {cfg.data} "
+            f"--max-seq-length {cfg.max_seq_length}")
+
+
+def _config_class(job: str):
+    from hvd_bert.common import config as C
     from hvd_bert.common.ncf import NCFConfig
-    from hvd_bert.common.records import DatasetError
 
+    return {"train": C.TrainConfig, "pretrain": C.PretrainConfig, "finetune": C.FinetuneConfig,
+            "ncf": NCFConfig}[job]
+
+
+# The training jobs: name -> (help, module of run(cfg, backend), fill-in of defaults, hint for
+# a data error). Each job is one file in hvd_bert/jobs/, the same for both frameworks.
+JOBS = {
+    "pretrain": ("BERT pretraining, one process per rank: start it with horovodrun -np N or mpirun -np N",
+                 "hvd_bert.jobs.pretrain", _pretrain_defaults, _pretrain_data_hint),
+    "finetune": ("BERT sentence(-pair) classification from a pretrained checkpoint, one process per "
+                 "rank (horovodrun / mpirun)", "hvd_bert.jobs.finetune", None, None),
+    "ncf": ("NCF (NeuMF) recommendation with HR@10 / NDCG@10, one process per rank (horovodrun / "
+            "mpirun)", "hvd_bert.jobs.ncf", _ncf_defaults, None),
+}
+
+
+def user_errors() -> tuple[type, ...]:
+    """The errors that are the user's to fix (bad settings, data, checkpoints, a diverged run):
+    one line and exit status 2, never a traceback."""
+    from hvd_bert.common.bert_weights import WeightsError
+    from hvd_bert.common.config import ConfigError
+    from hvd_bert.common.engine import CheckpointError, ResumeError
+    from hvd_bert.common.records import DatasetError
+    from hvd_bert.common.runlog import DivergedError
+
+    return (ConfigError, DatasetError, WeightsError, CheckpointError, ResumeError, DivergedError)
+
+
+def _cmd_job(args: argparse.Namespace) -> int:
+    """Every training job: the config (recipe, --set, --framework), the backend, ``run``; a
+    user error is one clear line on every rank and exit status 2."""
+    import importlib
+
+    from hvd_bert.common.backend import get_backend
+    from hvd_bert.common.config import load_config
+
+    _, module, defaults, hint = JOBS[args.command]
+    cfg = None
     try:
-        cfg = load_config(NCFConfig, args.config, args.overrides)
-        if not cfg.data:
-            cfg = replace(cfg, data=str(default_ncf_data()))
-        if args.framework == "tf":
-            from hvd_bert.tf.ncf import run
-        else:
-            from hvd_bert.pt.ncf import run
-        run(cfg)
-    except (ConfigError, DatasetError) as e:
-        print(f"hvd-bert ncf: {e}", file=sys.stderr)
+        overrides = list(args.overrides) + ([f"framework={args.framework}"] if args.framework else [])
+        cfg = load_config(_config_class(args.command), args.config, overrides)
+        if defaults is not None:
+            cfg = defaults(cfg)
+        importlib.import_module(module).run(cfg, get_backend(cfg.framework))
+    except user_errors() as e:
+        from hvd_bert.common.records import DatasetError
+
+        extra = hint(cfg) if hint is not None and cfg is not None and isinstance(e, DatasetError) else ""
+        print(f"hvd-bert {args.command}: {e}{extra}", file=sys.stderr, flush=True)
         return 2
     return 0
 
@@ -270,9 +268,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         return 2
     try:
         if framework == "pt":
-            from hvd_bert.pt.bert import read_checkpoint_weights
+            from hvd_bert.pt.models.bert import read_checkpoint_weights
         else:
-            from hvd_bert.tf.bert import read_checkpoint_weights
+            from hvd_bert.tf.models.bert import read_checkpoint_weights
         arrays, config = read_checkpoint_weights(src)
         if config is None:
             raise WeightsError(f"no bert_config.json beside {src}: it is written into every run folder "
@@ -409,23 +407,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_cmd_prepare_ncf)
 
-    p = sub.add_parser("pretrain", help="BERT pretraining, one process per rank: start it with "
-                                        "horovodrun -np N or mpirun -np N")
-    p.add_argument("--framework", choices=["pt", "tf"], default="pt")
-    _add_config_args(p)
-    p.set_defaults(func=_cmd_pretrain)
-
-    p = sub.add_parser("finetune", help="BERT sentence(-pair) classification from a pretrained "
-                                        "checkpoint, one process per rank (horovodrun / mpirun)")
-    p.add_argument("--framework", choices=["pt", "tf"], default="pt")
-    _add_config_args(p)
-    p.set_defaults(func=_cmd_finetune)
-
-    p = sub.add_parser("ncf", help="NCF (NeuMF) recommendation with HR@10 / NDCG@10, one process per "
-                                   "rank (horovodrun / mpirun)")
-    p.add_argument("--framework", choices=["pt", "tf"], default="pt")
-    _add_config_args(p)
-    p.set_defaults(func=_cmd_ncf)
+    for name, (text, *_) in JOBS.items():
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--framework", choices=["pt", "tf"], default=None,
+                       help="pt (PyTorch, the default) or tf (TensorFlow): the config's framework")
+        _add_config_args(p)
+        p.set_defaults(func=_cmd_job)
 
     p = sub.add_parser("convert", help="a PyTorch or TensorFlow BERT checkpoint -> portable weights "
                                        "(.npz) that both frameworks load")

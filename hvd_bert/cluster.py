@@ -50,3 +50,36 @@ def check_world(size: int, env=None) -> None:
         raise LaunchError(
             f"Horovod sees {size} rank(s) but this SLURM step has {n} tasks; start the step with "
             f"`srun --mpi=pmix` and one task per GPU (--ntasks-per-node = GPUs per node)")
+
+
+def horovod_env(hcfg, env=None) -> dict[str, str]:
+    """The Horovod environment variables that ``horovod.*`` settings stand for (read by
+    ``hvd.init()``, so set before it). Only settings the user gave (not null) are returned;
+    a variable the user exported already wins over the config and is reported as such."""
+    env = os.environ if env is None else env
+    if hcfg is None:
+        return {}
+    want = {}
+    if hcfg.fusion_threshold_mb is not None:
+        want["HOROVOD_FUSION_THRESHOLD"] = str(int(hcfg.fusion_threshold_mb * 1024 * 1024))
+    if hcfg.cycle_time_ms is not None:
+        want["HOROVOD_CYCLE_TIME"] = f"{hcfg.cycle_time_ms:g}"
+    return {k: v for k, v in want.items() if k not in env}
+
+
+def apply_horovod_env(hcfg) -> dict[str, str]:
+    """Export :func:`horovod_env` into this process (before ``hvd.init()``); returns it."""
+    extra = horovod_env(hcfg)
+    os.environ.update(extra)
+    return extra
+
+
+def init_horovod(hvd, horovod_cfg=None) -> None:
+    """``hvd.init()`` once for a framework's Horovod module (``horovod.torch`` or
+    ``horovod.tensorflow``), after the launch check and with the ``horovod.*`` settings in the
+    environment (Horovod reads them at init)."""
+    if not hvd.is_initialized():
+        check_launch()  # plain `srun` without --mpi=pmix: say so before MPI aborts
+        apply_horovod_env(horovod_cfg)
+        hvd.init()  # Horovod:
+        check_world(hvd.size())

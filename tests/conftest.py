@@ -7,14 +7,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 
-def pytest_collection_modifyitems(session, config, items):
-    """tfrecord (tests/common, tests/pt) and TensorFlow (tests/tf) cannot share a process."""
-    import pathlib
-
-    import pytest
-
-    tf_dir = pathlib.Path(__file__).parent / "tf"
-    in_tf = {pathlib.Path(str(i.fspath)).is_relative_to(tf_dir) for i in items}
-    if len(in_tf) == 2:
-        raise pytest.UsageError("run tests/tf in its own pytest process (tfrecord and TensorFlow cannot "
-                                "share one): pytest tests/common tests/pt tests/parallel; pytest tests/tf")
+def pytest_configure(config):
+    config.addinivalue_line("markers", "multinode: runs on several fake nodes (network namespaces); "
+                                       "select with -m multinode, skip with -m 'not multinode'")

@@ -4,8 +4,8 @@ TensorFlow.
 A portable weights file is an ``.npz`` archive: one array per parameter under the PyTorch
 model's ``state_dict`` names and layouts (``nn.Linear`` weights are ``[out, in]``), plus the
 model's :class:`BertConfig` as JSON under ``__bert_config__``. Each frontend maps its own
-variables to these names (``hvd_bert.pt.bert.export_weights`` / ``load_weights``, and the
-same in ``hvd_bert.tf.bert``); ``hvd-bert convert`` writes one from either framework's
+variables to these names (``hvd_bert.pt.models.bert.export_weights`` / ``load_weights``, and the
+same in ``hvd_bert.tf.models.bert``); ``hvd-bert convert`` writes one from either framework's
 checkpoint. Loading checks every name and shape and says which do not fit; the position
 embeddings may grow (phase 1 at 128 tokens to phase 2 at 512 keeps the rows it has).
 """
@@ -16,6 +16,8 @@ import dataclasses
 import json
 from pathlib import Path
 from typing import Mapping
+
+import zipfile
 
 import numpy as np
 
@@ -64,9 +66,9 @@ def read_weights(path: str | Path) -> tuple[dict[str, np.ndarray], BertConfig | 
     if not p.is_file():
         raise WeightsError(f"weights file {p} does not exist")
     try:
-        with np.load(p) as z:
+        with np.load(p, allow_pickle=False) as z:  # never unpickle a file a user hands us
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
         raise WeightsError(f"{p} is not a readable .npz weights file ({e}); write one with "
                            f"`hvd-bert convert CHECKPOINT --output {p.name}`") from None
     raw = arrays.pop(CONFIG_KEY, None)

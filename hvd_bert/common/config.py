@@ -8,7 +8,6 @@ field is declared (``doc(...)``) and is printed by ``hvd-bert config --explain``
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import types
 import typing
@@ -198,21 +197,84 @@ def load_config(cls, path: str | Path | None = None, overrides: Sequence[str] = 
             raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
         if not isinstance(data, Mapping):
             raise ConfigError(f"config file {p} must hold a mapping at the top level")
-    cfg = from_dict(cls, data)
-    return apply_overrides(cfg, overrides)
+    base = cls()
+    cfg = apply_overrides(overlay(base, data), overrides)
+    check_applicable(cfg, base)
+    return cfg
 
 
-def explain(cls, prefix: str = "") -> list[str]:
-    """Lines ``key (type, default): doc`` for every field, nested sections included."""
+def overlay(cfg, data: Mapping[str, Any], prefix: str = ""):
+    """``cfg`` with the keys of ``data`` (a recipe) replaced, and nothing else: a recipe that
+    names ``train.seed`` changes the seed and keeps every other setting of ``cfg`` (the job's
+    defaults), as ``--set train.seed=...`` does."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix or type(cfg).__name__}: expected a mapping, got {data!r}")
+    hints = _hints(type(cfg))
+    names = {f.name for f in fields(cfg)}
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else str(name)
+        if name not in names:
+            raise _unknown(key, str(name), type(cfg))
+        current = getattr(cfg, name)
+        if is_dataclass(current) and isinstance(value, Mapping):
+            kwargs[name] = overlay(current, value, key)
+        else:
+            kwargs[name] = _coerce(value, hints[name], key)
+    try:
+        return replace(cfg, **kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{prefix or type(cfg).__name__}: {e}") from None
+
+
+# Which OptimConfig fields each optimizer reads (beside name, lr, lr_scaling, base_batch_size,
+# max_grad_norm and exclude, which every one does).
+OPTIM_FIELDS = {
+    "sgd": {"momentum", "nesterov", "weight_decay"},
+    "adamw": {"beta1", "beta2", "eps", "weight_decay"},
+    "lamb": {"beta1", "beta2", "eps", "weight_decay", "bias_correction", "trust_ratio_on_excluded"},
+    "nvlamb": {"beta1", "beta2", "eps", "weight_decay", "trust_ratio_on_excluded"},
+    "lars": {"momentum", "weight_decay", "eta", "eps", "trust_ratio_on_excluded"},
+}
+_OPTIM_ALL = {"name", "lr", "lr_scaling", "base_batch_size", "max_grad_norm", "exclude"}
+
+
+def check_applicable(cfg, base, prefix: str = "") -> None:
+    """Refuse an optimizer setting that the chosen optimizer does not read (``optim.eta`` with
+    lamb): compared with ``base`` (the job's defaults), every changed field must apply."""
+    for f in fields(cfg):
+        v, b = getattr(cfg, f.name), getattr(base, f.name)
+        key = f"{prefix}{f.name}"
+        if isinstance(v, OptimConfig):
+            for g in fields(v):
+                if g.name in _OPTIM_ALL or g.name in OPTIM_FIELDS[v.name]:
+                    continue
+                if getattr(v, g.name) != getattr(b, g.name):
+                    users = sorted(n for n, used in OPTIM_FIELDS.items() if g.name in used)
+                    raise ConfigError(f"{key}.{g.name}={getattr(v, g.name)!r} does not apply to {key}.name="
+                                      f"{v.name!r} (it is read by {', '.join(users)}); remove it, or "
+                                      f"choose one of those optimizers")
+        elif is_dataclass(v):
+            check_applicable(v, b, key + ".")
+
+
+def explain(cls, prefix: str = "", instance=None) -> list[str]:
+    """Lines ``key (type, default): doc`` for every field, nested sections included, with the
+    defaults of ``instance`` (a job's config: ``cls()``) rather than of the section classes."""
+    instance = cls() if instance is None else instance
     out = []
     hints = _hints(cls)
     for f in fields(cls):
         key = f"{prefix}{f.name}"
         tp = hints[f.name]
         if is_dataclass(tp):
-            out += explain(tp, key + ".")
+            out += explain(tp, key + ".", getattr(instance, f.name))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else "(required)"
+        default = getattr(instance, f.name)
+        if isinstance(default, tuple):
+            default = list(default)
         out.append(f"{key} ({_type_name(tp)}, default {default!r}): {f.metadata.get('doc', '')}")
     return out
 
@@ -437,8 +499,14 @@ class TrainConfig:
     checkpoint_every: int = doc(0, "checkpoint every this many optimizer steps (0 = at the end only)")
     keep_checkpoints: int = doc(3, "newest checkpoints to keep")
     output_dir: str = doc("runs/latest", "folder for checkpoints and logs")
+    resume_resized: bool = doc(False, "resume a checkpoint written by another number of ranks (same "
+                                      "global batch; each rank's data share and RNG stream change)")
+    max_skipped_steps: int = doc(
+        50, "stop with an error after this many optimizer steps in a row were skipped for inf/NaN "
+            "gradients (a diverged run: lower optim.lr, or use fp32)")
 
     def __post_init__(self) -> None:
+        _require(self.max_skipped_steps > 0, f"max_skipped_steps must be > 0, got {self.max_skipped_steps}")
         _require(self.log_every > 0, f"log_every must be > 0, got {self.log_every}")
         _require(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         _require(self.keep_checkpoints > 0, f"keep_checkpoints must be > 0, got {self.keep_checkpoints}")
@@ -466,6 +534,7 @@ class PretrainConfig:
     init_checkpoint: str = doc("", "phase 2: start from this phase-1 checkpoint's weights with a "
                                    "fresh optimizer and schedule")
     progress: bool = doc(True, "show a progress bar on rank 0")
+    framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
 
 
 @dataclass(frozen=True)
@@ -491,6 +560,7 @@ class FinetuneConfig:
     dropout: float = doc(0.1, "BERT's hidden and attention dropout")
     shuffle_buffer: int = doc(1024, "records per shuffle window of the reader")
     progress: bool = doc(True, "show a progress bar on rank 0")
+    framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 0, f"epochs must be >= 0, got {self.epochs}")

@@ -16,10 +16,11 @@ import numpy as np
 
 from hvd_bert.common.bert_data import KIND_CLASSIFY, spec_for_meta
 from hvd_bert.common.config import ConfigError, FinetuneConfig
-from hvd_bert.common.records import DatasetError, decode_example, iter_records, read_sidecar
+from hvd_bert.common.records import DatasetError, decode_batch, iter_records, read_sidecar
 from hvd_bert.common.sharding import epoch_batches
 
-__all__ = ["check_finetune_data", "total_steps", "eval_batches", "resolve_init", "Evaluation"]
+__all__ = ["check_finetune_data", "total_steps", "eval_batches", "resolve_init", "Evaluation",
+           "evaluate_classification"]
 
 
 def check_finetune_data(cfg: FinetuneConfig) -> tuple[dict, dict | None]:
@@ -63,13 +64,32 @@ def eval_batches(folder: str | Path, meta: dict, rank: int, world_size: int,
     for shard in meta["shards"]:
         for _, rec in iter_records(Path(folder) / shard["file"]):
             if index % world_size == rank:
-                rows.append(decode_example(rec, spec))
+                rows.append(rec)
                 if len(rows) == batch_size:
-                    yield {k: np.stack([r[k] for r in rows]) for k in spec}
+                    yield decode_batch(rows, spec)
                     rows = []
             index += 1
     if rows:
-        yield {k: np.stack([r[k] for r in rows]) for k in spec}
+        yield decode_batch(rows, spec)
+
+
+def evaluate_classification(score, batches: Iterator[dict[str, np.ndarray]], allreduce) -> dict:
+    """Accuracy and mean cross-entropy over the whole set: ``score(batch)`` gives the logits
+    ``[B, labels]`` of one batch of :func:`eval_batches`, ``allreduce`` sums the ranks'
+    ``[correct, loss sum, count]`` (a collective: every rank must call it, with or without
+    batches of its own)."""
+    totals = np.zeros(3)
+    for b in batches:
+        logits = np.asarray(score(b), np.float64)
+        labels = b["label_ids"].reshape(-1)
+        top = logits.max(axis=1, keepdims=True)
+        log_z = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
+        nll = log_z - logits[np.arange(len(labels)), labels]
+        totals += [(logits.argmax(axis=1) == labels).sum(), nll.sum(), len(labels)]
+    totals = np.asarray(allreduce(totals))
+    n = max(totals[2], 1.0)
+    return {"eval_accuracy": float(totals[0] / n), "eval_loss": float(totals[1] / n),
+            "eval_examples": int(totals[2])}
 
 
 def resolve_init(cfg: FinetuneConfig, meta: dict, read_checkpoint_weights) -> tuple:

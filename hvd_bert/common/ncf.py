@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Literal
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from hvd_bert.common.config import (BatchConfig, ConfigError, OptimConfig, Sched
 from hvd_bert.common.ncf_data import NCFData, _positive_lookup, sample_train_negatives
 
 __all__ = ["NCFConfig", "ModelConfig", "rank_of_positive", "hit_rate_ndcg", "eval_users", "eval_candidates",
-           "EpochData", "EpochEvaluation", "popularity_scores"]
+           "EpochData", "EpochEvaluation", "popularity_scores", "evaluate"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class NCFConfig:
     eval_every: float = doc(1.0, "evaluate every this many epochs (fractions: within an epoch)")
     eval_batch_users: int = doc(1024, "users scored per evaluation batch on one rank")
     progress: bool = doc(False, "show a progress bar on rank 0")
+    framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
 
     def __post_init__(self) -> None:
         _require(self.epochs > 0, f"epochs must be > 0, got {self.epochs}")
@@ -90,6 +91,23 @@ def eval_users(n_users: int, rank: int, world_size: int) -> np.ndarray:
 def eval_candidates(data: NCFData, users: np.ndarray) -> np.ndarray:
     """``[len(users), 101]`` items to score: the held-out item, then its 100 negatives."""
     return np.concatenate([data.test_items[users, None], data.test_negatives[users]], axis=1)
+
+
+def evaluate(score, data: NCFData, k: int = 10, batch_users: int = 1024, rank: int = 0,
+             world_size: int = 1, allreduce=None) -> dict:
+    """HR@K and NDCG@K over all users, split across the ranks (see the module docstring).
+    ``score(users, items)`` (int64 arrays of one length) returns the model's scores as an array;
+    ``allreduce`` sums the ranks' ``[hits, ndcg, users]`` (a collective)."""
+    users = eval_users(data.n_users, rank, world_size)
+    sums = np.zeros(3)
+    for s in range(0, len(users), batch_users):
+        u = users[s:s + batch_users]
+        cand = eval_candidates(data, u)
+        scores = np.asarray(score(np.repeat(u, cand.shape[1]), cand.ravel().astype(np.int64)), np.float64)
+        sums += hit_rate_ndcg(scores.reshape(len(u), -1), k)
+    if allreduce is not None:
+        sums = np.asarray(allreduce(sums))
+    return {"hr": sums[0] / max(sums[2], 1), "ndcg": sums[1] / max(sums[2], 1), "users": int(sums[2])}
 
 
 def popularity_scores(data: NCFData, users: np.ndarray) -> np.ndarray:

@@ -1,11 +1,11 @@
 """TFRecord files of ``tf.train.Example`` records, without TensorFlow, and their JSON sidecar.
 
-Writing uses the ``tfrecord`` package's ``Example`` proto and CRC (files are interchangeable
-with Google's and NVIDIA's) with deterministic serialization, so the same input and seed give
-byte-identical files. Reading frames records itself and verifies both CRCs: a corrupt record or a
-truncated file fails with the file name and the record's byte offset (``tfrecord``'s own
-reader does not check CRCs). ``tfrecord`` and TensorFlow cannot share a process: the
-TensorFlow reader (``hvd_bert.tf.data``) never imports this module's readers.
+The ``tf.train.Example`` protobuf is encoded and decoded here, by hand (five small messages), so
+this module needs neither TensorFlow nor a compiled proto: files are interchangeable with
+Google's and NVIDIA's, written as protobuf's deterministic serialization writes them (the same
+input and seed give byte-identical files), and CRCs come from the ``crc32c`` extension. Reading
+frames records itself and verifies both CRCs: a corrupt record or a truncated file fails with
+the file name and the record's byte offset.
 
 Format of a record: uint64 length, uint32 masked crc32c(length), data, uint32 masked
 crc32c(data), little-endian.
@@ -17,13 +17,14 @@ import hashlib
 import json
 import struct
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from hvd_bert.common.checkpoint import atomic_write
 
 __all__ = ["CorruptRecordError", "DatasetError", "write_examples", "iter_records", "decode_example",
+           "decode_batch",
            "SIDECAR", "write_sidecar", "read_sidecar", "file_sha256", "shard_name"]
 
 SIDECAR = "dataset.json"
@@ -39,7 +40,7 @@ class DatasetError(ValueError):
 
 
 def _masked_crc(data: bytes) -> int:
-    import crc32c
+    import crc32c  # a C extension with no framework behind it
 
     crc = crc32c.crc32c(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
@@ -49,30 +50,159 @@ def shard_name(index: int, total: int, prefix: str = "part") -> str:
     return f"{prefix}-{index:05d}-of-{total:05d}.tfrecord"
 
 
-def _serialize(ex: Mapping[str, tuple[Any, str]]) -> bytes:
-    from tfrecord import example_pb2
+# ------------------------------------------------------------------ tf.train.Example, by hand
+# Example { Features features = 1 }  Features { map<string, Feature> feature = 1 }
+# Feature { oneof { BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3 } }
+# BytesList { repeated bytes value = 1 }  FloatList { repeated float value = 1 [packed] }
+# Int64List { repeated int64 value = 1 [packed] }
+# Written as protobuf's deterministic serialization writes it (map entries sorted by key), so the
+# bytes equal TensorFlow's ``Example.SerializeToString(deterministic=True)`` (tested in tests/tf).
 
-    out = example_pb2.Example()
-    for name, (values, kind) in ex.items():
-        feat = out.features.feature[name]
+def _varint(n: int) -> bytes:
+    n &= 0xFFFFFFFFFFFFFFFF  # negative int64: ten bytes of two's complement, as protobuf
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _varints(values: np.ndarray) -> bytes:
+    """Packed varints of int64 values (numpy, vectorised over the values)."""
+    v = np.asarray(values, dtype=np.int64).astype(np.uint64)
+    if v.size == 0:
+        return b""
+    if int(v.max()) < 0x80:  # token ids of a small vocab, labels, weights: one byte each
+        return v.astype(np.uint8).tobytes()
+    return b"".join(_varint(int(x)) for x in v)
+
+
+def _serialize(ex: Mapping[str, tuple[Any, str]]) -> bytes:
+    entries = []
+    for name in sorted(ex):
+        values, kind = ex[name]
         if kind == "int":
-            feat.int64_list.value.extend(int(v) for v in values)
+            feat = _field(3, _field(1, _varints(np.asarray(values, dtype=np.int64))) if len(values) else b"")
         elif kind == "float":
-            feat.float_list.value.extend(float(v) for v in values)
+            packed = np.asarray(values, dtype="<f4").tobytes()
+            feat = _field(2, _field(1, packed) if packed else b"")
         elif kind == "byte":
-            feat.bytes_list.value.append(values.encode() if isinstance(values, str) else bytes(values))
+            data = values.encode() if isinstance(values, str) else bytes(values)
+            feat = _field(1, _field(1, data))
         else:
             raise ValueError(f"feature {name!r}: kind must be int, float or byte, got {kind!r}")
-    # Deterministic: `features` is a protobuf map, whose entry order otherwise varies by process.
-    return out.SerializeToString(deterministic=True)
+        entries.append(_field(1, _field(1, name.encode()) + _field(2, feat)))
+    return _field(1, b"".join(entries))
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        if pos >= len(buf):
+            raise CorruptRecordError("record ends inside a varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
+    """``(field number, wire type, value)`` of one message: bytes for length-delimited fields,
+    an int for varints, raw bytes for the fixed-width ones."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        key = buf[pos]
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = _read_varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 2:
+            n, pos = _read_len(buf, pos)
+            if pos + n > end:
+                raise CorruptRecordError("record ends inside a field")
+            yield number, wire, buf[pos:pos + n]
+            pos += n
+        elif wire == 0:
+            v, pos = _read_varint(buf, pos)
+            yield number, wire, v
+        elif wire in (1, 5):
+            n = 8 if wire == 1 else 4
+            yield number, wire, buf[pos:pos + n]
+            pos += n
+        else:
+            raise CorruptRecordError(f"unsupported protobuf wire type {wire}")
+
+
+def _unpack_varints(buf: bytes) -> np.ndarray:
+    """Packed varints -> int64, vectorised: each value ends at a byte below 0x80."""
+    b = np.frombuffer(buf, dtype=np.uint8)
+    if b.size == 0:
+        return np.zeros(0, np.int64)
+    if int(b.max()) < 0x80:
+        return b.astype(np.int64)
+    ends = np.flatnonzero(b < 0x80)
+    if ends.size == 0 or ends[-1] != b.size - 1:
+        raise CorruptRecordError("packed int64 list ends inside a varint")
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    pos = np.arange(b.size) - np.repeat(starts, ends - starts + 1)
+    parts = (b & 0x7F).astype(np.uint64) << (7 * pos).astype(np.uint64)
+    return np.add.reduceat(parts, starts).astype(np.int64)
+
+
+def _parse_example(record: bytes) -> dict[str, tuple[int, list]]:
+    """``{name: (kind field number, [value payloads])}`` of a serialized Example: one walk over
+    the nesting (Example > Features > map entry > Feature > list) with the length-delimited
+    messages found by offset, since this runs once per record in the readers."""
+    out = {}
+    for n1, _, features in _fields(record):
+        if n1 == 1:
+            for n2, _, entry in _fields(features):
+                if n2 == 1:
+                    name, kind, payloads = _parse_entry(entry)
+                    out[name] = (kind, payloads)
+    return out
+
+
+def _parse_entry(entry: bytes) -> tuple[str, int, list]:
+    """One ``map<string, Feature>`` entry: ``(name, oneof field number, payloads)``."""
+    name, feature = "", b""
+    for n3, _, v in _fields(entry):
+        if n3 == 1:
+            name = v.decode()
+        elif n3 == 2:
+            feature = v
+    kind, payloads = 0, []
+    for n4, _, lst in _fields(feature):  # the oneof: the last one wins, as in protobuf
+        kind = n4
+        payloads = None
+        if len(lst) >= 2 and lst[0] == 0x0A:  # the usual case: one packed field 1 with all values
+            n, p = _read_len(lst, 1)
+            if p + n == len(lst):
+                payloads = [lst[p:]]
+        if payloads is None:
+            payloads = [v for n5, _, v in _fields(lst) if n5 == 1]
+    return name, kind, payloads
+
+
+def _read_len(buf: bytes, pos: int) -> tuple[int, int]:
+    b = buf[pos]
+    if b < 0x80:  # the common case: a length below 128
+        return b, pos + 1
+    return _read_varint(buf, pos)
 
 
 def write_examples(path: str | Path, examples: Iterable[Mapping[str, tuple[Any, str]]]) -> int:
     """Write ``{feature: (values, "int"|"float"|"byte")}`` examples as ``tf.train.Example``
-    records (the ``tfrecord`` package's proto and CRC) to ``path`` atomically. Returns the
-    number of records."""
-    from tfrecord.writer import TFRecordWriter
-
+    records to ``path`` atomically. Returns the number of records."""
     count = 0
 
     def write(tmp: Path) -> None:
@@ -82,9 +212,9 @@ def write_examples(path: str | Path, examples: Iterable[Mapping[str, tuple[Any, 
                 data = _serialize(ex)
                 length = struct.pack("<Q", len(data))
                 f.write(length)
-                f.write(TFRecordWriter.masked_crc(length))
+                f.write(struct.pack("<I", _masked_crc(length)))
                 f.write(data)
-                f.write(TFRecordWriter.masked_crc(data))
+                f.write(struct.pack("<I", _masked_crc(data)))
                 count += 1
 
     atomic_write(path, write)
@@ -129,25 +259,87 @@ def iter_records(path: str | Path, verify: bool = True) -> Iterator[tuple[int, b
 
 def decode_example(record: bytes, spec: Mapping[str, tuple[str, int]]) -> dict[str, np.ndarray]:
     """Decode one serialized ``tf.train.Example`` into arrays: ``spec`` maps feature name to
-    ``("int"|"float", length)``; a missing feature or a wrong length is a DatasetError."""
-    from tfrecord import example_pb2
-
-    ex = example_pb2.Example()
-    ex.ParseFromString(record)
-    out = {}
+    ``("int"|"float", length)``; a missing feature or a wrong length is a DatasetError. The int
+    features' packed varints are decoded together, in one vectorised pass."""
+    feats = _parse_example(record)
+    out, ints = {}, []
     for name, (kind, length) in spec.items():
-        if name not in ex.features.feature:
+        if name not in feats:
             raise DatasetError(f"record has no feature {name!r}; is this the right kind of data?")
-        feat = ex.features.feature[name]
+        number, payloads = feats[name]
         if kind == "int":
-            arr = np.asarray(feat.int64_list.value, dtype=np.int64)
+            if number not in (0, 3):
+                raise DatasetError(f"feature {name!r} is not an int64 list")
+            # packed (what every writer does) or, as protobuf also accepts, one varint per field
+            ints.append((name, length, b"".join(p if isinstance(p, bytes) else _varint(p) for p in payloads)))
         else:
-            arr = np.asarray(feat.float_list.value, dtype=np.float32)
-        if len(arr) != length:
-            raise DatasetError(f"feature {name!r} has {len(arr)} values, expected {length}; the data "
-                               f"was prepared with other settings (see {SIDECAR})")
-        out[name] = arr
-    return out
+            if number not in (0, 2):
+                raise DatasetError(f"feature {name!r} is not a float list")
+            arr = np.frombuffer(b"".join(p for p in payloads if isinstance(p, bytes)), dtype="<f4")
+            _check_length(name, len(arr), length)
+            out[name] = arr.astype(np.float32)
+    if ints:
+        blob = b"".join(p for _, _, p in ints)
+        values = _unpack_varints(blob)
+        ends = np.cumsum(np.frombuffer(blob, np.uint8) < 0x80)  # values completed after each byte
+        pos = 0
+        for name, length, payload in ints:
+            start = int(ends[pos - 1]) if pos else 0
+            pos += len(payload)
+            stop = int(ends[pos - 1]) if pos else 0
+            _check_length(name, stop - start, length)
+            out[name] = values[start:stop]
+    return {name: out[name] for name in spec}
+
+
+def decode_batch(records: Sequence[bytes], spec: Mapping[str, tuple[str, int]]) -> dict[str, np.ndarray]:
+    """``np.stack`` of :func:`decode_example` over ``records``, with the int features of the
+    whole batch decoded in one vectorised pass (the readers' per-batch path)."""
+    if not records:
+        raise ValueError("decode_batch needs at least one record")
+    int_names = [n for n, (kind, _) in spec.items() if kind == "int"]
+    rows, blobs = [], []
+    for rec in records:
+        feats = _parse_example(rec)
+        row = {}
+        for name, (kind, length) in spec.items():
+            if name not in feats:
+                raise DatasetError(f"record has no feature {name!r}; is this the right kind of data?")
+            number, payloads = feats[name]
+            if kind == "int":
+                if number not in (0, 3) or len(payloads) != 1 or not isinstance(payloads[0], bytes):
+                    return _stack([decode_example(r, spec) for r in records], spec)  # unusual layout
+                blobs.append(payloads[0])
+            else:
+                if number not in (0, 2):
+                    raise DatasetError(f"feature {name!r} is not a float list")
+                arr = np.frombuffer(b"".join(p for p in payloads if isinstance(p, bytes)), dtype="<f4")
+                _check_length(name, len(arr), length)
+                row[name] = arr
+        rows.append(row)
+    out = {n: np.stack([r[n] for r in rows]).astype(np.float32) for n, (k, _) in spec.items() if k == "float"}
+    if int_names:
+        values = _unpack_varints(b"".join(blobs))
+        want = [spec[n][1] for n in int_names]
+        per_record = sum(want)
+        if values.size != per_record * len(records):
+            return _stack([decode_example(r, spec) for r in records], spec)  # names the bad feature
+        values = values.reshape(len(records), per_record)
+        start = 0
+        for name, n in zip(int_names, want):
+            out[name] = values[:, start:start + n]
+            start += n
+    return {name: out[name] for name in spec}
+
+
+def _stack(rows: list[dict], spec) -> dict[str, np.ndarray]:
+    return {k: np.stack([r[k] for r in rows]) for k in spec}
+
+
+def _check_length(name: str, got: int, want: int) -> None:
+    if got != want:
+        raise DatasetError(f"feature {name!r} has {got} values, expected {want}; the data was prepared "
+                           f"with other settings (see {SIDECAR})")
 
 
 def file_sha256(path: str | Path) -> str:

@@ -16,7 +16,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["RunLog", "MetricWindow", "StepBook", "StopSignal", "format_line"]
+__all__ = ["RunLog", "MetricWindow", "StepBook", "StopSignal", "format_line", "DivergedError"]
+
+
+class DivergedError(RuntimeError):
+    """Too many optimizer steps in a row skipped for inf/NaN gradients."""
 
 
 def format_line(rec: dict, keys: Iterable[str]) -> str:
@@ -36,6 +40,33 @@ def format_line(rec: dict, keys: Iterable[str]) -> str:
     return " | ".join(parts)
 
 
+PROGRESS_EVERY_S = 30.0  # progress lines, when there is no terminal for a bar
+
+
+def interactive() -> bool:
+    """A terminal that a ``\r`` progress bar can redraw: stderr is a TTY and no launcher
+    (horovodrun, mpirun, srun) prefixes or collects the output."""
+    import os
+    import sys
+
+    launched = any(v in os.environ for v in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
+                                             "SLURM_PROCID"))
+    return sys.stderr.isatty() and not launched
+
+
+def progress_line(step: int, total: int, done: int, seconds: float) -> str:
+    """``progress 120/200 (60%) | 2.31 steps/s | ETA 35s``."""
+    rate = done / seconds if seconds > 0 else 0.0
+    eta = (total - step) / rate if rate > 0 else float("nan")
+    if not math.isfinite(eta):
+        eta_s = "?"
+    else:
+        h, rest = divmod(int(round(eta)), 3600)
+        m, sec = divmod(rest, 60)
+        eta_s = f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+    return f"progress {step}/{total} ({100 * step / max(total, 1):.0f}%) | {rate:.2f} steps/s | ETA {eta_s}"
+
+
 class RunLog:
     """Rank 0's output of a run in ``out`` (see the module docstring)."""
 
@@ -49,12 +80,16 @@ class RunLog:
         self.writer = writer if self.active else None
         self.history: list[dict] = []
         self._bar = self._file = None
+        self.total, self.step = total_steps, initial_step
+        self._lines = progress and not interactive()  # a launcher or a file: lines, not a \r bar
+        self._t0 = self._last = time.perf_counter()
+        self._start_step = initial_step
         if not self.active:
             return
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
             self._file = open(self.out / "metrics.jsonl", "a")
-        if progress:
+        if progress and not self._lines:
             from tqdm import tqdm
             self._bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True,
                              mininterval=5.0)
@@ -68,13 +103,21 @@ class RunLog:
 
     def set_step(self, step: int) -> None:
         """Where the bar starts (after a resume)."""
+        self.step = self._start_step = step
+        self._t0 = self._last = time.perf_counter()
         if self._bar is not None:
             self._bar.n = self._bar.last_print_n = step
             self._bar.refresh()
 
     def advance(self, n: int = 1) -> None:
+        self.step += n
         if self._bar is not None:
             self._bar.update(n)
+        elif self._lines and self.active:
+            now = time.perf_counter()
+            if now - self._last >= PROGRESS_EVERY_S or self.step >= self.total:
+                self._last = now
+                self.print(progress_line(self.step, self.total, self.step - self._start_step, now - self._t0))
 
     def record(self, rec: dict, prefix: str = "train", show: bool = True) -> None:
         """Log one step's metrics (every rank may call it; only rank 0 writes); ``show``:
@@ -131,13 +174,15 @@ class StepBook:
     ``should_stop``, ``step_count``, ``micro_step``, ``skipped_steps``)."""
 
     def __init__(self, engine, log: RunLog, *, plan=None, total_steps: int, log_every: int, unit: str,
-                 output_dir=None, checkpoint_every: int = 0, keep_checkpoints: int = 3, on_step=None):
+                 output_dir=None, checkpoint_every: int = 0, keep_checkpoints: int = 3, on_step=None,
+                 max_skipped_steps: int = 50):
         self.engine, self.log, self.plan, self.total = engine, log, plan, total_steps
         self.log_every, self.unit, self.output_dir = log_every, unit, output_dir
         self.checkpoint_every, self.keep, self.on_step = checkpoint_every, keep_checkpoints, on_step
         self.saved_step, self.checkpoint = engine.step_count, None
         self.t0, self.steps_since_log, self.last_loss = time.perf_counter(), 0, float("nan")
         self.stopped = self.by_signal = False
+        self.max_skipped, self.skipped_in_a_row = max_skipped_steps, 0
 
     def after_step(self, result, local: dict) -> bool:
         """Account for one optimizer step (``local``: this rank's metric means over its
@@ -145,6 +190,13 @@ class StepBook:
         e = self.engine
         self.steps_since_log += 1
         self.last_loss = local["loss"]
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if result.skipped else 0
+        if self.skipped_in_a_row >= self.max_skipped:  # the same on every rank: raised on all
+            raise DivergedError(
+                f"the last {self.skipped_in_a_row} optimizer steps were all skipped for inf/NaN gradients "
+                f"(step {result.step}, lr {result.lr:.3g}): the run diverged and no checkpoint of it was "
+                f"written; lower train.optim.lr, use train.precision.mode=fp32 or bf16, or raise "
+                f"train.max_skipped_steps")
         if not result.skipped:
             self.log.advance()
         if result.step % self.log_every == 0 or result.step == self.total:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from hvd_bert.common.bert_data import spec_for_meta
-from hvd_bert.common.records import decode_example, read_ordered, read_sidecar
+from hvd_bert.common.records import decode_batch, read_ordered, read_sidecar
 from hvd_bert.common.sharding import TooFewShardsError, epoch_batches, plan_reads, stream_seed
 
 __all__ = ["ShardedDataset"]
@@ -77,8 +77,7 @@ class ShardedDataset(torch.utils.data.IterableDataset):
             chunk = [next(records) for _ in range(b)]
             if i < start:
                 continue  # resuming: records are read, not decoded
-            rows = [decode_example(r, self.spec) for r in chunk]
-            yield {k: np.stack([r[k] for r in rows]) for k in self.spec}
+            yield decode_batch(chunk, self.spec)
 
     def epoch_batches(self, epoch: int, start: int = 0) -> Iterator[dict[str, torch.Tensor]]:
         """The batches of ``epoch`` from batch ``start`` on, decoded in a background thread."""

@@ -27,46 +27,41 @@ What it does, in Horovod's order:
 from __future__ import annotations
 
 import contextlib
+import json
 import math
-import random
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 import horovod.torch as hvd
 
-from hvd_bert.cluster import check_launch, check_world
-from hvd_bert.common.batch import BatchPlan, is_sync_step
-from hvd_bert.common.checkpoint import atomic_write, checkpoint_path, latest_checkpoint, prune
-from hvd_bert.common.config import PrecisionConfig, TrainConfig, make_schedule
-from hvd_bert.common.runlog import MetricWindow, RunLog, StepBook, StopSignal
+from hvd_bert.common.batch import is_sync_step
+from hvd_bert.common.checkpoint import atomic_write, checkpoint_path, prune
+from hvd_bert.common.config import PrecisionConfig, TrainConfig
+from hvd_bert.common.engine import (FitResult, StepResult, check_engine_args, checkpoint_meta,
+                                    engine_settings, fit, host_rng_state, resume_on_rank0, rng_for_rank,
+                                    set_host_rng_state)
+from hvd_bert.common.runlog import StopSignal
 from hvd_bert.common.schedules import Schedule
+from hvd_bert.pt import init_horovod
+from hvd_bert.pt.checkpoint import load_checkpoint_file
 from hvd_bert.pt.optim import build_optimizer, init_state
 
-__all__ = ["Engine", "StepResult", "fit", "FitResult"]
+__all__ = ["Engine", "StepResult", "fit", "FitResult", "load_checkpoint_file"]
 
 CKPT_SUFFIX = "pt"
 
 
-@dataclass(frozen=True)
-class StepResult:
-    """What one optimizer step did (identical on every rank)."""
-
-    step: int            # optimizer steps applied so far
-    lr: float            # the LR used (or that would have been used, when skipped)
-    skipped: bool        # inf/NaN in the reduced gradients: no update, schedule not advanced
-    grad_norm: float     # global norm of the reduced, unscaled gradients
-    loss_scale: float    # the loss scale after this step (1.0 without fp16)
+def autocast(mode: str, device_type: str = "cpu"):
+    """``torch.autocast`` for ``bf16`` / ``fp16``; a no-op context for ``fp32``."""
+    if mode == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=torch.float16 if mode == "fp16" else torch.bfloat16)
 
 
-def _ensure_init() -> None:
-    if not hvd.is_initialized():
-        check_launch()  # plain `srun` without --mpi=pmix: say so before MPI aborts
-        hvd.init()  # Horovod:
-        check_world(hvd.size())
+def _ensure_init(cfg: TrainConfig | None = None) -> None:
+    init_horovod(cfg.horovod if cfg is not None else None)
 
 
 class Engine:
@@ -84,19 +79,19 @@ class Engine:
         max_grad_norm: clip the global gradient norm (after unscaling); ``None``: no clipping.
             NVLAMB clips inside the optimizer; do not set both.
         device: the device of the model (default: CUDA device ``local_rank`` if available).
+        loss_fn: ``loss_fn(model, batch) -> loss`` or ``(loss, {name: tensor})``, the mean over
+            one micro-batch; needed by :meth:`train_micro_batch` (and so by ``fit``).
+        resume_resized: accept a checkpoint written by another number of ranks.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  schedule: Schedule, backward_passes_per_step: int = 1, compression: str = "none",
                  gradient_predivide_factor: float = 1.0,
                  precision: str | PrecisionConfig = "fp32", max_grad_norm: float | None = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None,
+                 loss_fn: Callable[[torch.nn.Module, Any], Any] | None = None, resume_resized: bool = False):
         _ensure_init()
-        if backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-        if compression not in ("none", "fp16"):
-            raise ValueError(f"compression must be 'none' or 'fp16', got {compression!r}")
-        pcfg = precision if isinstance(precision, PrecisionConfig) else PrecisionConfig(mode=precision)
+        pcfg = check_engine_args(backward_passes_per_step, compression, precision)
         self.model = model
         self.schedule = schedule
         self.k = backward_passes_per_step
@@ -107,6 +102,9 @@ class Engine:
         self.step_count = 0      # optimizer steps applied (the schedule's t after the step)
         self.micro_step = 0      # micro-batches back-propagated over the whole run
         self.skipped_steps = 0
+        self.loss_fn, self.resume_resized = loss_fn, resume_resized
+        self.plan = None
+        self.last_metrics: dict = {}
 
         # Horovod: DistributedOptimizer builds a new optimizer of a subclass of
         # type(optimizer) from optimizer.param_groups; from here on use self.optimizer only.
@@ -128,19 +126,14 @@ class Engine:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, model: torch.nn.Module, cfg: TrainConfig,
-                    device: torch.device | str | None = None) -> Engine:
+                    device: torch.device | str | None = None,
+                    loss_fn: Callable[[torch.nn.Module, Any], Any] | None = None) -> Engine:
         """Optimizer, schedule (peak LR scaled to the global batch), accumulation, compression
         and precision from one :class:`TrainConfig`."""
-        _ensure_init()
-        plan = cfg.batch.plan(hvd.size())
-        peak = cfg.optim.peak_lr(plan.global_batch_size)
+        _ensure_init(cfg)
+        plan, peak, kwargs = engine_settings(cfg, hvd.size())
         opt = build_optimizer(model.named_parameters(), cfg.optim, lr=peak)
-        clip = None if cfg.optim.name == "nvlamb" else cfg.optim.max_grad_norm
-        engine = cls(model, opt, schedule=make_schedule(cfg.schedule, peak),
-                     backward_passes_per_step=plan.backward_passes_per_step,
-                     compression=cfg.horovod.compression,
-                     gradient_predivide_factor=cfg.horovod.gradient_predivide_factor,
-                     precision=cfg.precision, max_grad_norm=clip, device=device)
+        engine = cls(model, opt, device=device, loss_fn=loss_fn, **kwargs)
         engine.plan = plan
         return engine
 
@@ -152,10 +145,16 @@ class Engine:
     # ------------------------------------------------------------------ the step
     def autocast(self):
         """The forward pass's autocast context (a no-op in fp32)."""
-        if self.precision.mode == "fp32":
-            return contextlib.nullcontext()
-        dtype = torch.float16 if self.precision.mode == "fp16" else torch.bfloat16
-        return torch.autocast(self.device.type, dtype=dtype)
+        return autocast(self.precision.mode, self.device.type)
+
+    def train_micro_batch(self, batch: Any) -> StepResult | None:
+        """Forward (under autocast) and backward of one micro-batch with ``loss_fn``; on the
+        k-th, :meth:`step`. The loss and metrics are in ``last_metrics`` (detached tensors)."""
+        with self.autocast():
+            out = self.loss_fn(self.model, batch)
+        loss, metrics = out if isinstance(out, tuple) else (out, {})
+        self.last_metrics = {"loss": loss.detach().float(), **{k: v.detach() for k, v in metrics.items()}}
+        return self.step() if self.backward(loss) else None
 
     def backward(self, loss: torch.Tensor) -> bool:
         """Back-propagate one micro-batch. Returns True when this micro-batch completes an
@@ -214,6 +213,11 @@ class Engine:
         """The mean of a scalar over ranks (a collective: every rank must call it)."""
         return float(hvd.allreduce(torch.tensor([float(value)]), op=hvd.Average, name=name).item())
 
+    def any_rank(self, flag: bool, name: str) -> bool:
+        """True on every rank when ``flag`` is true on any rank (a collective)."""
+        t = torch.tensor([1.0 if flag else 0.0])
+        return bool(hvd.allreduce(t, op=hvd.Max, name=name).item() > 0)  # Horovod:
+
     def install_stop_handler(self, signals=(signal.SIGTERM, signal.SIGUSR1)) -> None:
         """On SIGTERM (what SLURM sends before a time limit), finish the current step, save a
         checkpoint and stop: :meth:`should_stop` turns true on every rank together."""
@@ -221,26 +225,20 @@ class Engine:
 
     def should_stop(self) -> bool:
         """Whether any rank received a stop signal (a collective: every rank must call it)."""
-        flag = torch.tensor([1.0 if self.stop_signal.requested else 0.0])
-        return bool(hvd.allreduce(flag, op=hvd.Max, name="hvd_bert.stop").item() > 0)
+        return self.any_rank(self.stop_signal.requested, "hvd_bert.stop")
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self, data_state: Any = None) -> dict:
-        """This rank's view of the training state; the RNG states of all ranks are gathered
-        (a collective: every rank must call it)."""
-        rng = hvd.allgather_object(_rng_state(), name="hvd_bert.rng")  # Horovod:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict(), "step": self.step_count,
-                "micro_step": self.micro_step, "skipped_steps": self.skipped_steps,
-                "data": data_state, "rng": rng, "world_size": self.world_size,
-                "backward_passes_per_step": self.k}
-
     def save(self, folder: str | Path, data_state: Any = None, keep: int = 3) -> Path | None:
-        """Write ``folder/ckpt-<step>.pt`` atomically from rank 0 and keep the newest
-        ``keep`` (a collective: every rank must call it). Returns the path on rank 0."""
-        state = self.state_dict(data_state)
+        """Write ``folder/ckpt-<step>.pt`` atomically from rank 0 and keep the newest ``keep``
+        (a collective: every rank must call it). The file holds tensors and plain types only
+        (it loads with ``weights_only=True``); the metadata, every rank's RNG included, is
+        ``common.engine.checkpoint_meta`` as JSON. Returns the path on rank 0."""
+        rng = hvd.allgather_object(_rng_state(), name="hvd_bert.rng")  # Horovod:
         path = None
         if self.rank == 0:
+            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                     "scaler": self.scaler.state_dict(),
+                     "meta": json.dumps(checkpoint_meta(self, data_state, rng))}
             path = checkpoint_path(folder, self.step_count, CKPT_SUFFIX)
             atomic_write(path, lambda tmp: torch.save(state, tmp))
             prune(folder, CKPT_SUFFIX, keep)
@@ -250,116 +248,42 @@ class Engine:
     def resume(self, folder_or_file: str | Path | None) -> Any:
         """Load the newest checkpoint in a folder (or a given file) on rank 0 and broadcast it.
         Returns the saved data state, or None when there is no checkpoint (a collective)."""
-        path = None
-        if self.rank == 0 and folder_or_file is not None:
-            p = Path(folder_or_file)
-            path = p if p.is_file() else latest_checkpoint(p, CKPT_SUFFIX)
-        # Horovod: name every broadcast_object: its default name is the object's type, which
-        # differs between rank 0 (a str, a dict) and the others (None), and would hang.
-        path = hvd.broadcast_object(str(path) if path else None, root_rank=0,
-                                    name="hvd_bert.resume.path")
-        if path is None:
+        loaded = {}
+
+        def read_meta(path):
+            loaded["ckpt"] = load_checkpoint_file(path, self.device)
+            return json.loads(loaded["ckpt"]["meta"])
+
+        def load(path):
+            ckpt = loaded.pop("ckpt")
+            self.model.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+            loaded["scaler"] = ckpt["scaler"]
+
+        meta = resume_on_rank0(self, folder_or_file, CKPT_SUFFIX, read_meta=read_meta, load=load,
+                               broadcast_object=lambda o, n: hvd.broadcast_object(o, root_rank=0, name=n),
+                               allow_resized=self.resume_resized)
+        if meta is None:
             return None
-        meta = None
-        if self.rank == 0:
-            try:
-                ckpt = torch.load(path, map_location=self.device, weights_only=False)
-            except Exception as e:  # noqa: BLE001  (reported on every rank below)
-                meta = {"error": f"cannot read checkpoint {path}: {type(e).__name__}: {e}; "
-                                 f"delete it to resume from the one before, or start afresh"}
-            else:
-                self.model.load_state_dict(ckpt["model"])
-                self.optimizer.load_state_dict(ckpt["optimizer"])
-                meta = {k: ckpt[k] for k in ("scaler", "step", "micro_step", "skipped_steps",
-                                             "data", "rng", "world_size")}
-        meta = hvd.broadcast_object(meta, root_rank=0, name="hvd_bert.resume.meta")  # Horovod:
-        if "error" in meta:
-            raise RuntimeError(meta["error"])
         self.broadcast()  # Horovod: parameters and optimizer state from rank 0
-        self.scaler.load_state_dict(meta["scaler"])
-        self.step_count, self.micro_step = meta["step"], meta["micro_step"]
-        self.skipped_steps = meta["skipped_steps"]
-        if meta["world_size"] == self.world_size:
-            _set_rng_state(meta["rng"][self.rank])
+        scaler = hvd.broadcast_object(loaded.get("scaler"), root_rank=0, name="hvd_bert.resume.scaler")
+        self.scaler.load_state_dict(scaler)
+        rng = rng_for_rank(meta, self.rank, self.world_size)
+        if rng is not None:
+            _set_rng_state(rng)
         return meta["data"]
 
 
 def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-             "python": random.getstate()}
+    """This process's RNG states as plain JSON values (the torch state's bytes as a list)."""
+    state = {"torch": torch.get_rng_state().tolist(), **host_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
     return state
 
 
 def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    set_host_rng_state(state)
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# ---------------------------------------------------------------------- the loop helper
-@dataclass
-class FitResult:
-    steps: int
-    skipped_steps: int
-    last_loss: float
-    checkpoint: Path | None
-    stopped_early: bool  # by a signal or by on_step
-    history: list[dict]
-    stopped_by_signal: bool = False
-
-
-def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]],
-        compute_loss: Callable[[torch.nn.Module, Any], Any], *, total_steps: int,
-        plan: BatchPlan | None = None, output_dir: str | Path | None = None,
-        checkpoint_every: int = 0, keep_checkpoints: int = 3, log_every: int = 10,
-        progress: bool = True, log: RunLog | None = None, unit: str = "samples",
-        on_step: Callable[[StepResult, dict], bool | None] | None = None) -> FitResult:
-    """Train until ``total_steps`` optimizer steps, resuming from ``output_dir``'s newest
-    checkpoint: the loop every PyTorch job of the toolkit runs. Reads top to bottom:
-
-    ``batches_from(micro_step)`` yields this rank's micro-batches from that position on (so a
-    resumed run continues where the data left off); ``compute_loss(model, batch)`` returns the
-    mean loss of one micro-batch, or ``(loss, {name: tensor})`` with more metrics. Every
-    ``log_every`` steps the loss and metrics are averaged over ranks and rank 0 records them
-    with LR, ``<unit>/s`` and the gradient norm (``log``, a :class:`RunLog`: bar, line,
-    metrics.jsonl, TensorBoard). ``on_step(result, metrics)`` runs on every rank after each
-    optimizer step (it may run collectives, e.g. an evaluation); returning True stops the run.
-    Checkpoints are atomic; SIGTERM saves one and stops.
-    """
-    plan = plan or getattr(engine, "plan", None)
-    if output_dir is not None:
-        engine.resume(output_dir)
-    own_log = log is None
-    if own_log:
-        log = RunLog(None, engine.rank, total_steps=total_steps, initial_step=engine.step_count,
-                     progress=progress, line_keys=("loss", "lr", f"{unit}_per_s", "grad_norm"))
-    log.set_step(engine.step_count)
-    if plan is not None:
-        log.print(f"batch: {plan.describe()}")  # printed once
-    if engine.step_count and output_dir is not None:
-        log.print(f"resumed from step {engine.step_count} in {output_dir}")
-    engine.install_stop_handler()
-    batches = batches_from(engine.micro_step)
-    window = MetricWindow(engine.k)
-    book = StepBook(engine, log, plan=plan, total_steps=total_steps, log_every=log_every, unit=unit,
-                    output_dir=output_dir, checkpoint_every=checkpoint_every,
-                    keep_checkpoints=keep_checkpoints, on_step=on_step)
-    while engine.step_count < total_steps:
-        batch = next(batches)
-        with engine.autocast():
-            out = compute_loss(engine.model, batch)
-        loss, metrics = out if isinstance(out, tuple) else (out, {})
-        window.add({"loss": loss.detach().float(), **{k: v.detach() for k, v in metrics.items()}})
-        if not engine.backward(loss):
-            continue
-        if book.after_step(engine.step(), window.take()):  # one host sync per optimizer step
-            break
-    book.finish()
-    if own_log:
-        log.close()
-    return FitResult(engine.step_count, engine.skipped_steps, book.last_loss, book.checkpoint, book.stopped,
-                     log.history, book.by_signal)
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])

@@ -6,7 +6,22 @@ first imported. Importing ``hvd_bert`` sets it; :func:`check_keras` explains the
 TensorFlow was imported first without it.
 """
 
+import os
+
 import hvd_bert  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
+
+# TensorFlow's start-up lines (oneDNN, CUDA drivers not found) are INFO/WARNING: keep them out of
+# the jobs' output unless the user asks for them.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def init_horovod(horovod_cfg=None) -> None:
+    """``hvd.init()`` once, with the ``horovod.*`` settings (``hvd_bert.cluster.init_horovod``)."""
+    import horovod.tensorflow as hvd
+
+    from hvd_bert import cluster
+
+    cluster.init_horovod(hvd, horovod_cfg)
 
 
 def check_keras() -> None:

@@ -19,42 +19,39 @@ dynamic loss scaling (GradScaler's defaults); a skipped step does not advance th
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
 
 import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
-from hvd_bert.cluster import check_launch, check_world
 from hvd_bert.common.batch import is_sync_step
-from hvd_bert.common.checkpoint import checkpoint_path, latest_checkpoint, list_checkpoints
-from hvd_bert.common.config import PrecisionConfig, TrainConfig, make_schedule
-from hvd_bert.common.runlog import MetricWindow, RunLog, StepBook, StopSignal
+from hvd_bert.common.checkpoint import checkpoint_path, list_checkpoints
+from hvd_bert.common.config import PrecisionConfig, TrainConfig
+from hvd_bert.common.engine import (CheckpointError, FitResult, StepResult, check_engine_args,
+                                    checkpoint_meta, engine_settings, fit, host_rng_state, resume_on_rank0,
+                                    rng_for_rank, set_host_rng_state)
+from hvd_bert.common.runlog import StopSignal
 from hvd_bert.common.schedules import Schedule
-from hvd_bert.tf import check_keras
+from hvd_bert.tf import check_keras, init_horovod
 from hvd_bert.tf.optim import build_optimizer
 
 check_keras()
+# Keras layers draw dropout masks from a tf.random.Generator (a variable) instead of stateful
+# random ops, whose state no checkpoint can hold: so a resumed run with dropout continues
+# bit-identically (the state of every rank is saved). Set before any layer is built.
+tf.keras.backend.experimental.enable_tf_random_generator()
 
 __all__ = ["Engine", "StepResult", "fit", "FitResult", "set_precision_policy", "save_checkpoint",
            "restore_checkpoint"]
 
 CKPT_SUFFIX = "tf"
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """What one optimizer step did (identical on every rank)."""
-
-    step: int
-    lr: float
-    skipped: bool
-    grad_norm: float
-    loss_scale: float
-    loss: float  # this rank's mean micro-batch loss over the window
 
 
 def set_precision_policy(mode: str) -> None:
@@ -64,11 +61,19 @@ def set_precision_policy(mode: str) -> None:
     tf.keras.mixed_precision.set_global_policy(policy)
 
 
-def _ensure_init() -> None:
-    if not hvd.is_initialized():
-        check_launch()  # plain `srun` without --mpi=pmix: say so before MPI aborts
-        hvd.init()  # Horovod:
-        check_world(hvd.size())
+def _ensure_init(cfg: TrainConfig | None = None) -> None:
+    init_horovod(cfg.horovod if cfg is not None else None)
+
+
+def rng_generators(model) -> list:
+    """The ``tf.random.Generator`` of every layer of ``model`` that draws random numbers
+    (dropout), in a fixed order."""
+    gens = []
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        g = getattr(getattr(layer, "_random_generator", None), "_generator", None)
+        if g is not None:
+            gens.append(g)
+    return gens
 
 
 class Engine:
@@ -81,18 +86,15 @@ class Engine:
         schedule, backward_passes_per_step, compression, gradient_predivide_factor,
         precision, max_grad_norm: as in ``hvd_bert.pt.engine.Engine``.
         jit_compile: compile the micro-batch step with XLA.
+        resume_resized: accept a checkpoint written by another number of ranks.
     """
 
     def __init__(self, model: tf.keras.Model, optimizer, loss_fn: Callable[[tf.keras.Model, Any], tf.Tensor],
                  *, schedule: Schedule, backward_passes_per_step: int = 1, compression: str = "none",
                  gradient_predivide_factor: float = 1.0, precision: str | PrecisionConfig = "fp32",
-                 max_grad_norm: float | None = None, jit_compile: bool = False):
+                 max_grad_norm: float | None = None, jit_compile: bool = False, resume_resized: bool = False):
         _ensure_init()
-        if backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-        if compression not in ("none", "fp16"):
-            raise ValueError(f"compression must be 'none' or 'fp16', got {compression!r}")
-        pcfg = precision if isinstance(precision, PrecisionConfig) else PrecisionConfig(mode=precision)
+        pcfg = check_engine_args(backward_passes_per_step, compression, precision)
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.schedule, self.k, self.precision = schedule, backward_passes_per_step, pcfg
         self.max_grad_norm = max_grad_norm
@@ -100,7 +102,8 @@ class Engine:
         self.predivide = float(gradient_predivide_factor)
         self.rank, self.world_size = hvd.rank(), hvd.size()
         self.stop_signal = StopSignal()
-        self.last_loss, self.last_metrics = None, {}
+        self.last_metrics: dict = {}
+        self.plan, self.resume_resized = None, resume_resized
         self.step_count = 0
         self.micro_step = 0
         self.skipped_steps = 0
@@ -120,22 +123,18 @@ class Engine:
 
     @classmethod
     def from_config(cls, model, loss_fn, cfg: TrainConfig, jit_compile: bool = False) -> Engine:
-        _ensure_init()
-        plan = cfg.batch.plan(hvd.size())
-        peak = cfg.optim.peak_lr(plan.global_batch_size)
-        clip = None if cfg.optim.name == "nvlamb" else cfg.optim.max_grad_norm
-        engine = cls(model, build_optimizer(cfg.optim, lr=peak), loss_fn,
-                     schedule=make_schedule(cfg.schedule, peak),
-                     backward_passes_per_step=plan.backward_passes_per_step,
-                     compression=cfg.horovod.compression,
-                     gradient_predivide_factor=cfg.horovod.gradient_predivide_factor,
-                     precision=cfg.precision, max_grad_norm=clip, jit_compile=jit_compile)
+        _ensure_init(cfg)
+        plan, peak, kwargs = engine_settings(cfg, hvd.size())
+        engine = cls(model, build_optimizer(cfg.optim, lr=peak), loss_fn, jit_compile=jit_compile, **kwargs)
         engine.plan = plan
         return engine
 
     def broadcast(self) -> None:
-        """Every rank takes rank 0's model and optimizer variables (and loss scale)."""
-        hvd.broadcast_variables(self.model.variables, root_rank=0)  # Horovod:
+        """Every rank takes rank 0's model and optimizer variables (and loss scale); each rank
+        keeps its own dropout RNG state (per-rank streams)."""
+        rng = {id(g.state) for g in rng_generators(self.model)}
+        weights = [v for v in self.model.variables if id(v) not in rng]
+        hvd.broadcast_variables(weights, root_rank=0)  # Horovod:
         hvd.broadcast_variables(self.optimizer.variables(), root_rank=0)  # Horovod:
         hvd.broadcast_variables([self.loss_scale, self.good_steps], root_rank=0)  # Horovod:
 
@@ -193,24 +192,30 @@ class Engine:
     def train_micro_batch(self, batch) -> StepResult | None:
         """Back-propagate one micro-batch; on the k-th, reduce and apply (returns the result).
         The micro-batch's loss and the metrics ``loss_fn`` returned (when it returns
-        ``(loss, metrics)``) are in ``last_loss`` / ``last_metrics`` as tensors."""
-        self.last_loss, self.last_metrics = self._micro(batch)
+        ``(loss, metrics)``) are in ``last_metrics`` as tensors."""
+        loss, metrics = self._micro(batch)
+        self.last_metrics = {"loss": loss, **metrics}
         sync = is_sync_step(self.micro_step, self.k)
         self.micro_step += 1
         if not sync:
             return None
         lr = float(self.schedule(self.step_count + 1))
-        finite, norm, scale, loss = self._apply(tf.constant(lr, tf.float32))
+        finite, norm, scale, _ = self._apply(tf.constant(lr, tf.float32))
         finite = bool(finite)
         if finite:
             self.step_count += 1
         else:
             self.skipped_steps += 1
-        return StepResult(self.step_count, lr, not finite, float(norm), float(scale), float(loss))
+        return StepResult(self.step_count, lr, not finite, float(norm), float(scale))
 
     def average(self, value: float, name: str = "metric") -> float:
         """Mean of a scalar over ranks (a collective)."""
         return float(hvd.allreduce(tf.constant([float(value)]), op=hvd.Average, name=name)[0])
+
+    def any_rank(self, flag: bool, name: str) -> bool:
+        """True on every rank when ``flag`` is true on any rank (a collective)."""
+        t = tf.constant([1.0 if flag else 0.0])
+        return bool(hvd.allreduce(t, op=hvd.Max, name=name)[0] > 0)  # Horovod:
 
     def install_stop_handler(self, signals=(signal.SIGTERM, signal.SIGUSR1)) -> None:
         """On SIGTERM (what SLURM sends before a time limit), finish the current step, save a
@@ -219,34 +224,45 @@ class Engine:
 
     def should_stop(self) -> bool:
         """Whether any rank received a stop signal (a collective: every rank must call it)."""
-        flag = tf.constant([1.0 if self.stop_signal.requested else 0.0])
-        return bool(hvd.allreduce(flag, op=hvd.Max, name="hvd_bert.stop")[0] > 0)  # Horovod:
+        return self.any_rank(self.stop_signal.requested, "hvd_bert.stop")
 
     # ------------------------------------------------------------------ checkpoints
+    def _rng_state(self) -> dict:
+        return {"tf": [g.state.numpy().tolist() for g in rng_generators(self.model)], **host_rng_state()}
+
+    def _set_rng_state(self, state: dict) -> None:
+        gens = rng_generators(self.model)
+        if len(gens) == len(state["tf"]):
+            for g, s in zip(gens, state["tf"]):
+                g.state.assign(np.array(s, dtype=g.state.dtype.as_numpy_dtype))
+        set_host_rng_state(state)
+
     def save(self, folder: str | Path, data_state: Any = None, keep: int = 3) -> Path | None:
-        """Atomic rank-0 checkpoint ``folder/ckpt-<step>.tf/`` (a collective)."""
+        """Atomic rank-0 checkpoint ``folder/ckpt-<step>.tf/`` with the metadata of
+        ``common.engine.checkpoint_meta`` (every rank's RNG included) in ``meta.json``
+        (a collective)."""
+        rng = hvd.allgather_object(self._rng_state(), name="hvd_bert.rng")  # Horovod:
         path = None
         if self.rank == 0:
-            path = save_checkpoint(folder, self.step_count, self._trackables(), keep, meta={
-                "step": self.step_count, "micro_step": self.micro_step,
-                "skipped_steps": self.skipped_steps, "data": data_state})
+            path = save_checkpoint(folder, self.step_count, self._trackables(), keep,
+                                   meta=checkpoint_meta(self, data_state, rng))
         # Horovod: a barrier (TF has none): nobody goes on before rank 0 has written.
         hvd.allreduce(tf.constant(0.0), name="hvd_bert.barrier.save")
         return path
 
     def resume(self, folder: str | Path | None) -> Any:
-        """Restore the newest checkpoint on rank 0 and broadcast it (a collective)."""
-        meta = None
-        if self.rank == 0 and folder is not None:
-            found = latest_checkpoint(folder, CKPT_SUFFIX)
-            if found is not None:
-                meta = restore_checkpoint(found, self._trackables())
-        meta = hvd.broadcast_object(meta, root_rank=0, name="hvd_bert.resume.meta")  # Horovod:
+        """Restore the newest checkpoint on rank 0 and broadcast it (a collective); an
+        unreadable checkpoint raises on every rank."""
+        meta = resume_on_rank0(self, folder, CKPT_SUFFIX, read_meta=read_checkpoint_meta,
+                               load=lambda path: restore_checkpoint(path, self._trackables()),
+                               broadcast_object=lambda o, n: hvd.broadcast_object(o, root_rank=0, name=n),
+                               allow_resized=self.resume_resized)
         if meta is None:
             return None
         self.broadcast()
-        self.step_count, self.micro_step = meta["step"], meta["micro_step"]
-        self.skipped_steps = meta["skipped_steps"]
+        rng = rng_for_rank(meta, self.rank, self.world_size)
+        if rng is not None:
+            self._set_rng_state(rng)
         return meta["data"]
 
     def _trackables(self) -> dict:
@@ -254,90 +270,64 @@ class Engine:
                     good_steps=self.good_steps)
 
 
+def _fsync_tree(folder: Path) -> None:
+    for p in sorted(folder.rglob("*")) + [folder]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def save_checkpoint(folder: str | Path, step: int, trackables: dict, keep: int = 3,
                     meta: dict | None = None) -> Path:
     """Write ``tf.train.Checkpoint(**trackables)`` and ``meta.json`` into a temporary folder,
-    then rename it to ``folder/ckpt-<step>.tf`` (atomic: no half-written checkpoint under a
-    final name). Keeps the newest ``keep``."""
+    fsync it, then rename it to ``folder/ckpt-<step>.tf`` (atomic: no half-written checkpoint
+    under a final name; an existing one of the same step is replaced only once the new one is
+    complete). Keeps the newest ``keep``."""
     final = checkpoint_path(folder, step, CKPT_SUFFIX)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp")
-    if tmp.exists():
-        _rmtree(tmp)
-    tf.train.Checkpoint(**trackables).write(str(tmp / "ckpt"))
-    (tmp / "meta.json").write_text(json.dumps(meta or {}))
-    if final.exists():
-        _rmtree(final)
-    tmp.rename(final)
-    for _, old in list_checkpoints(folder, CKPT_SUFFIX)[:-keep]:
-        _rmtree(old)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tf.train.Checkpoint(**trackables).write(str(tmp / "ckpt"))
+        (tmp / "meta.json").write_text(json.dumps(meta or {}))
+        _fsync_tree(tmp)
+        if final.exists():  # the same step again: move the old one aside, never lose both
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for _, stale in list_checkpoints(folder, CKPT_SUFFIX)[:-keep]:
+        shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def read_checkpoint_meta(path: str | Path) -> dict:
+    """The ``meta.json`` of a checkpoint written by :func:`save_checkpoint`."""
+    meta_file = Path(path) / "meta.json"
+    if not meta_file.is_file():
+        raise CheckpointError(f"checkpoint {path} is incomplete (no meta.json); delete it to resume "
+                              f"from the one before")
+    try:
+        return json.loads(meta_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{meta_file} is not valid JSON ({e}); delete the checkpoint to resume "
+                              f"from the one before") from None
 
 
 def restore_checkpoint(path: str | Path, trackables: dict) -> dict:
     """Restore a checkpoint written by :func:`save_checkpoint`; returns its meta."""
     path = Path(path)
-    meta_file = path / "meta.json"
-    if not meta_file.is_file():
-        raise RuntimeError(f"checkpoint {path} is incomplete (no meta.json); delete it to resume "
-                           f"from the one before")
+    meta = read_checkpoint_meta(path)
     try:
         tf.train.Checkpoint(**trackables).read(str(path / "ckpt")).assert_existing_objects_matched()
     except (tf.errors.OpError, AssertionError, ValueError) as e:
-        raise RuntimeError(f"cannot restore checkpoint {path}: {e}; it was written for another "
-                           f"model or optimizer, or is corrupt") from None
-    return json.loads(meta_file.read_text())
-
-
-def _rmtree(p: Path) -> None:
-    import shutil
-    shutil.rmtree(p, ignore_errors=True)
-
-
-
-# ---------------------------------------------------------------------- the loop helper
-@dataclass
-class FitResult:
-    steps: int
-    skipped_steps: int
-    last_loss: float
-    checkpoint: Path | None
-    stopped_early: bool  # by a signal or by on_step
-    history: list
-    stopped_by_signal: bool = False
-
-
-def fit(engine: Engine, batches_from: Callable[[int], Any], *, total_steps: int,
-        output_dir: str | Path | None = None, checkpoint_every: int = 0, keep_checkpoints: int = 3,
-        log_every: int = 10, progress: bool = True, log: Any = None, unit: str = "samples",
-        on_step: Callable[[StepResult, dict], Any] | None = None) -> FitResult:
-    """The custom-loop twin of ``hvd_bert.pt.engine.fit`` (same arguments, output and
-    checkpoint/resume/SIGTERM behaviour); the loss function is the engine's ``loss_fn``."""
-    plan = getattr(engine, "plan", None)
-    if output_dir is not None:
-        engine.resume(output_dir)
-    own_log = log is None
-    if own_log:
-        log = RunLog(None, engine.rank, total_steps=total_steps, progress=progress,
-                     line_keys=("loss", "lr", f"{unit}_per_s", "grad_norm"))
-    log.set_step(engine.step_count)
-    if plan is not None:
-        log.print(f"batch: {plan.describe()}")  # printed once
-    if engine.step_count and output_dir is not None:
-        log.print(f"resumed from step {engine.step_count} in {output_dir}")
-    engine.install_stop_handler()
-    batches = iter(batches_from(engine.micro_step))
-    window = MetricWindow(engine.k)
-    book = StepBook(engine, log, plan=plan, total_steps=total_steps, log_every=log_every, unit=unit,
-                    output_dir=output_dir, checkpoint_every=checkpoint_every,
-                    keep_checkpoints=keep_checkpoints, on_step=on_step)
-    while engine.step_count < total_steps:
-        result = engine.train_micro_batch(next(batches))
-        window.add({"loss": engine.last_loss, **engine.last_metrics})
-        if result is not None and book.after_step(result, window.take()):
-            break
-    book.finish()
-    if own_log:
-        log.close()
-    return FitResult(engine.step_count, engine.skipped_steps, book.last_loss, book.checkpoint, book.stopped,
-                     log.history, book.by_signal)
+        raise CheckpointError(f"cannot restore checkpoint {path}: {e}; it was written for another "
+                              f"model or optimizer, or is corrupt") from None
+    return meta

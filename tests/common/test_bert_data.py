@@ -166,3 +166,21 @@ def test_classification_from_tsv_and_csv(prepared, tmp_path):
     with pytest.raises(DatasetError, match=r"labels \['maybe'\] are not in the label list"):
         prepare_classification(csv_file, tmp_path / "c3", folder / "vocab.txt", text_a="text",
                                label="label", labels=["neg", "pos"])
+
+
+def test_decode_batch_equals_decoding_each_record():
+    import numpy as np
+
+    from hvd_bert.common.records import _serialize, decode_batch, decode_example
+
+    rng = np.random.default_rng(5)
+    spec = {"ids": ("int", 130), "w": ("float", 3), "y": ("int", 1)}
+    recs = [_serialize({"ids": (rng.integers(0, 2**35, 130), "int"), "w": (rng.random(3), "float"),
+                        "y": ([int(rng.integers(0, 2))], "int")}) for _ in range(7)]
+    got = decode_batch(recs, spec)
+    for k in spec:
+        want = np.stack([decode_example(r, spec)[k] for r in recs])
+        assert got[k].dtype == want.dtype and np.array_equal(got[k], want)
+    with pytest.raises(Exception, match="feature 'ids' has 129 values, expected 130"):
+        decode_batch(recs[:1] + [_serialize({"ids": (np.zeros(129, int), "int"), "w": (np.zeros(3), "float"),
+                                            "y": ([0], "int")})], spec)

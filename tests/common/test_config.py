@@ -108,3 +108,46 @@ def test_importing_common_imports_no_framework():
             "assert not bad, bad\n"
             "import os; assert os.environ['TF_USE_LEGACY_KERAS'] == '1'")
     subprocess.run([sys.executable, "-c", code], check=True, env={"PATH": "/usr/bin:/bin"})
+
+
+def test_a_partial_recipe_overrides_only_the_keys_it_names(tmp_path):
+    """A recipe of one key changes that key and keeps the job's defaults (not the section
+    classes' generic ones), exactly as --set does."""
+    from hvd_bert.common.config import PretrainConfig
+
+    p = tmp_path / "s.yaml"
+    p.write_text("train:\n  seed: 3\n")
+    from_recipe = load_config(PretrainConfig, p)
+    assert from_recipe == load_config(PretrainConfig, None, ["train.seed=3"])
+    assert from_recipe.train.seed == 3
+    assert from_recipe.train.optim.name == "nvlamb" and from_recipe.train.optim.lr == 5e-3
+    assert from_recipe.train.schedule.total_steps == 200
+    assert from_recipe.train.batch.backward_passes_per_step == 2
+    assert from_recipe.train.output_dir == "runs/pretrain"
+
+
+def test_explain_shows_the_jobs_defaults():
+    from hvd_bert.common.config import PretrainConfig
+
+    lines = explain(PretrainConfig)
+    assert any(ln.startswith("train.optim.name (") and "default 'nvlamb'" in ln for ln in lines)
+    assert any(ln.startswith("train.schedule.total_steps (") and "default 200" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["optim.eta=0.002"], r"optim.eta=0.002 does not apply to optim.name='lamb' \(it is read by lars\)"),
+    (["optim.name=sgd", "optim.beta1=0.8"], r"optim.beta1=0.8 does not apply to optim.name='sgd'"),
+    (["optim.nesterov=true"], r"optim.nesterov=True does not apply"),
+    (["optim.name=adamw", "optim.bias_correction=false"], r"bias_correction=False does not apply"),
+])
+def test_a_setting_the_optimizer_does_not_read_is_an_error(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(TrainConfig, None, overrides)
+
+
+def test_settings_that_apply_are_accepted_in_any_order():
+    cfg = load_config(TrainConfig, None, ["optim.eta=0.002", "optim.name=lars", "optim.momentum=0.8"])
+    assert cfg.optim.eta == 0.002 and cfg.optim.name == "lars"
+    # a job's own defaults (NCF's Adam betas) do not count as settings given by the user
+    from hvd_bert.common.ncf import NCFConfig
+    assert load_config(NCFConfig, None, ["train.optim.name=lars"]).train.optim.beta1 == 0.25

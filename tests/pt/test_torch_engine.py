@@ -76,3 +76,67 @@ def test_clipping_applies_to_the_reduced_gradient():
     res = engine.step()
     assert res.grad_norm == pytest.approx(100.0)  # d/dw (w.x - 10)^2 = -20 x, norm 100
     assert torch.linalg.vector_norm(model.weight).item() == pytest.approx(0.5)
+
+
+class _Payload:
+    """Unpickling this runs ``touch MARKER``: what a planted checkpoint would do."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _planted(path, marker):
+    torch.save({"model": {"w": torch.zeros(1)}, "meta": "{}", "x": _Payload(marker)}, path)
+    return path
+
+
+def test_a_planted_checkpoint_is_refused_and_its_code_never_runs(tmp_path):
+    from hvd_bert.common.engine import CheckpointError
+
+    marker = tmp_path / "pwned"
+    _planted(tmp_path / "ckpt-00000099.pt", marker)
+    model = small_model()
+    engine = Engine(model, torch.optim.SGD(model.parameters(), lr=0.1), schedule=Constant(0.1))
+    with pytest.raises(CheckpointError, match=r"ckpt-00000099.pt holds objects other than tensors.*not "
+                                              r"loaded"):
+        engine.resume(tmp_path)
+    assert not marker.exists() and engine.step_count == 0
+
+
+def test_a_planted_checkpoint_as_init_checkpoint_or_to_convert_is_refused(tmp_path):
+    import subprocess
+    import sys
+
+    from hvd_bert.common.bert_weights import WeightsError
+    from hvd_bert.pt.models.bert import read_checkpoint_weights
+
+    marker = tmp_path / "pwned"
+    ckpt = _planted(tmp_path / "ckpt-00000001.pt", marker)
+    with pytest.raises(WeightsError, match="holds objects other than tensors"):
+        read_checkpoint_weights(ckpt)
+    res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(tmp_path), "--output",
+                          str(tmp_path / "w.npz")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "holds objects other than tensors" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    assert not marker.exists() and not (tmp_path / "w.npz").exists()
+
+
+def test_a_checkpoint_round_trips_with_json_metadata(tmp_path):
+    import json
+
+    model = small_model()
+    engine = Engine(model, Lamb(model.parameters(), lr=0.1), schedule=Constant(0.1),
+                    loss_fn=lambda m, b: m(b).square().mean())
+    for _ in range(2):
+        engine.train_micro_batch(torch.ones(2, 3))
+    path = engine.save(tmp_path, {"micro_step": 2})
+    meta = json.loads(torch.load(path, weights_only=True)["meta"])
+    assert meta["step"] == 2 and meta["data"] == {"micro_step": 2} and meta["world_size"] == 1
+    fresh = small_model()
+    other = Engine(fresh, Lamb(fresh.parameters(), lr=0.1), schedule=Constant(0.1))
+    assert other.resume(tmp_path) == {"micro_step": 2} and other.step_count == 2
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))

@@ -61,12 +61,12 @@ def test_engine_trains_with_and_without_xla(jit):
     model, x, y = model_and_data()
     engine = Engine(model, Lamb(0.05), mse, schedule=Constant(0.05), backward_passes_per_step=2,
                     jit_compile=jit)
-    first = None
+    losses = []
     for i in range(40):
         res = engine.train_micro_batch((x[i % 4 * 8:][:8], y[i % 4 * 8:][:8]))
-        if res is not None and first is None:
-            first = res.loss
-    assert engine.step_count == 20 and res.loss < first
+        losses.append(float(engine.last_metrics["loss"]))
+    assert engine.step_count == 20 and res is not None
+    assert np.mean(losses[-4:]) < np.mean(losses[:4])
 
 
 def test_engine_bf16_policy_runs_and_keeps_fp32_variables():
@@ -89,7 +89,7 @@ def test_step_arguments_are_checked():
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
     (tmp_path / "ckpt-00000002.tf").mkdir()
-    (tmp_path / "ckpt-00000002.tf" / "meta.json").write_text("{}")
+    (tmp_path / "ckpt-00000002.tf" / "meta.json").write_text('{"format": 1, "world_size": 1, "step": 2}')
     model, _, _ = model_and_data()
     engine = Engine(model, Lamb(), mse, schedule=Constant(0.1))
     with pytest.raises(RuntimeError, match=r"cannot restore checkpoint .*ckpt-00000002.tf"):

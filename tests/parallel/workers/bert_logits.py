@@ -24,7 +24,7 @@ config = bert_preset("tiny", vocab_size=1003, hidden_dropout=0.0, attention_drop
 if args.framework == "pt":
     import torch
 
-    from hvd_bert.pt import bert as B
+    from hvd_bert.pt.models import bert as B
     torch.manual_seed(1)
     model = B.BertForPreTraining(config).eval()
     if args.init:
@@ -38,7 +38,7 @@ if args.framework == "pt":
 else:
     import tensorflow as tf
 
-    from hvd_bert.tf import bert as B
+    from hvd_bert.tf.models import bert as B
     tf.random.set_seed(1)
     model = B.build_model(B.BertForPreTraining(config))
     if args.init:

@@ -2,10 +2,10 @@
 
     python tf_engine.py MODE OPTIM K STEPS [overrides...] OUT_DIR
 
-MODE: reference (one process, no Horovod, one global batch per step), loop (custom loop
-Engine), fit (model.fit with the toolkit's optimizer wrapper and callbacks), inf (custom loop;
-rank 1's loss is inf at step 2), loop-resume / fit-resume (checkpoints in
-HVD_BERT_TEST_CKPT; with HVD_BERT_TEST_STOP_AT=n the run stops after n steps).
+MODE: reference (one process, no Horovod, one global batch per step), fit (model.fit with the
+toolkit's optimizer wrapper and callbacks), fit-resume (checkpoints in HVD_BERT_TEST_CKPT; with
+HVD_BERT_TEST_STOP_AT=n the run stops after n steps). The custom-loop engine's worker is
+engine_contract.py.
 """
 
 import json
@@ -96,27 +96,6 @@ def main():
             result.update(params=flat(model), start_micro=start,
                           applied=int(model.optimizer.applied_steps.numpy())
                           if hasattr(model.optimizer, "applied_steps") else None)
-        else:
-            from hvd_bert.tf.engine import Engine, set_precision_policy
-            set_precision_policy(cfg.precision.mode)
-            model = make_model()
-            engine = Engine.from_config(model, mse, cfg)
-            if mode == "loop-resume":
-                engine.resume(ckpt)
-            log = []
-            while engine.step_count + engine.skipped_steps < stop_at:
-                rows = D.rank_rows(r, n, LOCAL_B, k, engine.micro_step)
-                batch = (tf.constant(x[rows]), tf.constant(y[rows]))
-                if mode == "inf" and r == 1 and engine.step_count + engine.skipped_steps == 2:
-                    batch = (batch[0], batch[1] * np.inf)
-                before = flat(model)
-                res = engine.train_micro_batch(batch)
-                if res is not None:
-                    log.append(dict(step=res.step, lr=res.lr, skipped=res.skipped, scale=res.loss_scale,
-                                    changed=before != flat(model), loss=res.loss))
-            if mode == "loop-resume":
-                engine.save(ckpt, keep=5)
-            result.update(params=flat(model), steps=log, step_count=engine.step_count)
     with open(os.path.join(out, f"rank{result['rank']}.json"), "w") as f:
         json.dump(result, f)
 

@@ -206,5 +206,11 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], Be
     if not p.is_file():
         raise WeightsError(f"checkpoint {p} does not exist; give runs/<run>/ckpt-<step>.pt, a run "
                            f"folder or a .npz")
-    state = torch.load(p, map_location="cpu", weights_only=False)
+    from hvd_bert.common.engine import CheckpointError
+    from hvd_bert.pt.checkpoint import load_checkpoint_file
+
+    try:
+        state = load_checkpoint_file(p)
+    except CheckpointError as e:
+        raise WeightsError(str(e)) from None
     return {k: v.float().numpy() for k, v in state["model"].items()}, read_run_bert_config(p.parent)

@@ -1,4 +1,4 @@
-"""BERT in TensorFlow/Keras, the same architecture and computation as ``hvd_bert.pt.bert``
+"""BERT in TensorFlow/Keras, the same architecture and computation as ``hvd_bert.pt.models.bert``
 (one :class:`BertConfig`), free of parallelism: the engine applies Horovod from outside.
 
 Speed-ups as in PyTorch: the intermediate layer's bias + GELU is one XLA-fused kernel
@@ -176,7 +176,7 @@ def build_model(model: tf.keras.Model, seq_len: int = 8, predictions: int = 2) -
 
 
 def pretraining_loss(model: BertForPreTraining, batch: dict, training: bool = True):
-    """``(loss, {"mlm_accuracy": ...})``: as ``hvd_bert.pt.bert.pretraining_loss``."""
+    """``(loss, {"mlm_accuracy": ...})``: as ``hvd_bert.pt.models.bert.pretraining_loss``."""
     mlm, nsp = model(batch, training=training)
     w = tf.cast(batch["masked_lm_weights"], tf.float32)
     ids = tf.cast(batch["masked_lm_ids"], tf.int32)
@@ -209,7 +209,7 @@ def _norm(prefix: str, layer) -> dict:
 def weight_map(model: BertModel) -> dict[str, tuple[tf.Variable, bool]]:
     """Portable name -> (Keras variable, transposed?) for every variable of a built model."""
     if not model.built:
-        raise ValueError("build the model first (hvd_bert.tf.bert.build_model)")
+        raise ValueError("build the model first (hvd_bert.tf.models.bert.build_model)")
     e = model.embeddings
     out = {"embeddings.word_embeddings.weight": (e.word_embeddings.embeddings, False),
            "embeddings.position_embeddings.weight": (e.position_embeddings.embeddings, False),

@@ -1,0 +1,110 @@
+"""What a job needs of a framework: the :class:`Backend` protocol that ``hvd_bert.pt.backend``
+and ``hvd_bert.tf.backend`` implement, and :func:`get_backend`. The jobs (``hvd_bert.jobs``)
+are written once against it; the training itself goes through the engine protocol
+(``hvd_bert.common.engine.Engine``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
+
+import numpy as np
+
+from hvd_bert.common.bert_config import BertConfig
+from hvd_bert.common.config import ConfigError, TrainConfig
+from hvd_bert.common.engine import Engine
+
+__all__ = ["Backend", "ModelFunctions", "get_backend", "FRAMEWORKS"]
+
+FRAMEWORKS = {"pt": "hvd_bert.pt.backend", "tf": "hvd_bert.tf.backend"}
+
+
+class Backend(Protocol):
+    name: str       # "pt" / "tf"
+    label: str      # "PyTorch" / "TensorFlow"
+
+    # process
+    def init(self, train: TrainConfig) -> tuple[int, int]:
+        """``hvd.init()`` with the ``horovod.*`` settings, threads per local rank; ``(rank, size)``."""
+
+    def seed(self, seed: int) -> None: ...
+
+    def set_precision(self, mode: str) -> None:
+        """Before building a model (Keras' mixed policy; nothing in PyTorch)."""
+
+    def broadcast_object(self, obj: Any, name: str) -> Any: ...
+
+    def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray: ...
+
+    def summary_writer(self, logdir: Path) -> Any:
+        """``add_scalar(tag, value, step)`` / ``close()``, or None."""
+
+    # models
+    def bert_pretraining(self, config: BertConfig, max_seq_length: int, max_predictions: int) -> Any: ...
+
+    def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int) -> Any: ...
+
+    def neumf(self, n_users: int, n_items: int, model_cfg) -> Any: ...
+
+    def param_count(self, model) -> int: ...
+
+    def read_checkpoint_weights(self, path: str | Path) -> tuple[dict, BertConfig | None]: ...
+
+    def load_weights(self, model, arrays: dict, source: str) -> None: ...
+
+    pretraining_loss: Callable
+    classification_loss: Callable
+    ncf_loss: Callable
+
+    # training and data
+    def engine(self, model, loss_fn: Callable, train: TrainConfig) -> Engine: ...
+
+    def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
+                       seed: int, shuffle_buffer: int, record_striding: bool, start: int) -> Iterator: ...
+
+    def ncf_batch(self, users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> Any: ...
+
+    # evaluation
+    def classification_scorer(self, model, precision: str = "fp32") -> Callable[[dict], np.ndarray]:
+        """``score(batch of numpy arrays) -> logits [B, labels]``, in inference mode."""
+
+    def ncf_scorer(self, model) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """``score(users, items) -> scores``, in inference mode."""
+
+
+class ModelFunctions:
+    """What both backends take from their ``models`` package the same way (``<models>.bert``
+    and ``<models>.ncf`` define the same names in each framework), imported on first use."""
+
+    models: str  # "hvd_bert.pt.models" / "hvd_bert.tf.models"
+
+    def _fn(self, module: str, name: str):
+        return getattr(importlib.import_module(f"{self.models}.{module}"), name)
+
+    def read_checkpoint_weights(self, path):
+        return self._fn("bert", "read_checkpoint_weights")(path)
+
+    def load_weights(self, model, arrays: dict, source: str) -> None:
+        self._fn("bert", "load_weights")(model, arrays, source=source)
+
+    @property
+    def pretraining_loss(self):
+        return self._fn("bert", "pretraining_loss")
+
+    @property
+    def classification_loss(self):
+        return self._fn("bert", "classification_loss")
+
+    @property
+    def ncf_loss(self):
+        return self._fn("ncf", "ncf_loss")
+
+
+def get_backend(framework: str) -> Backend:
+    """The backend of ``framework`` ("pt" or "tf"), imported on first use (a PyTorch job never
+    imports TensorFlow, and the other way round)."""
+    if framework not in FRAMEWORKS:
+        raise ConfigError(f"framework: expected one of {', '.join(map(repr, FRAMEWORKS))}, got {framework!r}")
+    return importlib.import_module(FRAMEWORKS[framework]).BACKEND

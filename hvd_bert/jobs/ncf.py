@@ -1,0 +1,64 @@
+"""NCF (NeuMF: GMF + MLP, He et al. 2017, NVIDIA's sizes) on Horovod, in either framework.
+
+    horovodrun -np 2 -H localhost:2 --gloo hvd-bert ncf --framework pt \\
+        --set data=runs/ml-1m --set target_hr=0.6
+
+Each epoch every rank builds the same shuffled training pairs (positives and fresh sampled
+negatives, ``common.ncf.EpochData``) and takes every ``world_size``-th; binary cross-entropy
+on the logits; any optimizer and schedule of the toolkit through the shared loop. After every
+``eval_every`` epochs HR@K and NDCG@K are computed on all users, split across the ranks and
+summed with an allreduce (``common.ncf.evaluate``); the run stops early once HR@K reaches
+``target_hr``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from hvd_bert.common.engine import fit
+from hvd_bert.common.ncf import EpochData, EpochEvaluation, NCFConfig, evaluate
+from hvd_bert.common.ncf_data import load_ncf
+from hvd_bert.jobs._output import finish_line, open_run
+
+__all__ = ["run"]
+
+
+def run(cfg: NCFConfig, backend) -> dict:
+    rank, size = backend.init(cfg.train)
+    backend.set_precision(cfg.train.precision.mode)
+    out = Path(cfg.train.output_dir)
+    data = load_ncf(cfg.data)
+    plan = cfg.train.batch.plan(size)
+    epochs = EpochData(data, rank, size, plan.local_batch_size, plan.backward_passes_per_step,
+                       cfg.num_negatives, cfg.train.seed)
+    total = epochs.steps_per_epoch * cfg.epochs
+    cfg = replace(cfg, train=replace(cfg.train, schedule=replace(cfg.train.schedule, total_steps=total)))
+    backend.seed(cfg.train.seed)
+    model = backend.neumf(data.n_users, data.n_items, cfg.model)
+    engine = backend.engine(model, backend.ncf_loss, cfg.train)
+
+    log = open_run(cfg, backend, rank, total_steps=total, line_keys=("loss", "lr", "samples_per_s"))
+    log.print(f"NeuMF ({backend.param_count(model) / 1e6:.2f}M parameters, {backend.label}) on {cfg.data}: "
+              f"{data.n_users} users, {data.n_items} items, {len(data.train_users)} positives x "
+              f"(1 + {cfg.num_negatives} negatives) = {epochs.steps_per_epoch} steps an epoch, at most "
+              f"{cfg.epochs} epochs")
+
+    score = backend.ncf_scorer(model)
+    on_step = EpochEvaluation(cfg, epochs.steps_per_epoch, total, log, lambda: evaluate(
+        score, data, cfg.top_k, cfg.eval_batch_users, rank, size,
+        lambda sums: backend.allreduce_sum(sums, "hvd_bert.ncf.eval")))
+
+    def batches_from(micro_step):
+        for u, i, y in epochs.stream(micro_step):
+            yield backend.ncf_batch(u, i, y)
+
+    t = cfg.train
+    res = fit(engine, batches_from, total_steps=total, output_dir=out, checkpoint_every=t.checkpoint_every,
+              keep_checkpoints=t.keep_checkpoints, log_every=t.log_every, log=log, unit="samples",
+              on_step=on_step, max_skipped_steps=t.max_skipped_steps)
+    log.close()
+    best = on_step.best
+    finish_line(res, rank, f"best HR@{cfg.top_k} {best['hr']:.4f} (epoch {best['epoch']:g}); "
+                           f"metrics: {out / 'metrics.jsonl'}")
+    return {"steps": res.steps, **best}

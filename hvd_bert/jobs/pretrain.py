@@ -1,0 +1,73 @@
+"""BERT pretraining on Horovod, in either framework: the toolkit's main job.
+
+    horovodrun -np 2 -H localhost:2 --gloo hvd-bert pretrain --framework pt \\
+        --set data=DATA_DIR --set train.output_dir=runs/tiny
+
+Reads top to bottom: the process (Horovod, threads), the data's sidecar checked against the
+config, the model, the engine (optimizer, schedule, accumulation, mixed precision, broadcast),
+then the shared loop (resume, logging, checkpoints, SIGTERM). Rank 0 prints the batch
+arithmetic once and logs loss, MLM accuracy, LR and sequences/s. Phase 2 starts from a
+phase-1 checkpoint's weights with a fresh optimizer and schedule (``init_checkpoint``), as
+NVIDIA does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hvd_bert.common.bert_config import bert_preset
+from hvd_bert.common.bert_data import check_pretraining_data
+from hvd_bert.common.bert_weights import WeightsError
+from hvd_bert.common.config import PretrainConfig
+from hvd_bert.common.engine import fit
+from hvd_bert.jobs._output import finish_line, open_run
+
+__all__ = ["run"]
+
+
+def run(cfg: PretrainConfig, backend) -> dict:
+    rank, size = backend.init(cfg.train)
+    out = Path(cfg.train.output_dir)
+    meta = check_pretraining_data(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq)
+
+    backend.set_precision(cfg.train.precision.mode)
+    bert = bert_preset(cfg.model, vocab_size=meta["vocab_size"],
+                       max_position_embeddings=max(512, cfg.max_seq_length),
+                       hidden_dropout=cfg.dropout, attention_dropout=cfg.dropout)
+    backend.seed(cfg.train.seed + rank)  # per-rank dropout streams; the weights come from rank 0
+    model = backend.bert_pretraining(bert, cfg.max_seq_length, cfg.max_predictions_per_seq)
+    error = None
+    if cfg.init_checkpoint and rank == 0:  # phase 2: weights only; the engine broadcasts them
+        try:
+            arrays, _ = backend.read_checkpoint_weights(cfg.init_checkpoint)
+            backend.load_weights(model, arrays, source=f"init_checkpoint {cfg.init_checkpoint}")
+        except WeightsError as e:
+            error = str(e)
+    error = backend.broadcast_object(error, "hvd_bert.pretrain.init")  # every rank stops on it
+    if error:
+        raise WeightsError(error)
+    engine = backend.engine(model, backend.pretraining_loss, cfg.train)
+
+    total = cfg.train.schedule.total_steps
+    log = open_run(cfg, backend, rank, total_steps=total, bert=bert,
+                   line_keys=("loss", "mlm_accuracy", "lr", "sequences_per_s"))
+    log.print(f"model: BERT-{cfg.model} ({backend.param_count(model) / 1e6:.1f}M parameters, "
+              f"{backend.label}), "
+              f"data: {cfg.data} ({meta['total_records']} sequences of {cfg.max_seq_length}, "
+              f"{len(meta['shards'])} shards)")
+
+    def batches_from(micro_step):
+        return backend.record_batches(cfg.data, "bert-pretraining", rank, size, engine.plan.local_batch_size,
+                                      seed=cfg.train.seed, shuffle_buffer=cfg.shuffle_buffer,
+                                      record_striding=cfg.record_striding or len(meta["shards"]) < size,
+                                      start=micro_step)
+
+    t = cfg.train
+    res = fit(engine, batches_from, total_steps=total, output_dir=out, checkpoint_every=t.checkpoint_every,
+              keep_checkpoints=t.keep_checkpoints, log_every=t.log_every, log=log, unit="sequences",
+              max_skipped_steps=t.max_skipped_steps)
+    log.close()
+    finish_line(res, rank, f"checkpoint: {res.checkpoint or 'unchanged'}; metrics: {out / 'metrics.jsonl'}; "
+                           f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}")
+    return {"steps": res.steps, "stopped": res.stopped_by_signal,
+            "last": res.history[-1] if res.history else {}}

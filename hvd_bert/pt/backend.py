@@ -1,0 +1,122 @@
+"""The PyTorch backend of the jobs (``hvd_bert.jobs``): what a job needs of a framework, in
+PyTorch. The jobs are written once against this surface (``hvd_bert.common.backend.Backend``);
+``hvd_bert.tf.backend`` is the same surface in TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+import horovod.torch as hvd
+
+from hvd_bert.common.backend import ModelFunctions
+from hvd_bert.common.bert_config import BertConfig
+from hvd_bert.common.config import TrainConfig
+from hvd_bert.pt import init_horovod
+
+__all__ = ["BACKEND", "PyTorchBackend"]
+
+
+class PyTorchBackend(ModelFunctions):
+    models = "hvd_bert.pt.models"
+    name, label = "pt", "PyTorch"
+
+    # ------------------------------------------------------------------ process
+    def init(self, train: TrainConfig) -> tuple[int, int]:
+        """Horovod (with the ``horovod.*`` settings) and one share of the cores per local rank."""
+        init_horovod(train.horovod)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+        return hvd.rank(), hvd.size()
+
+    def seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def set_precision(self, mode: str) -> None:
+        """PyTorch's precision is the engine's autocast: nothing to set before building."""
+
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        return hvd.broadcast_object(obj, root_rank=0, name=name)  # Horovod:
+
+    def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
+        t = torch.from_numpy(np.asarray(values, dtype=np.float64))
+        return hvd.allreduce(t, op=hvd.Sum, name=name).numpy()  # Horovod:
+
+    def summary_writer(self, logdir: Path):
+        """A TensorBoard writer that does not import TensorFlow: TensorBoard falls back to its
+        own stub when the marker module ``tensorboard.compat.notf`` exists (as in its no-TF
+        builds), which keeps TensorFlow and its start-up noise out of a PyTorch job."""
+        import sys
+        import types
+
+        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            return None
+        return SummaryWriter(str(logdir))
+
+    # ------------------------------------------------------------------ models
+    def bert_pretraining(self, config: BertConfig, max_seq_length: int, max_predictions: int):
+        from hvd_bert.pt.models.bert import BertForPreTraining
+        return BertForPreTraining(config)
+
+    def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int):
+        from hvd_bert.pt.models.bert import BertForSequenceClassification
+        return BertForSequenceClassification(config, num_labels)
+
+    def neumf(self, n_users: int, n_items: int, m):
+        from hvd_bert.pt.models.ncf import NeuMF
+        return NeuMF(n_users, n_items, m.factors, m.layers, m.dropout)
+
+    def param_count(self, model) -> int:
+        return sum(p.numel() for p in model.parameters())
+
+    # ------------------------------------------------------------------ training
+    def engine(self, model, loss_fn, train: TrainConfig):
+        from hvd_bert.pt.engine import Engine
+        return Engine.from_config(model, train, loss_fn=loss_fn)  # broadcasts rank 0's weights
+
+    def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
+                       seed: int, shuffle_buffer: int, record_striding: bool,
+                       start: int) -> Iterator[dict]:
+        from hvd_bert.pt.data import ShardedDataset
+        return ShardedDataset(folder, kind, rank, size, local_batch_size, seed=seed,
+                              shuffle_buffer=shuffle_buffer, record_striding=record_striding).stream(start)
+
+    def ncf_batch(self, users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> dict:
+        return {"users": torch.from_numpy(users.astype(np.int64)),
+                "items": torch.from_numpy(items.astype(np.int64)), "labels": torch.from_numpy(labels)}
+
+    # ------------------------------------------------------------------ scoring (evaluation)
+    def classification_scorer(self, model, precision: str = "fp32"):
+        """``score(batch of numpy arrays) -> logits`` in eval mode (the training mode is put
+        back after each batch)."""
+        from hvd_bert.pt.engine import autocast
+
+        @torch.no_grad()
+        def score(b: dict) -> np.ndarray:
+            t = {k: torch.from_numpy(v) for k, v in b.items()}
+            was = model.training
+            model.eval()
+            with autocast(precision, next(model.parameters()).device.type):
+                logits = model(t["input_ids"], t["segment_ids"], t["input_mask"]).float()
+            model.train(was)
+            return logits.numpy()
+        return score
+
+    def ncf_scorer(self, model):
+        @torch.no_grad()
+        def score(users: np.ndarray, items: np.ndarray) -> np.ndarray:
+            was = model.training
+            model.eval()
+            out = model(torch.from_numpy(users), torch.from_numpy(items)).float().numpy()
+            model.train(was)
+            return out
+        return score
+
+
+BACKEND = PyTorchBackend()

@@ -1,0 +1,1 @@
+"""PyTorch models: BERT (``bert``) and NeuMF (``ncf``), free of parallelism."""

@@ -1,0 +1,127 @@
+"""The TensorFlow backend of the jobs (``hvd_bert.jobs``): the surface of
+``hvd_bert.pt.backend`` in TensorFlow/Keras (custom-loop engine, ``tf.data`` reader,
+``tf.summary`` writer)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS and quiet start-up before TensorFlow)
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+from hvd_bert.common.backend import ModelFunctions
+from hvd_bert.common.bert_config import BertConfig
+from hvd_bert.common.config import TrainConfig
+from hvd_bert.tf import init_horovod
+
+__all__ = ["BACKEND", "TensorFlowBackend", "SummaryWriter", "set_threads"]
+
+
+class SummaryWriter:
+    """PyTorch's ``SummaryWriter`` interface (``add_scalar``, ``close``) over ``tf.summary``."""
+
+    def __init__(self, logdir: Path):
+        self._w = tf.summary.create_file_writer(str(logdir))
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        with self._w.as_default():
+            tf.summary.scalar(tag, value, step=step)
+
+    def close(self) -> None:
+        self._w.close()
+
+
+def set_threads(local_size: int) -> None:
+    """One process per CPU slot: split the cores between the local ranks."""
+    n = max(1, (os.cpu_count() or 1) // local_size)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(n)
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, n)))
+    except RuntimeError:  # already initialised in this process
+        pass
+
+
+class TensorFlowBackend(ModelFunctions):
+    models = "hvd_bert.tf.models"
+    name, label = "tf", "TensorFlow"
+
+    # ------------------------------------------------------------------ process
+    def init(self, train: TrainConfig) -> tuple[int, int]:
+        init_horovod(train.horovod)
+        set_threads(hvd.local_size())
+        return hvd.rank(), hvd.size()
+
+    def seed(self, seed: int) -> None:
+        # Python, numpy and TF seeds: unseeded Keras initialisers draw from all of them
+        tf.keras.utils.set_random_seed(seed)
+
+    def set_precision(self, mode: str) -> None:
+        from hvd_bert.tf.engine import set_precision_policy
+        set_precision_policy(mode)  # before the model is built
+
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        return hvd.broadcast_object(obj, root_rank=0, name=name)  # Horovod:
+
+    def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
+        t = tf.constant(np.asarray(values, dtype=np.float64))
+        return hvd.allreduce(t, op=hvd.Sum, name=name).numpy()  # Horovod:
+
+    def summary_writer(self, logdir: Path) -> SummaryWriter:
+        return SummaryWriter(logdir)
+
+    # ------------------------------------------------------------------ models
+    def bert_pretraining(self, config: BertConfig, max_seq_length: int, max_predictions: int):
+        from hvd_bert.tf.models.bert import BertForPreTraining, build_model
+        return build_model(BertForPreTraining(config), max_seq_length, max_predictions)
+
+    def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int):
+        from hvd_bert.tf.models.bert import BertForSequenceClassification, build_model
+        return build_model(BertForSequenceClassification(config, num_labels), max_seq_length)
+
+    def neumf(self, n_users: int, n_items: int, m):
+        from hvd_bert.tf.models.ncf import NeuMF
+        model = NeuMF(n_users, n_items, m.factors, m.layers, m.dropout)
+        model({"users": tf.zeros([1], tf.int32), "items": tf.zeros([1], tf.int32)})  # build
+        return model
+
+    def param_count(self, model) -> int:
+        return sum(int(tf.size(v)) for v in model.trainable_variables)
+
+    # ------------------------------------------------------------------ training
+    def engine(self, model, loss_fn, train: TrainConfig):
+        from hvd_bert.tf.engine import Engine
+        return Engine.from_config(model, loss_fn, train)  # broadcasts rank 0's weights
+
+    def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
+                       seed: int, shuffle_buffer: int, record_striding: bool,
+                       start: int) -> Iterator[dict]:
+        from hvd_bert.tf.data import stream
+        return stream(folder, kind, rank, size, local_batch_size, seed=seed, shuffle_buffer=shuffle_buffer,
+                      record_striding=record_striding, start_batch=start)
+
+    def ncf_batch(self, users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> dict:
+        return {"users": tf.constant(users), "items": tf.constant(items), "labels": tf.constant(labels)}
+
+    # ------------------------------------------------------------------ scoring (evaluation)
+    def classification_scorer(self, model, precision: str = "fp32"):
+        """``score(batch of numpy arrays) -> logits`` (the Keras policy sets the precision)."""
+
+        @tf.function(reduce_retracing=True)  # the last batch may be short
+        def logits(batch):
+            return tf.cast(model(batch, training=False), tf.float32)
+
+        return lambda b: logits({k: tf.constant(v) for k, v in b.items()}).numpy()
+
+    def ncf_scorer(self, model):
+        score = tf.function(lambda u, i: model({"users": u, "items": i}, training=False),
+                            reduce_retracing=True)
+        return lambda users, items: score(tf.constant(users.astype(np.int32)),
+                                          tf.constant(items.astype(np.int32))).numpy()
+
+
+BACKEND = TensorFlowBackend()

@@ -1,0 +1,1 @@
+"""TensorFlow/Keras models: BERT (``bert``) and NeuMF (``ncf``), free of parallelism."""

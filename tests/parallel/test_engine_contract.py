@@ -1,0 +1,147 @@
+"""The engine contract, one suite run against each framework's engine under real
+`horovodrun -np 2` (both implement ``hvd_bert.common.engine.Engine``): N ranks x k
+micro-batches equal one process on the global batch, an inf on one rank skips the step on
+every rank, SIGTERM then resume continues bit-identically (dropout on), and both write the
+same checkpoint metadata. (Horovod's own suite has no test of gradient accumulation.)"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+WORKER = Path(__file__).parent / "workers" / "engine_contract.py"
+FRAMEWORKS = ["pt", "tf"]
+STEPS = 5
+
+
+def reference(framework, optim, k, steps, tmp_path, *extra):
+    out = tmp_path / f"ref-{framework}-{optim}-{k}"
+    out.mkdir(exist_ok=True)
+    subprocess.run([sys.executable, str(WORKER), framework, "reference", optim, str(k), str(steps), *extra,
+                    str(out)], check=True, timeout=300, env=dict(os.environ, HVD_BERT_TEST_WORLD="2"))
+    return json.loads((out / "rank0.json").read_text())["params"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("optim", ["sgd", "lamb", "nvlamb", "lars", "adamw"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_two_ranks_with_accumulation_equal_one_process_on_the_global_batch(run_ranks, tmp_path, framework,
+                                                                            optim, k):
+    ranks = run_ranks("engine_contract.py", framework, "train", optim, k, STEPS)
+    want = reference(framework, optim, k, STEPS, tmp_path)
+    assert ranks[0]["params"] == ranks[1]["params"]  # identical on both ranks
+    # fp32: summing k micro-batch means vs one full-batch mean rounds differently; LARS's
+    # excluded tensors take raw lr * g steps at lr 2.0, which shows it at ~4e-6.
+    np.testing.assert_allclose(ranks[0]["params"], want, rtol=2e-5, atol=5e-6)
+    assert [s["step"] for s in ranks[0]["steps"]] == list(range(1, STEPS + 1))
+    if k > 1:  # before the sync step the ranks hold different local gradients
+        assert not np.allclose(ranks[0]["local_grad"], ranks[1]["local_grad"])
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_accumulation_is_not_a_no_op(tmp_path, framework):
+    """The reference itself distinguishes k: 2 ranks x 4 x 3 is not 2 ranks x 4 x 1."""
+    assert not np.allclose(reference(framework, "lamb", 3, STEPS, tmp_path),
+                           reference(framework, "lamb", 1, STEPS, tmp_path))
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_gradient_predivide_factor_gives_the_same_average(run_ranks, tmp_path, framework):
+    ranks = run_ranks("engine_contract.py", framework, "train", "lamb", 2, STEPS,
+                      "horovod.gradient_predivide_factor=2.0")
+    np.testing.assert_allclose(ranks[0]["params"], reference(framework, "lamb", 2, STEPS, tmp_path),
+                               rtol=2e-5, atol=5e-6)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_fp16_compression_stays_close_to_uncompressed(run_ranks, framework):
+    exact = run_ranks("engine_contract.py", framework, "train", "lamb", 2, STEPS, tag="a")[0]["params"]
+    fp16 = run_ranks("engine_contract.py", framework, "train", "lamb", 2, STEPS, "horovod.compression=fp16",
+                     tag="b")
+    assert fp16[0]["params"] == fp16[1]["params"]
+    diff = np.abs(np.array(exact) - np.array(fp16[0]["params"]))
+    # fp16 keeps ~3 decimal digits of each gradient; LAMB normalises the update per layer.
+    assert 0 < diff.max() < 5e-3
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_inf_on_one_rank_skips_the_step_on_both(run_ranks, framework, precision):
+    # init_scale 1024: no natural fp16 overflow on the toy model, only the injected one
+    ranks = run_ranks("engine_contract.py", framework, "inf", "lamb", 2, STEPS, f"precision.mode={precision}",
+                      "precision.init_scale=1024")
+    for r in ranks:
+        steps = r["steps"]
+        assert [s["skipped"] for s in steps] == [False, False, True, False, False]
+        skipped = steps[2]
+        assert not skipped["changed"], "parameters moved on a skipped step"
+        assert skipped["step"] == 2  # the schedule did not advance ...
+        assert steps[3]["lr"] == skipped["lr"]  # ... the next step uses the same LR
+        assert steps[-1]["step"] == STEPS - 1
+        if precision == "fp16":
+            assert [s["scale"] for s in steps[1:4]] == [1024.0, 512.0, 512.0]
+    assert ranks[0]["params"] == ranks[1]["params"]
+
+
+def read_meta(ckpt: Path) -> dict:
+    if ckpt.suffix == ".pt":
+        import torch
+        return json.loads(torch.load(ckpt, weights_only=True)["meta"])
+    return json.loads((ckpt / "meta.json").read_text())
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_sigterm_saves_and_resume_continues_bit_identically(run_ranks, tmp_path, framework, precision):
+    """Dropout on, per-rank RNG streams: resuming restores parameters, optimizer and loss
+    scale, the data position and every rank's RNG, so the trajectory is the same to the bit."""
+    args = (framework, "resume", "lamb", 2, 6, f"precision.mode={precision}")
+    full = run_ranks("engine_contract.py", *args, tag="full", env={"HVD_BERT_TEST_CKPT": str(tmp_path / "a")})
+    ckpt = tmp_path / "b"
+    stopped = run_ranks("engine_contract.py", *args, tag="stopped",
+                        env={"HVD_BERT_TEST_CKPT": str(ckpt), "HVD_BERT_TEST_KILL_AT": "3"})
+    assert [(r["stopped"], r["steps"]) for r in stopped] == [(True, 3), (True, 3)]
+    suffix = framework
+    assert sorted(p.name for p in ckpt.iterdir()) == [f"ckpt-00000002.{suffix}", f"ckpt-00000003.{suffix}"]
+    resumed = run_ranks("engine_contract.py", *args, tag="resumed", env={"HVD_BERT_TEST_CKPT": str(ckpt)})
+    assert [r["steps"] for r in resumed] == [6, 6]
+    assert [h["step"] for h in resumed[0]["history"]] == [4, 5, 6]  # it went on from step 3
+    for r in (0, 1):
+        assert resumed[r]["params"] == full[r]["params"]
+    assert full[0]["params"] == full[1]["params"]
+    assert full[0]["params"] != stopped[0]["params"]
+    losses_full = {h["step"]: h["loss"] for h in full[0]["history"]}
+    assert all(losses_full[h["step"]] == h["loss"] for h in resumed[0]["history"])
+    # the same metadata schema in both frameworks
+    meta = read_meta(ckpt / f"ckpt-00000003.{suffix}")
+    assert {k: meta[k] for k in ("format", "step", "world_size", "backward_passes_per_step",
+                                 "local_batch_size", "global_batch_size")} == {
+        "format": 1, "step": 3, "world_size": 2, "backward_passes_per_step": 2, "local_batch_size": 4,
+        "global_batch_size": 16}
+    # fp16 may skip a step on an overflow: every window of k micro-batches is one step or one skip
+    micro = (meta["step"] + meta["skipped_steps"]) * 2
+    assert meta["micro_step"] == micro and meta["data"] == {"micro_step": micro} and len(meta["rng"]) == 2
+    assert meta["rng"][0] != meta["rng"][1]  # every rank's own stream
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_resume_on_another_world_size_is_refused_with_the_fix(run_ranks, tmp_path, framework):
+    ckpt = tmp_path / "c"
+    run_ranks("engine_contract.py", framework, "resume", "lamb", 2, 2, tag="two",
+              env={"HVD_BERT_TEST_CKPT": str(ckpt)})
+    # one rank with k=4 keeps the global batch of 16, but the world size differs
+    res = run_ranks("engine_contract.py", framework, "resume", "lamb", 4, 4, np=1, tag="one",
+                    env={"HVD_BERT_TEST_CKPT": str(ckpt)}, expect_ok=False)
+    assert not res.ok
+    assert "written by 2 ranks" in res.stderr and "train.resume_resized=true" in res.stderr, res.explain()
+    # another global batch is refused even when resizing is allowed
+    res = run_ranks("engine_contract.py", framework, "resume", "lamb", 1, 4, np=2, tag="gb",
+                    env={"HVD_BERT_TEST_CKPT": str(ckpt)}, expect_ok=False)
+    assert "global batch of 16, this run has 8" in res.stderr, res.explain()
+    allowed = run_ranks("engine_contract.py", framework, "resume", "lamb", 4, 4, "resume_resized=true", np=1,
+                        tag="allowed", env={"HVD_BERT_TEST_CKPT": str(ckpt)})
+    assert allowed[0]["steps"] == 4 and [h["step"] for h in allowed[0]["history"]] == [3, 4]
