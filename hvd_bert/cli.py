@@ -41,11 +41,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
     if args.explain:
         print("\n".join(C.explain(cls)))
         return 0
-    try:
-        cfg = C.load_config(cls, args.config, args.overrides)
-    except C.ConfigError as e:
-        print(f"hvd-bert config: {e}", file=sys.stderr)
-        return 2
+    cfg = C.load_config(cls, args.config, args.overrides)  # a ConfigError: main's one-line exit 2
     print(yaml.safe_dump(C.to_dict(cfg), sort_keys=False), end="")
     return 0
 
@@ -222,26 +218,22 @@ def user_errors() -> tuple[type, ...]:
 
 def _cmd_job(args: argparse.Namespace) -> int:
     """Every training job: the config (recipe, --set, --framework), the backend, ``run``; a
-    user error is one clear line on every rank and exit status 2."""
+    user error is one clear line on every rank and exit status 2 (``main``)."""
     import importlib
 
     from hvd_bert.common.backend import get_backend
     from hvd_bert.common.config import load_config
 
-    _, module, defaults, hint = JOBS[args.command]
-    cfg = None
-    try:
-        overrides = list(args.overrides) + ([f"framework={args.framework}"] if args.framework else [])
-        cfg = load_config(_config_class(args.command), args.config, overrides)
-        if defaults is not None:
-            cfg = defaults(cfg)
-        importlib.import_module(module).run(cfg, get_backend(cfg.framework))
-    except user_errors() as e:
-        from hvd_bert.common.records import DatasetError
+    from hvd_bert.common.records import DatasetError
 
-        extra = hint(cfg) if hint is not None and cfg is not None and isinstance(e, DatasetError) else ""
-        print(f"hvd-bert {args.command}: {e}{extra}", file=sys.stderr, flush=True)
-        return 2
+    _, module, defaults, hint = JOBS[args.command]
+    overrides = list(args.overrides) + ([f"framework={args.framework}"] if args.framework else [])
+    cfg = load_config(_config_class(args.command), args.config, overrides)
+    if defaults is not None:
+        cfg = defaults(cfg)
+    if hint is not None:
+        args.error_hint = lambda e: hint(cfg) if isinstance(e, DatasetError) else ""
+    importlib.import_module(module).run(cfg, get_backend(cfg.framework))
     return 0
 
 
@@ -446,9 +438,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every subcommand through one error handler: a user error (settings, data, checkpoint,
+    weights, a diverged run) is one line naming the problem and the fix, exit status 2, on
+    every rank; anything else is a bug and keeps its traceback."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except user_errors() as e:
+        hint = getattr(args, "error_hint", None)
+        print(f"hvd-bert {args.command}: {e}{hint(e) if hint else ''}", file=sys.stderr, flush=True)
+        return 2

@@ -13,12 +13,13 @@ warning.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from hvd_bert.common.kernels import check_gelu_form, compile_enabled
 
 __all__ = ["bias_gelu", "bias_gelu_eager", "compile_enabled", "LinearGELU"]
 
@@ -30,13 +31,8 @@ def bias_gelu_eager(x: torch.Tensor, bias: torch.Tensor, approximate: str = "tan
     y = x + bias
     if approximate == "tanh":
         return 0.5 * y * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (y + 0.044715 * y * y * y)))
-    if approximate == "none":
-        return 0.5 * y * (1.0 + torch.erf(y * (1.0 / math.sqrt(2.0))))
-    raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
-
-
-def compile_enabled() -> bool:
-    return os.environ.get("HVD_BERT_COMPILE", "1") not in ("0", "false", "False", "")
+    check_gelu_form(approximate)
+    return 0.5 * y * (1.0 + torch.erf(y * (1.0 / math.sqrt(2.0))))
 
 
 _compiled: dict[str, Callable] = {}
@@ -58,8 +54,7 @@ def _compiled_fn(approximate: str) -> Callable | None:
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     """``gelu(x + bias)`` as one fused kernel (forward and backward)."""
     global _failed
-    if approximate not in ("tanh", "none"):
-        raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
+    check_gelu_form(approximate)
     fn = _compiled_fn(approximate)
     if fn is not None:
         try:

@@ -14,6 +14,41 @@ import hvd_bert  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads
 # the jobs' output unless the user asks for them.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# Lines TensorFlow's C++ core prints to stderr while it loads, before its logging is set up
+# (so TF_CPP_MIN_LOG_LEVEL cannot silence them); dropped unless TF_CPP_MIN_LOG_LEVEL is 0.
+_STARTUP_NOISE = ("All log messages before absl::InitializeLog()", "oneDNN custom operations are on",
+                  "Could not find cuda drivers", "Unable to register cu",
+                  "computation placer already registered", "This TensorFlow binary is optimized",
+                  "rebuild TensorFlow with the appropriate compiler flags", "TF-TRT Warning")
+
+
+def _import_tensorflow_quietly() -> None:
+    """Import TensorFlow with file descriptor 2 captured; pass on every line but the start-up
+    noise above (an import error is still raised, and its output still shown)."""
+    import sys
+    import tempfile
+
+    if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                    if not any(n in ln for n in _STARTUP_NOISE)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+_import_tensorflow_quietly()
+
 
 def init_horovod(horovod_cfg=None) -> None:
     """``hvd.init()`` once, with the ``horovod.*`` settings (``hvd_bert.cluster.init_horovod``)."""

@@ -33,7 +33,7 @@ from hvd_bert.tf import check_keras
 check_keras()
 keras = tf.keras
 
-__all__ = ["Lamb", "NVLamb", "Lars", "SGD", "build_optimizer"]
+__all__ = ["Lamb", "NVLamb", "AdamW", "Lars", "SGD", "build_optimizer"]
 
 
 def _matches(name: str, patterns: Sequence[str] | None) -> bool:
@@ -195,6 +195,30 @@ class NVLamb(Lamb):
 
 
 @keras.utils.register_keras_serializable(package="hvd_bert")
+class AdamW(Lamb):
+    """AdamW (decoupled weight decay) as ``hvd_bert.common.optim.adamw_step``:
+    w -= lr (m_hat / (sqrt(v_hat) + eps) + wd w). Keras' own AdamW puts epsilon inside the
+    bias-corrected step size instead, so its updates differ from PyTorch's and ``common``'s."""
+
+    def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-8, weight_decay=0.0,
+                 exclude_from_weight_decay=None, name="AdamW", **kwargs):
+        kwargs.pop("bias_correction", None)
+        kwargs.pop("exclude_from_layer_adaptation", None)
+        kwargs.pop("max_grad_norm", None)
+        super().__init__(learning_rate, beta_1, beta_2, epsilon, weight_decay, True,
+                         exclude_from_weight_decay, None, None, name=name, **kwargs)
+
+    def _adapts(self, variable) -> bool:
+        return False  # no trust ratio: plain Adam steps
+
+    def get_config(self):
+        config = super().get_config()
+        for k in ("bias_correction", "exclude_from_layer_adaptation", "max_grad_norm"):
+            config.pop(k, None)
+        return config
+
+
+@keras.utils.register_keras_serializable(package="hvd_bert")
 class Lars(_MomentumOptimizer):
     """LARS (MLPerf form), as ``hvd_bert.common.optim.lars_step``:
     trust = eta ||w|| / (||g|| + wd ||w|| + eps); v = mu v + lr trust (g + wd w); w -= v.
@@ -286,8 +310,6 @@ def build_optimizer(cfg: OptimConfig, lr: float | None = None) -> keras.optimize
     if cfg.name == "sgd":
         return SGD(lr, cfg.momentum, cfg.weight_decay, cfg.nesterov, exclude_from_weight_decay=exclude)
     if cfg.name == "adamw":
-        opt = keras.optimizers.AdamW(lr, weight_decay=cfg.weight_decay, beta_1=cfg.beta1,
-                                     beta_2=cfg.beta2, epsilon=cfg.eps)
-        opt.exclude_from_weight_decay(var_names=exclude)
-        return opt
+        return AdamW(lr, beta_1=cfg.beta1, beta_2=cfg.beta2, epsilon=cfg.eps, weight_decay=cfg.weight_decay,
+                     exclude_from_weight_decay=exclude)
     raise ValueError(f"unknown optimizer {cfg.name!r}")

@@ -35,8 +35,8 @@ def test_two_ranks_with_accumulation_equal_one_process_on_the_global_batch(run_r
     want = reference(framework, optim, k, STEPS, tmp_path)
     assert ranks[0]["params"] == ranks[1]["params"]  # identical on both ranks
     # fp32: summing k micro-batch means vs one full-batch mean rounds differently; LARS's
-    # excluded tensors take raw lr * g steps at lr 2.0, which shows it at ~4e-6.
-    np.testing.assert_allclose(ranks[0]["params"], want, rtol=2e-5, atol=5e-6)
+    # excluded tensors take raw lr * g steps at lr 2.0, which shows it at up to ~2e-5.
+    np.testing.assert_allclose(ranks[0]["params"], want, rtol=2e-5, atol=3e-5 if optim == "lars" else 5e-6)
     assert [s["step"] for s in ranks[0]["steps"]] == list(range(1, STEPS + 1))
     if k > 1:  # before the sync step the ranks hold different local gradients
         assert not np.allclose(ranks[0]["local_grad"], ranks[1]["local_grad"])

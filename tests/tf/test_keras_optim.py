@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from hvd_bert.common import optim as O
 from hvd_bert.common.config import OptimConfig
-from hvd_bert.tf.optim import SGD, Lamb, Lars, NVLamb, build_optimizer
+from hvd_bert.tf.optim import SGD, AdamW, Lamb, Lars, NVLamb, build_optimizer
 
 keras = tf.keras
 SHAPES = [(3,), (), (1,), (4, 5), (2, 3, 4), (7,)]
@@ -88,7 +88,7 @@ def test_sgd_matches_common(dtype, nesterov):
                                           nesterov=nesterov, decay_mask=DECAY), dtype)
 
 
-@pytest.mark.parametrize("name", ["sgd", "lamb", "nvlamb", "lars"])
+@pytest.mark.parametrize("name", ["sgd", "adamw", "lamb", "nvlamb", "lars"])
 def test_build_optimizer_from_config_matches_common(name):
     cfg = OptimConfig(name=name, lr=0.05, weight_decay=0.01)
     ws, gs, vs = case(5, tf.float64)
@@ -102,7 +102,7 @@ def test_reference_vectors_in_float32():
     np.testing.assert_allclose(v.numpy(), [0.9670593971, -2.057225312, 3.025718234], rtol=1e-6)
 
 
-@pytest.mark.parametrize("cls", [Lamb, NVLamb, Lars, SGD])
+@pytest.mark.parametrize("cls", [Lamb, NVLamb, AdamW, Lars, SGD])
 def test_config_round_trip(cls):
     opt = cls(learning_rate=0.123, weight_decay=0.02)
     again = cls.from_config(opt.get_config())
@@ -110,7 +110,7 @@ def test_config_round_trip(cls):
     assert keras.optimizers.deserialize(keras.optimizers.serialize(opt)).get_config() == opt.get_config()
 
 
-@pytest.mark.parametrize("cls", [Lamb, NVLamb, Lars])
+@pytest.mark.parametrize("cls", [Lamb, NVLamb, AdamW, Lars])
 def test_checkpoint_round_trip_continues_identically(cls, tmp_path):
     ws, gs, vs = case(6, tf.float32)
     opt = cls(learning_rate=0.01)
@@ -143,3 +143,11 @@ def test_under_loss_scale_optimizer_skips_non_finite_and_matches_otherwise():
     lso.apply_gradients([(tf.constant(g, tf.float32), v) for g, v in zip(bad, vs)])
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, vs))
     assert float(lso.loss_scale) == scale / 2
+
+
+@pytest.mark.parametrize("dtype", [tf.float64, tf.float32])
+def test_adamw_matches_common(dtype):
+    ws, gs, vs = case(8, dtype)
+    opt = AdamW(0.01, weight_decay=0.01, epsilon=1e-6, exclude_from_weight_decay=list(O.BERT_EXCLUDE))
+    check(run_tf(opt, vs, gs), run_common("adamw", ws, gs, lr=0.01, weight_decay=0.01, eps=1e-6,
+                                          decay_mask=DECAY), dtype)

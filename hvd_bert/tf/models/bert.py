@@ -74,7 +74,7 @@ class BertLayer(tf.keras.layers.Layer):
         self.query, self.key, self.value = dense(h, "query"), dense(h, "key"), dense(h, "value")
         self.attention_output = dense(h, "attention_output")
         self.attention_LayerNorm = _ln(c, "attention_LayerNorm")
-        self.intermediate = DenseGELU(c.intermediate_size, approximate=c.gelu == "tanh",
+        self.intermediate = DenseGELU(c.intermediate_size, approximate=c.gelu,
                                       kernel_initializer=_init(c), name="intermediate")
         self.output_dense = dense(h, "output")
         self.output_LayerNorm = _ln(c, "output_LayerNorm")
@@ -144,7 +144,7 @@ class BertForPreTraining(BertModel):
         if not t.built:
             t.build(m.shape)
         m = bias_gelu(tf.matmul(m, tf.cast(t.kernel, m.dtype)), tf.cast(t.bias, m.dtype),
-                      self.config.gelu == "tanh")
+                      self.config.gelu)
         m = tf.cast(self.mlm_LayerNorm(tf.cast(m, tf.float32)), self.compute_dtype)
         emb = tf.cast(self.embeddings.word_embeddings.embeddings, m.dtype)
         # under a mixed policy the variable reads in the compute dtype: add it in float32
