@@ -208,12 +208,14 @@ def user_errors() -> tuple[type, ...]:
     """The errors that are the user's to fix (bad settings, data, checkpoints, a diverged run):
     one line and exit status 2, never a traceback."""
     from hvd_bert.common.bert_weights import WeightsError
+    from hvd_bert.common.checkpoint import RunFolderBusy
     from hvd_bert.common.config import ConfigError
     from hvd_bert.common.engine import CheckpointError, ResumeError
     from hvd_bert.common.records import DatasetError
     from hvd_bert.common.runlog import DivergedError
 
-    return (ConfigError, DatasetError, WeightsError, CheckpointError, ResumeError, DivergedError)
+    return (ConfigError, DatasetError, WeightsError, CheckpointError, ResumeError, DivergedError,
+            RunFolderBusy)
 
 
 def _cmd_job(args: argparse.Namespace) -> int:

@@ -83,3 +83,15 @@ def init_horovod(hvd, horovod_cfg=None) -> None:
         apply_horovod_env(horovod_cfg)
         hvd.init()  # Horovod:
         check_world(hvd.size())
+
+
+HOROVOD_KNOBS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_OPERATIONS",
+                 "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_AUTOTUNE", "HOROVOD_TIMELINE")
+
+
+def horovod_settings_line(env=None) -> str:
+    """``horovod: HOROVOD_FUSION_THRESHOLD=... HOROVOD_CYCLE_TIME=...`` for the knobs in effect
+    (from the config or the environment), printed once at the start of a job."""
+    env = os.environ if env is None else env
+    set_ = [f"{k}={env[k]}" for k in HOROVOD_KNOBS if k in env]
+    return "horovod: " + (" ".join(set_) if set_ else "Horovod's defaults (fusion 128 MiB, cycle 1 ms)")

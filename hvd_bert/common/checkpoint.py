@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["atomic_write", "checkpoint_path", "list_checkpoints", "latest_checkpoint", "prune"]
+__all__ = ["atomic_write", "checkpoint_path", "list_checkpoints", "latest_checkpoint", "prune",
+           "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
 
 _NAME = re.compile(r"^ckpt-(\d{8,})\.(\w+)$")
 
@@ -75,3 +76,68 @@ def prune(folder: str | Path, suffix: str, keep: int) -> list[Path]:
     for p in old:
         p.unlink(missing_ok=True)
     return old
+
+
+_TMP = re.compile(r"^\.(ckpt-\d{8,}\.\w+)\.(tmp|old)-(\d+)$")
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Delete the temporary files and folders a killed writer left behind (``.ckpt-*.tmp-<pid>``
+    of a process that no longer runs); returns what was removed."""
+    import shutil
+
+    folder = Path(folder)
+    removed = []
+    if not folder.is_dir():
+        return removed
+    for p in folder.iterdir():
+        m = _TMP.match(p.name)
+        if not m or _alive(int(m.group(3))):
+            continue
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunFolderBusy(RuntimeError):
+    """Another job holds the run folder."""
+
+
+LOCK_NAME = ".hvd_bert.lock"
+
+
+def lock_run_folder(folder: str | Path):
+    """Take an exclusive lock on a run folder for this process's lifetime (``flock``: the kernel
+    releases it when the process ends, crash or not, so a stale lock cannot block a rerun).
+    Returns the open lock file (keep it); raises :class:`RunFolderBusy` naming the holder."""
+    import fcntl
+    import socket
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    f = open(folder / LOCK_NAME, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise RunFolderBusy(f"{folder} is in use by another job ({holder}); wait for it to finish, or give "
+                            f"this run another train.output_dir") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    f.flush()
+    return f

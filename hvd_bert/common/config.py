@@ -9,6 +9,7 @@ field is declared (``doc(...)``) and is printed by ``hvd-bert config --explain``
 from __future__ import annotations
 
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -87,13 +88,18 @@ def _coerce(value: Any, tp, key: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+        if number is not None:
+            if not math.isfinite(number):
+                raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -316,7 +322,8 @@ class OptimConfig:
                       "adaptation where configured); default BERT's")
 
     def __post_init__(self) -> None:
-        _require(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        _require(0 < self.lr < 1e4, f"optim.lr must be in (0, 1e4), got {self.lr}: no recipe steps that far "
+                                    f"(LARS for ResNet peaks near 30)")
         _require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
         _require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
                  f"optim.beta1/beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
@@ -530,11 +537,16 @@ class PretrainConfig:
     shuffle_buffer: int = doc(1024, "records per shuffle window of the reader")
     record_striding: bool = doc(False, "every rank reads every shard and keeps every world_size-th "
                                        "record (automatic when there are fewer shards than ranks)")
-    dropout: float = doc(0.1, "BERT's hidden and attention dropout")
+    dropout: float = doc(0.1, "BERT's hidden and attention dropout (a probability in [0, 1))")
     init_checkpoint: str = doc("", "phase 2: start from this phase-1 checkpoint's weights with a "
                                    "fresh optimizer and schedule")
     progress: bool = doc(True, "show a progress bar on rank 0")
     framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.dropout < 1, f"dropout is a probability in [0, 1), got {self.dropout}")
+        _require(self.max_seq_length > 0 and self.max_predictions_per_seq > 0,
+                 "max_seq_length and max_predictions_per_seq must be > 0")
 
 
 @dataclass(frozen=True)
@@ -564,4 +576,5 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 0, f"epochs must be >= 0, got {self.epochs}")
+        _require(0 <= self.dropout < 1, f"dropout is a probability in [0, 1), got {self.dropout}")
         _require(self.eval_batch_size > 0, f"eval_batch_size must be > 0, got {self.eval_batch_size}")

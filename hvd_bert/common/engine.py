@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 from hvd_bert.common.batch import BatchPlan
-from hvd_bert.common.checkpoint import latest_checkpoint
+from hvd_bert.common.checkpoint import latest_checkpoint, remove_stale_temporaries
 from hvd_bert.common.runlog import MetricWindow, RunLog, StepBook
 
 __all__ = ["StepResult", "FitResult", "Engine", "fit", "checkpoint_meta", "check_resume", "ResumeError",
@@ -170,6 +170,8 @@ def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str, *,
     out = None
     if engine.rank == 0 and folder is not None:
         p = Path(folder)
+        if p.is_dir() and not p.name.startswith("ckpt-"):
+            remove_stale_temporaries(p)  # what a writer killed mid-checkpoint left
         path = p if (p.name.startswith("ckpt-") and p.exists()) else latest_checkpoint(p, suffix)
         if path is not None:
             try:

@@ -102,7 +102,10 @@ class RunLog:
                 print(msg, flush=True)
 
     def set_step(self, step: int) -> None:
-        """Where the bar starts (after a resume)."""
+        """Where the bar starts (after a resume); ``metrics.jsonl`` loses the records of steps
+        after ``step`` (a crashed run logged them, the resumed run logs them again)."""
+        if self._file is not None:
+            self._truncate_after(step)
         self.step = self._start_step = step
         self._t0 = self._last = time.perf_counter()
         if self._bar is not None:
@@ -128,13 +131,28 @@ class RunLog:
         if show:
             self.print(format_line(rec, self.line_keys))
         if self._file is not None:
-            self._file.write(json.dumps(rec) + "\n")
+            self._file.write(json.dumps(_finite(rec), allow_nan=False) + "\n")  # NaN/inf: null
             self._file.flush()
         if self.writer is not None:
             for k in (self.scalar_keys if prefix == "train" else [k for k in rec if k != "step"]):
                 v = rec.get(k)
                 if isinstance(v, (int, float)) and math.isfinite(v):
                     self.writer.add_scalar(f"{prefix}/{k}", v, rec["step"])
+
+    def _truncate_after(self, step: int) -> None:
+        from hvd_bert.common.checkpoint import atomic_write
+
+        path = self.out / "metrics.jsonl"
+        self._file.close()
+        keep = []
+        for line in path.read_text().splitlines(keepends=True):
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    keep.append(line)
+            except (json.JSONDecodeError, AttributeError):
+                continue  # a line cut short by a crash
+        atomic_write(path, lambda t: t.write_text("".join(keep)))
+        self._file = open(path, "a")
 
     def close(self) -> None:
         if self._bar is not None:
@@ -146,6 +164,11 @@ class RunLog:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+def _finite(rec: dict) -> dict:
+    """The record with non-finite numbers as None (JSON has no NaN or Infinity)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
 
 
 class MetricWindow:

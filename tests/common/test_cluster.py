@@ -26,3 +26,15 @@ def test_world_size_must_match_the_step():
     check_world(4, STEP)
     with pytest.raises(LaunchError, match="Horovod sees 1 rank"):
         check_world(1, STEP)
+
+
+def test_horovod_env_from_the_config_and_the_users_own_variables_win():
+    from hvd_bert.cluster import horovod_env, horovod_settings_line
+    from hvd_bert.common.config import HorovodConfig
+
+    cfg = HorovodConfig(fusion_threshold_mb=64, cycle_time_ms=0.5)
+    assert horovod_env(cfg, env={}) == {"HOROVOD_FUSION_THRESHOLD": str(64 << 20),
+                                        "HOROVOD_CYCLE_TIME": "0.5"}
+    assert horovod_env(cfg, env={"HOROVOD_CYCLE_TIME": "3"}) == {"HOROVOD_FUSION_THRESHOLD": str(64 << 20)}
+    assert horovod_env(HorovodConfig(), env={}) == {}
+    assert horovod_settings_line({"HOROVOD_CYCLE_TIME": "3"}) == "horovod: HOROVOD_CYCLE_TIME=3"

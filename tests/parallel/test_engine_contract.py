@@ -58,6 +58,14 @@ def test_gradient_predivide_factor_gives_the_same_average(run_ranks, tmp_path, f
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_horovod_knobs_reach_horovod_before_init(run_ranks, framework):
+    ranks = run_ranks("engine_contract.py", framework, "train", "sgd", 1, 2, "horovod.fusion_threshold_mb=4",
+                      "horovod.cycle_time_ms=2.5")
+    assert [r["env"] for r in ranks] == [{"HOROVOD_FUSION_THRESHOLD": str(4 * 1024 * 1024),
+                                          "HOROVOD_CYCLE_TIME": "2.5"}] * 2
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_fp16_compression_stays_close_to_uncompressed(run_ranks, framework):
     exact = run_ranks("engine_contract.py", framework, "train", "lamb", 2, STEPS, tag="a")[0]["params"]
     fp16 = run_ranks("engine_contract.py", framework, "train", "lamb", 2, STEPS, "horovod.compression=fp16",
@@ -145,3 +153,15 @@ def test_resume_on_another_world_size_is_refused_with_the_fix(run_ranks, tmp_pat
     allowed = run_ranks("engine_contract.py", framework, "resume", "lamb", 4, 4, "resume_resized=true", np=1,
                         tag="allowed", env={"HVD_BERT_TEST_CKPT": str(ckpt)})
     assert allowed[0]["steps"] == 4 and [h["step"] for h in allowed[0]["history"]] == [3, 4]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_diverged_run_stops_with_a_clear_error_and_writes_no_checkpoint(run_ranks, tmp_path, framework):
+    ckpt = tmp_path / "d"
+    res = run_ranks("engine_contract.py", framework, "diverge", "lamb", 2, 100, "max_skipped_steps=4",
+                    env={"HVD_BERT_TEST_CKPT": str(ckpt)}, expect_ok=False)
+    assert not res.ok
+    lines = [ln for ln in res.stderr.splitlines() if "DivergedError" in ln]
+    assert len(lines) == 2, res.explain()  # raised on every rank
+    assert all("the last 4 optimizer steps were all skipped" in ln for ln in lines), res.explain()
+    assert not list(ckpt.glob("ckpt-*"))  # the loop stopped before any (non-finite) checkpoint

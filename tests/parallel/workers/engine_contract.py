@@ -4,7 +4,8 @@ the engine's ``train_micro_batch`` and the shared ``common.engine.fit`` loop.
     python engine_contract.py FRAMEWORK MODE OPTIM K STEPS [overrides...] OUT_DIR
 
 MODE: reference (one process, no Horovod, one global batch per step), train (2 ranks x k),
-inf (rank 1's loss is inf at step 2), resume (fit() with checkpoints in HVD_BERT_TEST_CKPT,
+inf (rank 1's loss is inf at step 2), diverge (every step after the first skips, through fit),
+resume (fit() with checkpoints in HVD_BERT_TEST_CKPT,
 dropout on; rank 0 gets SIGTERM after the step HVD_BERT_TEST_KILL_AT, if set).
 """
 
@@ -38,7 +39,8 @@ def main():
         r, n = backend.init(cfg)
         backend.set_precision(cfg.precision.mode)
         x, y = D.dataset()
-        result = {"rank": r, "size": n}
+        result = {"rank": r, "size": n, "env": {k: os.environ.get(k) for k in ("HOROVOD_FUSION_THRESHOLD",
+                                                                                "HOROVOD_CYCLE_TIME")}}
 
         def batches_from(micro):
             while True:
@@ -46,7 +48,17 @@ def main():
                 yield toy.batch(x[rows], y[rows])
                 micro += 1
 
-        if mode == "resume":
+        if mode == "diverge":  # rank 1's targets are inf from the second step on: every step skips
+            model = toy.make_model()
+            engine = backend.engine(model, toy.loss, cfg)
+
+            def poisoned(micro):
+                for i, (xb, yb) in enumerate(batches_from(micro)):
+                    yield (xb, yb * float("inf")) if r == 1 and i >= k else (xb, yb)
+
+            fit(engine, poisoned, total_steps=steps, output_dir=os.environ["HVD_BERT_TEST_CKPT"], log_every=1,
+                progress=False, max_skipped_steps=cfg.max_skipped_steps)
+        elif mode == "resume":
             # per-rank seeds: per-rank dropout streams (restored on resume); weights from rank 0
             model = toy.make_model(dropout=0.2, seed=1000 + r)
             engine = backend.engine(model, toy.loss, cfg)
