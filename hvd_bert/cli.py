@@ -204,6 +204,9 @@ JOBS = {
 }
 
 
+EXIT_STOPPED = 3  # a job stopped by a signal after saving its checkpoint: rerun it to resume
+
+
 def user_errors() -> tuple[type, ...]:
     """The errors that are the user's to fix (bad settings, data, checkpoints, a diverged run):
     one line and exit status 2, never a traceback."""
@@ -235,8 +238,10 @@ def _cmd_job(args: argparse.Namespace) -> int:
         cfg = defaults(cfg)
     if hint is not None:
         args.error_hint = lambda e: hint(cfg) if isinstance(e, DatasetError) else ""
-    importlib.import_module(module).run(cfg, get_backend(cfg.framework))
-    return 0
+    result = importlib.import_module(module).run(cfg, get_backend(cfg.framework))
+    # Stopped by SIGTERM/SIGINT before the end (a checkpoint was saved): not a success, so that a
+    # SLURM dependency (afterok) waits for the run to finish; the job scripts requeue on it.
+    return EXIT_STOPPED if result.get("stopped") else 0
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:

@@ -7,13 +7,18 @@ from pathlib import Path
 
 from hvd_bert.cluster import horovod_settings_line
 from hvd_bert.common.bert_weights import write_run_bert_config
-from hvd_bert.common.checkpoint import RunFolderBusy, atomic_write, lock_run_folder
-from hvd_bert.common.config import to_dict
+from hvd_bert.common.checkpoint import RunFolderBusy, atomic_write, list_checkpoints, lock_run_folder
+from hvd_bert.common.config import ConfigError, to_dict
 from hvd_bert.common.runlog import RunLog
+from hvd_bert.jobs._identity import previous_config, run_differences
 
 __all__ = ["open_run", "finish_line"]
 
 _LOCKS: list = []  # the run folders this process holds (released when it exits)
+
+
+def list_all_checkpoints(folder: Path) -> list:
+    return list_checkpoints(folder, "pt") + list_checkpoints(folder, "tf")
 
 
 def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str, ...], bert=None) -> RunLog:
@@ -23,15 +28,20 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
     RunLog that does nothing."""
     out = Path(cfg.train.output_dir)
     # One job per run folder: rank 0 locks it before writing anything; every rank learns the outcome.
-    busy = None
+    # A rerun that would resume another run's checkpoints is refused before anything is written.
+    problem = None
     if rank == 0:
         try:
             _LOCKS.append(lock_run_folder(out))
         except RunFolderBusy as e:
-            busy = str(e)
-    busy = backend.broadcast_object(busy, "hvd_bert.run.lock")
-    if busy:
-        raise RunFolderBusy(busy)
+            problem = ("busy", str(e))
+        else:
+            mismatch = _resume_mismatch(out, cfg)
+            problem = ("config", mismatch) if mismatch else None
+    problem = backend.broadcast_object(problem, "hvd_bert.run.open")
+    if problem:
+        kind, message = problem
+        raise RunFolderBusy(message) if kind == "busy" else ConfigError(message)
     if rank == 0:
         atomic_write(out / "config.json", lambda t: t.write_text(json.dumps(to_dict(cfg), indent=1)))
         if bert is not None:
@@ -43,7 +53,23 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
     return log
 
 
+def _resume_mismatch(out: Path, cfg) -> str | None:
+    """Checked before anything is written: a folder with checkpoints of a run with other
+    settings is refused (see ``_identity``); None when this run may go on there."""
+    old = previous_config(out)
+    if old is None or not list_all_checkpoints(out):
+        return None
+    diffs = run_differences(old, to_dict(cfg))
+    if not diffs:
+        return None
+    return (f"{out} holds checkpoints of a run with other settings, which this run would resume: "
+            f"{'; '.join(diffs)}. Give this run another train.output_dir, or rerun with the settings "
+            f"of {out / 'config.json'} (only the horizon, train.schedule.total_steps or epochs, and the "
+            f"logging, checkpoint and evaluation cadence may change on a resume)")
+
+
 def finish_line(res, rank: int, detail: str) -> None:
     if rank == 0:
         how = "stopped by a signal at" if res.stopped_by_signal else "finished"
-        print(f"{how} step {res.steps}; {detail}", flush=True)
+        rerun = "; run the same command again to resume (exit status 3)" if res.stopped_by_signal else ""
+        print(f"{how} step {res.steps}; {detail}{rerun}", flush=True)

@@ -61,4 +61,4 @@ def run(cfg: NCFConfig, backend) -> dict:
     best = on_step.best
     finish_line(res, rank, f"best HR@{cfg.top_k} {best['hr']:.4f} (epoch {best['epoch']:g}); "
                            f"metrics: {out / 'metrics.jsonl'}")
-    return {"steps": res.steps, **best}
+    return {"steps": res.steps, "stopped": res.stopped_by_signal, **best}

@@ -19,7 +19,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _STARTUP_NOISE = ("All log messages before absl::InitializeLog()", "oneDNN custom operations are on",
                   "Could not find cuda drivers", "Unable to register cu",
                   "computation placer already registered", "This TensorFlow binary is optimized",
-                  "rebuild TensorFlow with the appropriate compiler flags", "TF-TRT Warning")
+                  "rebuild TensorFlow with the appropriate compiler flags", "TF-TRT Warning",
+                  "failed call to cuInit")
 
 
 def _import_tensorflow_quietly() -> None:
@@ -35,7 +36,9 @@ def _import_tensorflow_quietly() -> None:
     with tempfile.TemporaryFile() as tmp:
         os.dup2(tmp.fileno(), 2)
         try:
-            import tensorflow  # noqa: F401
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()  # the CUDA probe (cuInit) prints here, not later
         finally:
             os.dup2(saved, 2)
             os.close(saved)
@@ -48,6 +51,20 @@ def _import_tensorflow_quietly() -> None:
 
 
 _import_tensorflow_quietly()
+
+
+def _use_generator_rng() -> None:
+    """Keras layers draw dropout masks from a ``tf.random.Generator`` (a variable) instead of
+    stateful random ops, whose state no checkpoint can hold: the engine saves every rank's
+    generator state, so a resumed run with dropout continues bit-identically. Must be set
+    before any layer is built, hence here."""
+    import tensorflow as tf
+
+    if tf.keras.layers.Dense.__module__.startswith("tf_keras"):
+        tf.keras.backend.experimental.enable_tf_random_generator()
+
+
+_use_generator_rng()
 
 
 def init_horovod(horovod_cfg=None) -> None:

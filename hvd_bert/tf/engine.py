@@ -42,11 +42,7 @@ from hvd_bert.common.schedules import Schedule
 from hvd_bert.tf import check_keras, init_horovod
 from hvd_bert.tf.optim import build_optimizer
 
-check_keras()
-# Keras layers draw dropout masks from a tf.random.Generator (a variable) instead of stateful
-# random ops, whose state no checkpoint can hold: so a resumed run with dropout continues
-# bit-identically (the state of every rank is saved). Set before any layer is built.
-tf.keras.backend.experimental.enable_tf_random_generator()
+check_keras()  # hvd_bert.tf also switched Keras to generator-based dropout (saved in checkpoints)
 
 __all__ = ["Engine", "StepResult", "fit", "FitResult", "set_precision_policy", "save_checkpoint",
            "restore_checkpoint"]

@@ -4,26 +4,31 @@ micro-batches equal one process on the global batch, an inf on one rank skips th
 every rank, SIGTERM then resume continues bit-identically (dropout on), and both write the
 same checkpoint metadata. (Horovod's own suite has no test of gradient accumulation.)"""
 
+import functools
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-WORKER = Path(__file__).parent / "workers" / "engine_contract.py"
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
+import toy_data  # noqa: E402
+import toy_models  # noqa: E402
+
+from hvd_bert.common.config import TrainConfig, apply_overrides  # noqa: E402
+
 FRAMEWORKS = ["pt", "tf"]
 STEPS = 5
+LOCAL_B = 4  # as the worker
 
 
-def reference(framework, optim, k, steps, tmp_path, *extra):
-    out = tmp_path / f"ref-{framework}-{optim}-{k}"
-    out.mkdir(exist_ok=True)
-    subprocess.run([sys.executable, str(WORKER), framework, "reference", optim, str(k), str(steps), *extra,
-                    str(out)], check=True, timeout=300, env=dict(os.environ, HVD_BERT_TEST_WORLD="2"))
-    return json.loads((out / "rank0.json").read_text())["params"]
+@functools.cache
+def reference(framework, optim, k, steps, world=2):
+    """One process, no Horovod, one global batch of world x 4 x k rows per step: the plain
+    framework loop (computed here: PyTorch and TensorFlow share the test process)."""
+    cfg = apply_overrides(TrainConfig(), toy_data.overrides(optim, LOCAL_B, k, steps))
+    return tuple(toy_models.adapter(framework).reference(cfg, world, LOCAL_B, k, steps))
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -32,7 +37,7 @@ def reference(framework, optim, k, steps, tmp_path, *extra):
 def test_two_ranks_with_accumulation_equal_one_process_on_the_global_batch(run_ranks, tmp_path, framework,
                                                                             optim, k):
     ranks = run_ranks("engine_contract.py", framework, "train", optim, k, STEPS)
-    want = reference(framework, optim, k, STEPS, tmp_path)
+    want = reference(framework, optim, k, STEPS)
     assert ranks[0]["params"] == ranks[1]["params"]  # identical on both ranks
     # fp32: summing k micro-batch means vs one full-batch mean rounds differently; LARS's
     # excluded tensors take raw lr * g steps at lr 2.0, which shows it at up to ~2e-5.
@@ -43,17 +48,16 @@ def test_two_ranks_with_accumulation_equal_one_process_on_the_global_batch(run_r
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_accumulation_is_not_a_no_op(tmp_path, framework):
+def test_accumulation_is_not_a_no_op(framework):
     """The reference itself distinguishes k: 2 ranks x 4 x 3 is not 2 ranks x 4 x 1."""
-    assert not np.allclose(reference(framework, "lamb", 3, STEPS, tmp_path),
-                           reference(framework, "lamb", 1, STEPS, tmp_path))
+    assert not np.allclose(reference(framework, "lamb", 3, STEPS), reference(framework, "lamb", 1, STEPS))
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_gradient_predivide_factor_gives_the_same_average(run_ranks, tmp_path, framework):
     ranks = run_ranks("engine_contract.py", framework, "train", "lamb", 2, STEPS,
                       "horovod.gradient_predivide_factor=2.0")
-    np.testing.assert_allclose(ranks[0]["params"], reference(framework, "lamb", 2, STEPS, tmp_path),
+    np.testing.assert_allclose(ranks[0]["params"], reference(framework, "lamb", 2, STEPS),
                                rtol=2e-5, atol=5e-6)
 
 

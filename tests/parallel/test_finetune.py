@@ -4,6 +4,7 @@ sentence task the evaluation accuracy beats chance clearly, and every evaluation
 scored exactly once across the ranks."""
 
 import random
+import json
 import subprocess
 import sys
 
@@ -146,6 +147,9 @@ def test_finetuning_beats_chance_and_evaluates_every_example_once(framework, tas
     assert evals[-1]["eval_accuracy"] > 0.8, evals  # chance: about 0.5
     ckpt = "ckpt-00000080.pt" if framework == "pt" else "ckpt-00000080.tf"
     assert (tmp_path / "ft" / ckpt).exists()
+    # config.json records the resolved config: the steps the epochs came to, not the default
+    cfg = json.loads((tmp_path / "ft" / "config.json").read_text())
+    assert cfg["train"]["schedule"]["total_steps"] == 80 and cfg["framework"] == framework
 
 
 def test_a_dev_set_with_other_labels_is_refused(task, tmp_path):

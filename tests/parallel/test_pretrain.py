@@ -70,7 +70,9 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(bert_data, tmp_path
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, output[-4000:]
+    # exit status 3 (stopped early, checkpoint saved): horovodrun reports it and exits 1
+    assert proc.returncode != 0 and "Exit code: 3" in output, output[-4000:]
+    assert "run the same command again to resume" in output
     stopped = int(output.split("stopped by a signal at step ")[1].split(";")[0])
     assert stopped >= 3
     assert (out / f"ckpt-{stopped:08d}.{framework}").exists()
@@ -136,3 +138,20 @@ def test_a_bad_init_checkpoint_is_one_clear_line_on_every_rank(bert_data, tmp_pa
     lines = [ln for ln in res.stderr.splitlines() if "hvd-bert pretrain:" in ln]
     assert len(lines) == 2 and all(str(bad) in ln for ln in lines), res.explain()  # one line, each rank
     assert "Traceback" not in res.stderr and not (tmp_path / "run").exists()  # nothing written
+
+
+def test_a_rerun_with_other_settings_is_refused_before_anything_is_written(bert_data, tmp_path):
+    """The run folder defines the run (jobs/_identity.py): a rerun that would resume it with
+    another model or optimizer is refused, listing the differences, and changes nothing."""
+    out = tmp_path / "run"
+    run_job("pt", bert_data, out, "--set", "train.schedule.total_steps=5")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.suffix != ".jsonl"}
+    res = launch.run(["-m", "hvd_bert", "pretrain", "--set", f"data={bert_data}", "--set",
+                      f"train.output_dir={out}", *TINY, "--set", "train.schedule.total_steps=10",
+                      "--set", "model=mini", "--set", "train.optim.lr=1e-3"], np=2, timeout=300)
+    assert not res.ok
+    line = next(ln for ln in res.stderr.splitlines() if "hvd-bert pretrain:" in ln)
+    assert "model: 'tiny' -> 'mini'" in line and "train.optim.lr: 0.01 -> 0.001" in line, res.explain()
+    assert "another train.output_dir" in line and "Traceback" not in res.stderr
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.suffix != ".jsonl"}
+    assert after == before  # config.json and bert_config.json untouched

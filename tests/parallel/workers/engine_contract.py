@@ -3,7 +3,7 @@ the engine's ``train_micro_batch`` and the shared ``common.engine.fit`` loop.
 
     python engine_contract.py FRAMEWORK MODE OPTIM K STEPS [overrides...] OUT_DIR
 
-MODE: reference (one process, no Horovod, one global batch per step), train (2 ranks x k),
+MODE: train (2 ranks x k),
 inf (rank 1's loss is inf at step 2), diverge (every step after the first skips, through fit),
 resume (fit() with checkpoints in HVD_BERT_TEST_CKPT,
 dropout on; rank 0 gets SIGTERM after the step HVD_BERT_TEST_KILL_AT, if set).
@@ -18,7 +18,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import toy_data as D  # noqa: E402
 from toy_models import adapter  # noqa: E402
 
+from hvd_bert.common.backend import get_backend  # noqa: E402
 from hvd_bert.common.config import TrainConfig, apply_overrides  # noqa: E402
+from hvd_bert.common.engine import fit  # noqa: E402
 
 LOCAL_B = 4
 
@@ -28,68 +30,61 @@ def main():
     k, steps = int(k), int(steps)
     cfg = apply_overrides(TrainConfig(), D.overrides(optim, LOCAL_B, k, steps, *extra))
     toy = adapter(framework)
-    if mode == "reference":
-        result = {"rank": 0, "params": toy.reference(cfg, int(os.environ.get("HVD_BERT_TEST_WORLD", "2")),
-                                                     LOCAL_B, k, steps)}
+    backend = get_backend(framework)
+    r, n = backend.init(cfg)
+    backend.set_precision(cfg.precision.mode)
+    x, y = D.dataset()
+    knobs = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
+    result = {"rank": r, "size": n, "env": {v: os.environ.get(v) for v in knobs}}
+
+    def batches_from(micro):
+        while True:
+            rows = D.rank_rows(r, n, LOCAL_B, k, micro)
+            yield toy.batch(x[rows], y[rows])
+            micro += 1
+
+    if mode == "diverge":  # rank 1's targets are inf from the second step on: every step skips
+        model = toy.make_model()
+        engine = backend.engine(model, toy.loss, cfg)
+
+        def poisoned(micro):
+            for i, (xb, yb) in enumerate(batches_from(micro)):
+                yield (xb, yb * float("inf")) if r == 1 and i >= k else (xb, yb)
+
+        fit(engine, poisoned, total_steps=steps, output_dir=os.environ["HVD_BERT_TEST_CKPT"], log_every=1,
+            progress=False, max_skipped_steps=cfg.max_skipped_steps)
+    elif mode == "resume":
+        # per-rank seeds: per-rank dropout streams (restored on resume); weights from rank 0
+        model = toy.make_model(dropout=0.2, seed=1000 + r)
+        engine = backend.engine(model, toy.loss, cfg)
+        kill_at = int(os.environ.get("HVD_BERT_TEST_KILL_AT", "0"))
+
+        def on_step(res, metrics):
+            if kill_at and r == 0 and res.step == kill_at:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        fr = fit(engine, batches_from, total_steps=steps, output_dir=os.environ["HVD_BERT_TEST_CKPT"],
+                 checkpoint_every=2, log_every=1, progress=False, on_step=on_step)
+        result.update(steps=fr.steps, stopped=fr.stopped_by_signal, params=toy.flat(model),
+                      history=fr.history)
     else:
-        from hvd_bert.common.backend import get_backend
-        from hvd_bert.common.engine import fit
-
-        backend = get_backend(framework)
-        r, n = backend.init(cfg)
-        backend.set_precision(cfg.precision.mode)
-        x, y = D.dataset()
-        result = {"rank": r, "size": n, "env": {k: os.environ.get(k) for k in ("HOROVOD_FUSION_THRESHOLD",
-                                                                                "HOROVOD_CYCLE_TIME")}}
-
-        def batches_from(micro):
-            while True:
-                rows = D.rank_rows(r, n, LOCAL_B, k, micro)
-                yield toy.batch(x[rows], y[rows])
-                micro += 1
-
-        if mode == "diverge":  # rank 1's targets are inf from the second step on: every step skips
-            model = toy.make_model()
-            engine = backend.engine(model, toy.loss, cfg)
-
-            def poisoned(micro):
-                for i, (xb, yb) in enumerate(batches_from(micro)):
-                    yield (xb, yb * float("inf")) if r == 1 and i >= k else (xb, yb)
-
-            fit(engine, poisoned, total_steps=steps, output_dir=os.environ["HVD_BERT_TEST_CKPT"], log_every=1,
-                progress=False, max_skipped_steps=cfg.max_skipped_steps)
-        elif mode == "resume":
-            # per-rank seeds: per-rank dropout streams (restored on resume); weights from rank 0
-            model = toy.make_model(dropout=0.2, seed=1000 + r)
-            engine = backend.engine(model, toy.loss, cfg)
-            kill_at = int(os.environ.get("HVD_BERT_TEST_KILL_AT", "0"))
-
-            def on_step(res, metrics):
-                if kill_at and r == 0 and res.step == kill_at:
-                    os.kill(os.getpid(), signal.SIGTERM)
-
-            fr = fit(engine, batches_from, total_steps=steps, output_dir=os.environ["HVD_BERT_TEST_CKPT"],
-                     checkpoint_every=2, log_every=1, progress=False, on_step=on_step)
-            result.update(steps=fr.steps, stopped=fr.stopped_by_signal, params=toy.flat(model),
-                          history=fr.history)
-        else:
-            model = toy.make_model()
-            engine = backend.engine(model, toy.loss, cfg)
-            batches = batches_from(0)
-            log, local_grad = [], None
-            while engine.step_count + engine.skipped_steps < steps:
-                xb, yb = next(batches)
-                if mode == "inf" and r == 1 and engine.step_count + engine.skipped_steps == 2:
-                    yb = yb * float("inf")
-                before = toy.flat(model)
-                res = engine.train_micro_batch((xb, yb))
-                if res is None:
-                    if local_grad is None:  # before the sync step: this rank's own gradient
-                        local_grad = toy.local_grad(engine)
-                    continue
-                log.append(dict(step=res.step, lr=res.lr, skipped=res.skipped, scale=res.loss_scale,
-                                changed=before != toy.flat(model)))
-            result.update(params=toy.flat(model), steps=log, local_grad=local_grad)
+        model = toy.make_model()
+        engine = backend.engine(model, toy.loss, cfg)
+        batches = batches_from(0)
+        log, local_grad = [], None
+        while engine.step_count + engine.skipped_steps < steps:
+            xb, yb = next(batches)
+            if mode == "inf" and r == 1 and engine.step_count + engine.skipped_steps == 2:
+                yb = yb * float("inf")
+            before = toy.flat(model)
+            res = engine.train_micro_batch((xb, yb))
+            if res is None:
+                if local_grad is None:  # before the sync step: this rank's own gradient
+                    local_grad = toy.local_grad(engine)
+                continue
+            log.append(dict(step=res.step, lr=res.lr, skipped=res.skipped, scale=res.loss_scale,
+                            changed=before != toy.flat(model)))
+        result.update(params=toy.flat(model), steps=log, local_grad=local_grad)
     with open(os.path.join(out, f"rank{result['rank']}.json"), "w") as f:
         json.dump(result, f)
 

@@ -54,7 +54,7 @@ class Torch:
 
 class TensorFlow:
     def __init__(self):
-        import hvd_bert.tf.engine  # noqa: F401  (the engine's RNG setting before any layer)
+        import hvd_bert.tf  # noqa: F401  (tf-keras, generator-based dropout, before any layer)
         import tensorflow as tf
         self.tf = tf
 

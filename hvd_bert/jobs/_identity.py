@@ -1,0 +1,51 @@
+"""What defines a run, so that a rerun into a run folder continues that run or is refused.
+
+A run folder's ``config.json`` records the resolved config. A job resuming from the folder's
+checkpoints must have the same settings except those that only say how to watch or where to
+write (logging, checkpoint cadence, evaluation cadence, progress) and the horizon
+(``train.schedule.total_steps``, ``epochs``: extending a run is a resume); any other
+difference (model, data, optimizer, schedule shape, batch, precision, seed, framework) is
+refused with the differences listed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["run_differences", "FREE"]
+
+# Settings a resumed run may change (dotted prefixes).
+FREE = ("train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "train.output_dir",
+        "train.resume_resized", "train.max_skipped_steps", "train.horovod", "train.schedule.total_steps",
+        "progress", "epochs", "eval_every", "eval_batch_size", "eval_batch_users", "target_hr", "eval_data")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def run_differences(old: dict, new: dict) -> list[str]:
+    """``key: old -> new`` for every defining setting that differs."""
+    a, b = _flat(old), _flat(new)
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if any(key == f or key.startswith(f + ".") for f in FREE):
+            continue
+        if a.get(key) != b.get(key):
+            diffs.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
+    return diffs
+
+
+def previous_config(folder: Path) -> dict | None:
+    p = Path(folder) / "config.json"
+    try:
+        return json.loads(p.read_text()) if p.is_file() else None
+    except json.JSONDecodeError:
+        return None
