@@ -244,42 +244,61 @@ def _cmd_job(args: argparse.Namespace) -> int:
     return EXIT_STOPPED if result.get("stopped") else 0
 
 
+def _vocab_of(src: Path) -> Path | None:
+    """The vocab.txt that goes with a checkpoint: a Hugging Face folder's own, or the one of the
+    data a run folder trained on (its config.json names the data)."""
+    import json
+
+    folder = src if src.is_dir() else src.parent
+    if (folder / "vocab.txt").is_file():
+        return folder / "vocab.txt"
+    cfg = folder / "config.json"
+    try:
+        data = json.loads(cfg.read_text()).get("data") if cfg.is_file() else None
+    except (OSError, ValueError):
+        data = None
+    if data and (Path(data).expanduser() / "vocab.txt").is_file():
+        return Path(data).expanduser() / "vocab.txt"
+    return None
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
-    """A PyTorch or TensorFlow checkpoint -> portable weights (.npz) that both frameworks load."""
+    """A checkpoint of either framework, a portable .npz or a Hugging Face folder -> portable
+    weights (.npz) or a Hugging Face folder (``--to hf``)."""
     from hvd_bert.common.bert_weights import WeightsError, save_weights
     from hvd_bert.common.checkpoint import latest_checkpoint
+    from hvd_bert.common.hf_format import is_hf_folder, write_hf_folder
 
     src = Path(args.checkpoint).expanduser()
+    if not src.exists():
+        raise WeightsError(f"{src} does not exist; give a run folder, a ckpt-*.pt / ckpt-*.tf, a .npz or a "
+                           f"Hugging Face model folder")
     framework = args.framework
-    if framework == "auto":
-        if src.suffix == ".pt" or (src.is_dir() and src.suffix != ".tf" and latest_checkpoint(src, "pt")):
-            framework = "pt"
-        elif src.suffix == ".tf" or (src.is_dir() and latest_checkpoint(src, "tf")):
-            framework = "tf"
-        else:
-            print(f"hvd-bert convert: {src} is neither a ckpt-*.pt file, a ckpt-*.tf folder nor a run "
-                  f"folder holding one", file=sys.stderr)
-            return 2
+    if framework == "auto":  # PyTorch's reader also reads .npz and Hugging Face folders
+        tf_only = src.is_dir() and not is_hf_folder(src) and latest_checkpoint(src, "tf") and \
+            not latest_checkpoint(src, "pt")
+        framework = "tf" if src.suffix == ".tf" or tf_only else "pt"
     kind = {".pt": "pt", ".tf": "tf"}.get(src.suffix)
     if kind and kind != framework:
-        print(f"hvd-bert convert: {src} is a {'PyTorch' if kind == 'pt' else 'TensorFlow'} checkpoint; "
-              f"use --framework {kind} (or leave it out)", file=sys.stderr)
-        return 2
-    try:
-        if framework == "pt":
-            from hvd_bert.pt.models.bert import read_checkpoint_weights
-        else:
-            from hvd_bert.tf.models.bert import read_checkpoint_weights
-        arrays, config = read_checkpoint_weights(src)
-        if config is None:
-            raise WeightsError(f"no bert_config.json beside {src}: it is written into every run folder "
-                               f"by hvd-bert pretrain / finetune")
-        out = save_weights(args.output, arrays, config)
-    except WeightsError as e:
-        print(f"hvd-bert convert: {e}", file=sys.stderr)
-        return 2
-    print(f"{src} ({framework}, {len(arrays)} tensors, {sum(a.size for a in arrays.values()) / 1e6:.1f}M "
-          f"parameters) -> {out}; load it with --set init_checkpoint={out} in either framework")
+        raise WeightsError(f"{src} is a {'PyTorch' if kind == 'pt' else 'TensorFlow'} checkpoint; use "
+                           f"--framework {kind} (or leave it out)")
+    if framework == "pt":
+        from hvd_bert.pt.models.bert import read_checkpoint_weights
+    else:
+        from hvd_bert.tf.models.bert import read_checkpoint_weights
+    arrays, config = read_checkpoint_weights(src)
+    if config is None:
+        raise WeightsError(f"no bert_config.json beside {src}: it is written into every run folder by "
+                           f"hvd-bert pretrain / finetune")
+    n = f"{len(arrays)} tensors, {sum(a.size for a in arrays.values()) / 1e6:.1f}M parameters"
+    if args.to == "hf":
+        vocab = Path(args.vocab) if args.vocab else _vocab_of(src)
+        out = write_hf_folder(args.output, arrays, config, vocab_file=vocab, do_lower_case=not args.cased)
+        print(f"{src} ({n}) -> {out} (Hugging Face: transformers.BertForPreTraining.from_pretrained"
+              f"({str(out)!r})){'' if vocab else '; no vocab.txt found: copy one in, or pass --vocab'}")
+        return 0
+    out = save_weights(args.output, arrays, config)
+    print(f"{src} ({framework}, {n}) -> {out}; load it with --set init_checkpoint={out} in either framework")
     return 0
 
 
@@ -413,11 +432,19 @@ def build_parser() -> argparse.ArgumentParser:
         _add_config_args(p)
         p.set_defaults(func=_cmd_job)
 
-    p = sub.add_parser("convert", help="a PyTorch or TensorFlow BERT checkpoint -> portable weights "
-                                       "(.npz) that both frameworks load")
-    p.add_argument("checkpoint", help="ckpt-*.pt, ckpt-*.tf, or a run folder (its newest checkpoint)")
-    p.add_argument("--output", required=True, help="the .npz to write")
-    p.add_argument("--framework", choices=["auto", "pt", "tf"], default="auto")
+    p = sub.add_parser("convert", help="a BERT checkpoint (either framework's, .npz, Hugging Face) -> "
+                                       "portable weights (.npz) or a Hugging Face folder")
+    p.add_argument("checkpoint", help="ckpt-*.pt, ckpt-*.tf, a run folder (its newest checkpoint), a .npz, "
+                                      "or a Hugging Face model folder (config.json + model.safetensors "
+                                      "or pytorch_model.bin)")
+    p.add_argument("--output", required=True, help="the .npz, or (--to hf) the folder, to write")
+    p.add_argument("--to", choices=["npz", "hf"], default="npz",
+                   help="npz: portable weights both frameworks load; hf: a folder transformers loads")
+    p.add_argument("--vocab", help="--to hf: the vocab.txt to include (default: the checkpoint's, or "
+                                   "its data's)")
+    p.add_argument("--cased", action="store_true", help="--to hf: the tokenizer keeps case")
+    p.add_argument("--framework", choices=["auto", "pt", "tf"], default="auto",
+                   help="which framework reads the checkpoint (auto: from its suffix)")
     p.set_defaults(func=_cmd_convert)
 
     from hvd_bert.common.simulate import INTERCONNECTS, WORKLOADS

@@ -25,7 +25,8 @@ from hvd_bert.common.bert_config import BertConfig
 from hvd_bert.common.checkpoint import atomic_write
 
 __all__ = ["WeightsError", "save_weights", "write_run_bert_config", "read_run_bert_config",
-           "read_weights", "fit_weights", "POSITION_EMBEDDINGS", "ENCODER_PREFIXES"]
+           "read_weights", "fit_weights", "fit_for_model", "read_published", "POSITION_EMBEDDINGS",
+           "ENCODER_PREFIXES"]
 
 CONFIG_KEY = "__bert_config__"
 POSITION_EMBEDDINGS = "embeddings.position_embeddings.weight"
@@ -114,3 +115,35 @@ def fit_weights(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[i
         raise WeightsError(f"{source} do not fit this model: {'; '.join(parts)}. Use the same model "
                            f"preset and vocabulary as the run that wrote them")
     return out
+
+
+HEADS = ("mlm_", "nsp.")  # the pretraining heads' portable names
+
+
+def fit_for_model(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]], *,
+                  classifier: bool, source: str) -> dict[str, np.ndarray]:
+    """:func:`fit_weights` with the rules of both frameworks' models: a classifier takes the
+    encoder of any checkpoint (its classifier keeps its initialisation unless the checkpoint
+    has one of the same shape; the pretraining heads are dropped); a pretraining model takes a
+    checkpoint without heads (a Hugging Face ``BertModel``, say) with fresh heads and one
+    warning."""
+    if classifier:
+        return fit_weights(arrays, expected, source=source, allow_missing=("classifier.", "pooler."),
+                           ignore_unexpected=HEADS)
+    has_heads = any(k.startswith(HEADS) for k in arrays)
+    if not has_heads:
+        import sys
+        print(f"warning: {source} has no pretraining heads (masked-LM, next-sentence): they start from "
+              f"BERT's initialisation", file=sys.stderr, flush=True)
+    return fit_weights(arrays, expected, source=source,
+                       allow_missing=() if has_heads else (*HEADS, "pooler."))
+
+
+def read_published(path: Path, load_bin=None):
+    """``(arrays, config)`` when ``path`` is a published checkpoint format read the same way in
+    both frameworks (a Hugging Face folder), else None."""
+    from hvd_bert.common.hf_format import is_hf_folder, read_hf_folder
+
+    if is_hf_folder(path):
+        return read_hf_folder(path, load_bin)
+    return None

@@ -32,3 +32,21 @@ def load_checkpoint_file(path: str | Path, map_location="cpu") -> dict:
         raise CheckpointError(f"{path} is not a checkpoint of hvd_bert's (no model and meta entries); "
                               f"give a ckpt-*.pt written by hvd-bert")
     return ckpt
+
+
+def load_state_dict_file(path: str | Path) -> dict:
+    """A PyTorch ``state_dict`` file (a Hugging Face ``pytorch_model.bin``, an NVIDIA checkpoint's
+    ``{"model": ...}``) as float32 numpy arrays, loaded with ``weights_only=True``."""
+    from hvd_bert.common.bert_weights import WeightsError
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001
+        raise WeightsError(f"{path} cannot be read as a PyTorch state_dict with weights_only=True "
+                           f"({type(e).__name__}): truncated, corrupt, or holding more than "
+                           f"tensors") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise WeightsError(f"{path} is not a state_dict of tensors")
+    return {k: v.detach().float().numpy() for k, v in state.items()}

@@ -47,7 +47,8 @@ def test_config_shows_a_jobs_settings():
 
 def test_convert_explains_what_it_cannot_convert(tmp_path):
     p = hvd_bert("convert", str(tmp_path), "--output", str(tmp_path / "w.npz"))
-    assert p.returncode == 2 and "neither a ckpt-*.pt file, a ckpt-*.tf folder nor a run folder" in p.stderr
+    assert p.returncode == 2
+    assert "is neither a run folder with a ckpt-*.pt checkpoint nor a Hugging Face" in p.stderr
     (tmp_path / "ckpt-00000001.pt").write_bytes(b"")
     p = hvd_bert("convert", str(tmp_path / "ckpt-00000001.pt"), "--framework", "tf", "--output", "w.npz")
     assert p.returncode == 2 and "is a PyTorch checkpoint; use --framework pt" in p.stderr

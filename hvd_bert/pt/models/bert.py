@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hvd_bert.common.bert_config import BertConfig
-from hvd_bert.common.bert_weights import WeightsError, fit_weights, read_run_bert_config, read_weights
+from hvd_bert.common.bert_weights import (WeightsError, fit_for_model, read_published, read_run_bert_config,
+                                          read_weights)
 from hvd_bert.common.checkpoint import latest_checkpoint
 from hvd_bert.pt.kernels import LinearGELU, bias_gelu
 
@@ -177,10 +178,8 @@ def load_weights(model: nn.Module, arrays: dict[str, np.ndarray], *, source: str
     """Load portable weights, checked name by name. A classifier takes the encoder of a
     pretraining checkpoint (its own classifier keeps its initialisation)."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    task = isinstance(model, BertForSequenceClassification)
-    fitted = fit_weights(arrays, expected, source=source,
-                         allow_missing=("classifier.",) if task else (),
-                         ignore_unexpected=("mlm_", "nsp.") if task else ())
+    fitted = fit_for_model(arrays, expected, classifier=isinstance(model, BertForSequenceClassification),
+                           source=source)
     state = model.state_dict()
     with torch.no_grad():
         for k, a in fitted.items():
@@ -191,12 +190,18 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], Be
     """Portable weights from a portable ``.npz``, a PyTorch checkpoint ``ckpt-*.pt`` or a run
     folder (its newest ``ckpt-*.pt``). TensorFlow checkpoints: convert them first with
     ``hvd-bert convert``."""
+    from hvd_bert.pt.checkpoint import load_state_dict_file
+
     p = Path(path).expanduser()
+    published = read_published(p, load_state_dict_file)  # Hugging Face
+    if published is not None:
+        return published
     if p.is_dir():
         found = latest_checkpoint(p, "pt")
         if found is None:
-            raise WeightsError(f"{p} has no ckpt-*.pt checkpoint; give a checkpoint file or a .npz "
-                               f"from `hvd-bert convert`")
+            raise WeightsError(f"{p} is neither a run folder with a ckpt-*.pt checkpoint nor a Hugging Face "
+                               f"model folder (config.json + model.safetensors or pytorch_model.bin); give "
+                               f"one of those, a checkpoint file or a .npz from `hvd-bert convert`")
         p = found
     if p.suffix == ".npz":
         return read_weights(p)

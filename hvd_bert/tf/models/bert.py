@@ -23,7 +23,8 @@ import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
 
 from hvd_bert.common.bert_config import BertConfig
-from hvd_bert.common.bert_weights import WeightsError, fit_weights, read_run_bert_config, read_weights
+from hvd_bert.common.bert_weights import (WeightsError, fit_for_model, read_published, read_run_bert_config,
+                                          read_weights)
 from hvd_bert.tf.kernels import DenseGELU, bias_gelu
 
 __all__ = ["BertForPreTraining", "BertForSequenceClassification", "pretraining_loss",
@@ -244,10 +245,8 @@ def load_weights(model: BertModel, arrays: dict[str, np.ndarray], *, source: str
     checkpoint's encoder; its classifier keeps its initialisation)."""
     wm = weight_map(model)
     expected = {k: tuple(v.shape[::-1]) if t else tuple(v.shape) for k, (v, t) in wm.items()}
-    task = isinstance(model, BertForSequenceClassification)
-    fitted = fit_weights(arrays, expected, source=source,
-                         allow_missing=("classifier.",) if task else (),
-                         ignore_unexpected=("mlm_", "nsp.") if task else ())
+    fitted = fit_for_model(arrays, expected, classifier=isinstance(model, BertForSequenceClassification),
+                           source=source)
     for k, a in fitted.items():
         var, t = wm[k]
         var.assign(a.T if t else a)
@@ -260,6 +259,9 @@ def read_checkpoint_weights(path: str | Path, model: BertModel | None = None):
     from hvd_bert.common.checkpoint import latest_checkpoint
 
     p = Path(path).expanduser()
+    published = read_published(p, _load_bin_with_torch)  # Hugging Face
+    if published is not None:
+        return published
     if p.suffix == ".npz":
         return read_weights(p)
     if p.suffix == ".pt":
@@ -282,3 +284,16 @@ def read_checkpoint_weights(path: str | Path, model: BertModel | None = None):
     except (tf.errors.OpError, ValueError) as e:
         raise WeightsError(f"cannot read {p}: {e}") from None
     return export_weights(model), config
+
+
+def _load_bin_with_torch(path):
+    """A ``pytorch_model.bin`` is a PyTorch pickle: only PyTorch reads it (``weights_only=True``:
+    tensors and plain values, never code)."""
+    import torch  # a dependency of the toolkit; only this file format needs it here
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        return {k: v.float().numpy() for k, v in state.items()}
+    except Exception as e:  # noqa: BLE001
+        raise WeightsError(f"{path} cannot be read as a PyTorch state_dict with weights_only=True "
+                           f"({type(e).__name__}); save the model as safetensors instead") from None

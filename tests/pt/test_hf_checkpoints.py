@@ -1,0 +1,162 @@
+"""Hugging Face checkpoints with ``transformers`` as the oracle (a test dependency): random BERTs
+of odd sizes saved with ``save_pretrained`` (safetensors and .bin) load into hvd_bert's PyTorch
+BERT with the same MLM and NSP logits, padding included; hvd_bert -> ``--to hf`` ->
+``from_pretrained`` gives the same logits again with no missing or unexpected weights."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from hvd_bert.common.hf_format import read_hf_folder, write_hf_folder  # noqa: E402
+from hvd_bert.pt.models.bert import (BertForPreTraining, BertForSequenceClassification,  # noqa: E402
+                                     export_weights, load_weights, read_checkpoint_weights)
+
+CONFIGS = {
+    "erf": dict(vocab_size=1001, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+                intermediate_size=96, hidden_act="gelu", type_vocab_size=2, max_position_embeddings=40),
+    "tanh": dict(vocab_size=203, hidden_size=36, num_hidden_layers=3, num_attention_heads=3,
+                 intermediate_size=50, hidden_act="gelu_new", type_vocab_size=3, max_position_embeddings=24,
+                 layer_norm_eps=1e-7),
+}
+
+
+def hf_model(kind, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(**CONFIGS[kind])
+    model = transformers.BertForPreTraining(cfg).eval()
+    with torch.no_grad():  # random biases and norms too, so that every mapping is exercised
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def batch(cfg, seed=1, b=3, s=11, p=4):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.vocab_size, (b, s), generator=g)
+    mask = torch.ones(b, s, dtype=torch.long)
+    mask[1, 7:] = 0  # padding
+    mask[2, 4:] = 0
+    seg = torch.randint(0, cfg.type_vocab_size, (b, s), generator=g)
+    pos = torch.randint(0, s, (b, p), generator=g)
+    return ids, seg, mask, pos
+
+
+def hf_logits(model, ids, seg, mask, pos):
+    with torch.no_grad():
+        out = model(input_ids=ids, token_type_ids=seg, attention_mask=mask)
+    logits = out.prediction_logits
+    mlm = torch.gather(logits, 1, pos[..., None].expand(-1, -1, logits.shape[-1]))
+    return mlm.numpy(), out.seq_relationship_logits.numpy()
+
+
+def ours_logits(arrays, config, ids, seg, mask, pos):
+    model = BertForPreTraining(config).eval()
+    load_weights(model, arrays, source="test")
+    with torch.no_grad():
+        mlm, nsp = model(ids, seg, mask, pos)
+    return mlm[..., : config.vocab_size].numpy(), nsp.numpy()
+
+
+def close(a, b):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_a_transformers_checkpoint_gives_the_same_logits(tmp_path, kind, fmt):
+    model = hf_model(kind)
+    model.save_pretrained(tmp_path / "hf")
+    if fmt == "bin":  # the older layout: torch.save of the state_dict (transformers 5 writes safetensors)
+        (tmp_path / "hf" / "model.safetensors").unlink()
+        torch.save(model.state_dict(), tmp_path / "hf" / "pytorch_model.bin")
+    arrays, config = read_checkpoint_weights(tmp_path / "hf")
+    assert config.vocab_size == CONFIGS[kind]["vocab_size"] and config.num_heads == 3
+    assert config.gelu == ("none" if kind == "erf" else "tanh")
+    b = batch(model.config)
+    for ours, theirs in zip(ours_logits(arrays, config, *b), hf_logits(model, *b)):
+        close(ours, theirs)
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_the_round_trip_to_hf_loads_in_transformers_without_warnings(tmp_path, kind):
+    model = hf_model(kind, seed=2)
+    model.save_pretrained(tmp_path / "hf")
+    arrays, config = read_hf_folder(tmp_path / "hf")
+    ours = BertForPreTraining(config).eval()
+    load_weights(ours, arrays, source="test")
+    out = write_hf_folder(tmp_path / "back", export_weights(ours), config)
+    again, info = transformers.BertForPreTraining.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    b = batch(model.config, seed=3)
+    for a, w in zip(hf_logits(again.eval(), *b), hf_logits(model, *b)):
+        close(a, w)
+    auto = transformers.AutoModel.from_pretrained(out)  # the encoder alone loads as well
+    assert isinstance(auto, transformers.BertModel)
+
+
+def test_a_bert_model_without_heads_initialises_fine_tuning_and_pretraining_with_a_warning(tmp_path, capsys):
+    torch.manual_seed(0)
+    encoder = transformers.BertModel(transformers.BertConfig(**CONFIGS["erf"])).eval()
+    encoder.save_pretrained(tmp_path / "enc")
+    arrays, config = read_checkpoint_weights(tmp_path / "enc")
+    clf = BertForSequenceClassification(config, 3)
+    load_weights(clf, arrays, source="enc")  # no warning: a classifier needs no pretraining heads
+    np.testing.assert_array_equal(clf.layers[1].query.weight.detach().numpy(),
+                                  encoder.encoder.layer[1].attention.self.query.weight.detach().numpy())
+    assert "warning" not in capsys.readouterr().err
+    load_weights(BertForPreTraining(config), arrays, source="enc")
+    assert "has no pretraining heads" in capsys.readouterr().err
+
+
+def test_a_fine_tuned_classifier_exports_as_bert_for_sequence_classification(tmp_path):
+    torch.manual_seed(4)
+    hf = transformers.BertForSequenceClassification(transformers.BertConfig(**CONFIGS["tanh"], num_labels=3))
+    hf.save_pretrained(tmp_path / "clf")
+    arrays, config = read_hf_folder(tmp_path / "clf")
+    out = write_hf_folder(tmp_path / "back", arrays, config)
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForSequenceClassification"]
+    again, info = transformers.BertForSequenceClassification.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    ids, seg, mask, _ = batch(hf.config)
+    with torch.no_grad():
+        close(again.eval()(input_ids=ids, token_type_ids=seg, attention_mask=mask).logits.numpy(),
+              hf.eval()(input_ids=ids, token_type_ids=seg, attention_mask=mask).logits.numpy())
+
+
+@pytest.mark.parametrize("damage,match", [
+    ("truncate", "cannot be read .* truncated or not safetensors"),
+    ("activation", "hidden_act 'relu' is not supported"),
+    ("shape", "do not fit this model|rows, config.json's vocab_size"),
+])
+def test_bad_hf_folders_are_clear_errors(tmp_path, damage, match):
+    from hvd_bert.common.bert_weights import WeightsError
+
+    hf_model("erf").save_pretrained(tmp_path / "hf")
+    st, cfg = tmp_path / "hf" / "model.safetensors", tmp_path / "hf" / "config.json"
+    if damage == "truncate":
+        st.write_bytes(st.read_bytes()[: st.stat().st_size // 2])
+    elif damage == "activation":
+        cfg.write_text(json.dumps(dict(json.loads(cfg.read_text()), hidden_act="relu")))
+    else:
+        cfg.write_text(json.dumps(dict(json.loads(cfg.read_text()), vocab_size=999)))
+    with pytest.raises(WeightsError, match=match):
+        arrays, config = read_checkpoint_weights(tmp_path / "hf")
+        load_weights(BertForPreTraining(config), arrays, source=str(tmp_path / "hf"))
+
+
+def test_convert_to_hf_from_the_command_line(tmp_path):
+    hf_model("tanh").save_pretrained(tmp_path / "hf")
+    res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(tmp_path / "hf"), "--to", "hf",
+                          "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    again, info = transformers.BertForPreTraining.from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(tmp_path / "hf"), "--to", "hf",
+                          "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "is not empty" in res.stderr  # nothing overwritten
