@@ -291,6 +291,13 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         raise WeightsError(f"no bert_config.json beside {src}: it is written into every run folder by "
                            f"hvd-bert pretrain / finetune")
     n = f"{len(arrays)} tensors, {sum(a.size for a in arrays.values()) / 1e6:.1f}M parameters"
+    if args.to == "google":
+        from hvd_bert.tf.google_ckpt import write_google
+
+        vocab = Path(args.vocab) if args.vocab else _vocab_of(src)
+        out = write_google(args.output, arrays, config, vocab_file=vocab)
+        print(f"{src} ({n}) -> {out} (Google TF1: bert_config.json + bert_model.ckpt, as modeling.py reads)")
+        return 0
     if args.to == "hf":
         vocab = Path(args.vocab) if args.vocab else _vocab_of(src)
         out = write_hf_folder(args.output, arrays, config, vocab_file=vocab, do_lower_case=not args.cased)
@@ -438,8 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "or a Hugging Face model folder (config.json + model.safetensors "
                                       "or pytorch_model.bin)")
     p.add_argument("--output", required=True, help="the .npz, or (--to hf) the folder, to write")
-    p.add_argument("--to", choices=["npz", "hf"], default="npz",
-                   help="npz: portable weights both frameworks load; hf: a folder transformers loads")
+    p.add_argument("--to", choices=["npz", "hf", "google"], default="npz",
+                   help="npz: portable weights both frameworks load; hf: a folder transformers loads; "
+                        "google: a TF1 checkpoint Google's modeling.py loads")
     p.add_argument("--vocab", help="--to hf: the vocab.txt to include (default: the checkpoint's, or "
                                    "its data's)")
     p.add_argument("--cased", action="store_true", help="--to hf: the tokenizer keeps case")

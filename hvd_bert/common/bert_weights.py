@@ -139,11 +139,15 @@ def fit_for_model(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple
                        allow_missing=() if has_heads else (*HEADS, "pooler."))
 
 
-def read_published(path: Path, load_bin=None):
-    """``(arrays, config)`` when ``path`` is a published checkpoint format read the same way in
-    both frameworks (a Hugging Face folder), else None."""
+def read_published(path: Path, load_bin=None, read_google=None):
+    """``(arrays, config)`` when ``path`` is a published checkpoint: a Hugging Face folder
+    (``load_bin`` reads a ``pytorch_model.bin``) or a Google TF1 checkpoint (``read_google``,
+    which needs TensorFlow); else None."""
+    from hvd_bert.common.google_format import google_checkpoint_prefix
     from hvd_bert.common.hf_format import is_hf_folder, read_hf_folder
 
     if is_hf_folder(path):
         return read_hf_folder(path, load_bin)
+    if google_checkpoint_prefix(path) is not None:
+        return read_google(path)
     return None

@@ -193,7 +193,7 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], Be
     from hvd_bert.pt.checkpoint import load_state_dict_file
 
     p = Path(path).expanduser()
-    published = read_published(p, load_state_dict_file)  # Hugging Face
+    published = read_published(p, load_state_dict_file, _read_google_in_tf_process)  # HF, Google
     if published is not None:
         return published
     if p.is_dir():
@@ -219,3 +219,20 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], Be
     except CheckpointError as e:
         raise WeightsError(str(e)) from None
     return {k: v.float().numpy() for k, v in state["model"].items()}, read_run_bert_config(p.parent)
+
+
+def _read_google_in_tf_process(path: Path) -> tuple[dict[str, np.ndarray], BertConfig]:
+    """A Google TF1 checkpoint needs TensorFlow's reader: it runs in its own process
+    (``hvd_bert.tf.google_ckpt``), which hands back a portable .npz."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "weights.npz"
+        res = subprocess.run([sys.executable, "-m", "hvd_bert.tf.google_ckpt", "to-npz", str(path), str(out)],
+                             capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if res.returncode != 0:
+            lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+            raise WeightsError(lines[-1] if lines else f"reading the Google checkpoint {path} failed")
+        return read_weights(out)

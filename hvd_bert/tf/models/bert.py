@@ -259,7 +259,9 @@ def read_checkpoint_weights(path: str | Path, model: BertModel | None = None):
     from hvd_bert.common.checkpoint import latest_checkpoint
 
     p = Path(path).expanduser()
-    published = read_published(p, _load_bin_with_torch)  # Hugging Face
+    from hvd_bert.tf.google_ckpt import read_google
+
+    published = read_published(p, _load_bin_with_torch, read_google)  # Hugging Face, Google
     if published is not None:
         return published
     if p.suffix == ".npz":

@@ -1,0 +1,144 @@
+"""Google's TF1 BERT checkpoints, framework-free part: which folder is one, its
+``bert_config.json``, and the variable names and layouts (``bert/encoder/layer_N/attention/
+self/query/kernel``, ``cls/predictions/...``, ``cls/seq_relationship/output_weights``) against
+hvd_bert's portable names. Reading and writing the checkpoint files themselves needs
+TensorFlow's checkpoint reader and a TF1 ``Saver``: ``hvd_bert.tf.google_ckpt``.
+
+Google's ``modeling.gelu`` is the tanh approximation, so ``hidden_act: "gelu"`` in a Google
+config means ``tanh`` here (in a Hugging Face config the same word means the erf form).
+Dense kernels are ``[in, out]`` (PyTorch's ``[out, in]`` transposed); the next-sentence
+``output_weights`` are ``[2, hidden]`` like PyTorch's weight.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from hvd_bert.common.bert_config import BertConfig
+from hvd_bert.common.bert_weights import WeightsError
+
+__all__ = ["google_checkpoint_prefix", "read_google_config", "google_config", "google_to_portable",
+           "portable_to_google"]
+
+_LN = {"weight": "gamma", "bias": "beta"}
+_DENSE = {"weight": "kernel", "bias": "bias"}
+_LAYER = {"query": "attention/self/query", "key": "attention/self/key",
+          "value": "attention/self/value", "attention_output": "attention/output/dense",
+          "attention_LayerNorm": "attention/output/LayerNorm", "intermediate": "intermediate/dense",
+          "output": "output/dense", "output_LayerNorm": "output/LayerNorm"}
+_FIXED = {  # portable -> (Google name, transpose)
+    "embeddings.word_embeddings.weight": ("bert/embeddings/word_embeddings", False),
+    "embeddings.position_embeddings.weight": ("bert/embeddings/position_embeddings", False),
+    "embeddings.token_type_embeddings.weight": ("bert/embeddings/token_type_embeddings", False),
+    "embeddings.LayerNorm.weight": ("bert/embeddings/LayerNorm/gamma", False),
+    "embeddings.LayerNorm.bias": ("bert/embeddings/LayerNorm/beta", False),
+    "pooler.weight": ("bert/pooler/dense/kernel", True), "pooler.bias": ("bert/pooler/dense/bias", False),
+    "mlm_transform.weight": ("cls/predictions/transform/dense/kernel", True),
+    "mlm_transform.bias": ("cls/predictions/transform/dense/bias", False),
+    "mlm_LayerNorm.weight": ("cls/predictions/transform/LayerNorm/gamma", False),
+    "mlm_LayerNorm.bias": ("cls/predictions/transform/LayerNorm/beta", False),
+    "mlm_bias": ("cls/predictions/output_bias", False),
+    "nsp.weight": ("cls/seq_relationship/output_weights", False),
+    "nsp.bias": ("cls/seq_relationship/output_bias", False),
+    "classifier.weight": ("output_weights", False), "classifier.bias": ("output_bias", False),
+}
+_VOCAB_ROWS = ("embeddings.word_embeddings.weight", "mlm_bias")
+
+
+def google_checkpoint_prefix(path: str | Path) -> Path | None:
+    """The checkpoint prefix (``.../bert_model.ckpt``) when ``path`` is a Google BERT folder
+    (``bert_config.json`` and one ``*.ckpt.index``) or such a prefix itself; else None."""
+    p = Path(path)
+    if p.is_dir() and (p / "bert_config.json").is_file():
+        found = sorted(p.glob("*.ckpt.index")) or sorted(p.glob("*.ckpt-*.index"))
+        return found[-1].with_suffix("") if found else None
+    if p.with_name(p.name + ".index").is_file() and (p.parent / "bert_config.json").is_file():
+        return p
+    return None
+
+
+def read_google_config(folder: str | Path) -> BertConfig:
+    path = Path(folder) / "bert_config.json"
+    try:
+        raw = json.loads(path.read_text())
+        act = raw.get("hidden_act", "gelu")
+        if act not in ("gelu", "gelu_new"):
+            raise WeightsError(f"{path}: hidden_act {act!r} is not supported (BERT uses gelu)")
+        return BertConfig(vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
+                          num_layers=int(raw["num_hidden_layers"]), num_heads=int(raw["num_attention_heads"]),
+                          intermediate_size=int(raw["intermediate_size"]),
+                          max_position_embeddings=int(raw.get("max_position_embeddings", 512)),
+                          type_vocab_size=int(raw.get("type_vocab_size", 2)),
+                          hidden_dropout=float(raw.get("hidden_dropout_prob", 0.1)),
+                          attention_dropout=float(raw.get("attention_probs_dropout_prob", 0.1)),
+                          initializer_range=float(raw.get("initializer_range", 0.02)),
+                          layer_norm_eps=1e-12, gelu="tanh")
+    except (OSError, json.JSONDecodeError, KeyError, ValueError) as e:
+        raise WeightsError(f"{path} is not a readable BERT config ({type(e).__name__}: {e})") from None
+
+
+def google_config(config: BertConfig) -> dict:
+    if config.gelu != "tanh":
+        raise WeightsError("Google's BERT code computes GELU in its tanh form only; this model uses the "
+                           "exact erf form, so a Google checkpoint of it would compute other outputs")
+    return {"attention_probs_dropout_prob": config.attention_dropout, "hidden_act": "gelu",
+            "hidden_dropout_prob": config.hidden_dropout, "hidden_size": config.hidden_size,
+            "initializer_range": config.initializer_range, "intermediate_size": config.intermediate_size,
+            "max_position_embeddings": config.max_position_embeddings,
+            "num_attention_heads": config.num_heads, "num_hidden_layers": config.num_layers,
+            "type_vocab_size": config.type_vocab_size, "vocab_size": config.vocab_size}
+
+
+def _names(config: BertConfig) -> dict[str, tuple[str, bool]]:
+    out = dict(_FIXED)
+    for i in range(config.num_layers):
+        for ours, theirs in _LAYER.items():
+            leaves = _LN if ours.endswith("LayerNorm") else _DENSE
+            for leaf, g in leaves.items():
+                out[f"layers.{i}.{ours}.{leaf}"] = (f"bert/encoder/layer_{i}/{theirs}/{g}", leaf == "weight"
+                                                    and not ours.endswith("LayerNorm"))
+    return out
+
+
+def google_to_portable(variables: Mapping[str, np.ndarray], config: BertConfig, source: str) -> dict:
+    """Google variable names -> portable names (optimizer slots and step counters ignored)."""
+    out = {}
+    names = _names(config)
+    for ours, (theirs, transpose) in names.items():
+        if theirs in variables:
+            a = np.asarray(variables[theirs], dtype=np.float32)
+            out[ours] = np.ascontiguousarray(a.T) if transpose else a
+    known = {t for t, _ in names.values()}
+    unknown = sorted(k for k in variables if k not in known and not re.search(r"(adam_[mv]|global_step|"
+                                                                             r"Momentum|LAMB)", k))
+    if unknown:
+        raise WeightsError(f"{source} has variables hvd_bert's BERT does not know: {unknown[:6]}")
+    for name in _VOCAB_ROWS:
+        if name in out:
+            a = out[name]
+            if a.shape[0] != config.vocab_size:
+                raise WeightsError(f"{source}: {name} has {a.shape[0]} rows, bert_config.json's vocab_size "
+                                   f"is {config.vocab_size}")
+            pad = config.padded_vocab_size - a.shape[0]
+            if pad:
+                out[name] = np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)])
+    return out
+
+
+def portable_to_google(arrays: Mapping[str, np.ndarray], config: BertConfig) -> dict[str, np.ndarray]:
+    names = _names(config)
+    out = {}
+    for ours, a in arrays.items():
+        if ours not in names:
+            raise WeightsError(f"portable weight {ours!r} has no Google name")
+        theirs, transpose = names[ours]
+        a = np.asarray(a, dtype=np.float32)
+        if ours in _VOCAB_ROWS:
+            a = a[: config.vocab_size]
+        out[theirs] = np.ascontiguousarray(a.T) if transpose else a
+    return out
