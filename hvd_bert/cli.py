@@ -84,14 +84,37 @@ def _mpi_world():
     return comm.Get_rank(), comm.Get_size(), comm
 
 
+def _vocab_and_case(args: argparse.Namespace):
+    """``(vocab.txt or None, do_lower_case)``: ``--vocab`` resolved (a vocab.txt, a tokenizer.json
+    or a checkpoint folder), and the case from ``--cased``/``--uncased``, else the checkpoint's,
+    else lower-case."""
+    from hvd_bert.common.vocab import resolve_vocab
+
+    vocab = resolve_vocab(args.vocab) if args.vocab else None
+    if args.cased or args.uncased:
+        lower = not args.cased
+    elif vocab is not None and vocab.do_lower_case is not None:
+        lower = vocab.do_lower_case
+        print(f"{'lower-casing' if lower else 'keeping case'}, as the checkpoint of {vocab.source} does "
+              f"(--cased / --uncased to change)")
+    else:
+        lower = True
+    return (vocab.path if vocab else None), lower
+
+
 def _cmd_prepare_bert(args: argparse.Namespace) -> int:
     from hvd_bert.common.bert_data import PretrainingSettings, prepare_bert
     from hvd_bert.common.records import DatasetError
 
     rank, size, comm = _mpi_world()
-    inputs, vocab = args.input, args.vocab
+    try:
+        vocab, lower = _vocab_and_case(args)
+    except DatasetError as e:
+        print(f"hvd-bert prepare-bert: {e}", file=sys.stderr)
+        return 2
+    inputs = args.input
     if not inputs:
-        corpus, vocab = default_corpus(args.vocab_size, not args.cased, rank == 0, vocab)
+        corpus, vocab = default_corpus(args.vocab_size, lower, rank == 0, vocab)
         if comm is not None:
             comm.Barrier()
         inputs = [str(corpus)]
@@ -101,7 +124,7 @@ def _cmd_prepare_bert(args: argparse.Namespace) -> int:
         settings = PretrainingSettings(
             max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
             masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
-            dupe_factor=args.dupe_factor, do_lower_case=not args.cased, seed=args.seed)
+            dupe_factor=args.dupe_factor, do_lower_case=lower, seed=args.seed)
         meta = prepare_bert(inputs, args.output, vocab_file=vocab, vocab_size=args.vocab_size,
                             num_shards=args.num_shards, settings=settings, rank=rank, world_size=size,
                             comm=comm, overwrite=args.overwrite)
@@ -121,10 +144,11 @@ def _cmd_prepare_classification(args: argparse.Namespace) -> int:
     from hvd_bert.common.records import DatasetError
 
     try:
-        meta = prepare_classification(args.table, args.output, args.vocab, text_a=args.text_a,
+        vocab, lower = _vocab_and_case(args)
+        meta = prepare_classification(args.table, args.output, vocab, text_a=args.text_a,
                                       text_b=args.text_b, label=args.label,
                                       max_seq_length=args.max_seq_length, num_shards=args.num_shards,
-                                      do_lower_case=not args.cased, labels=args.labels,
+                                      do_lower_case=lower, labels=args.labels,
                                       overwrite=args.overwrite)
     except (DatasetError, ValueError) as e:
         print(f"hvd-bert prepare-classification: {e}", file=sys.stderr)
@@ -393,9 +417,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text files: one sentence per line, blank line between documents "
                         "(default: the built-in Python-docstring corpus)")
     p.add_argument("--output", required=True, help="output folder")
-    p.add_argument("--vocab", help="an existing WordPiece vocab.txt (default: train one on the input)")
+    p.add_argument("--vocab", help="the WordPiece vocabulary: a vocab.txt, a tokenizer.json, or a "
+                                   "checkpoint folder (Hugging Face, Google) holding one (default: train "
+                                   "one on the input)")
     p.add_argument("--vocab-size", type=int, default=8192, help="size of a trained vocab")
-    p.add_argument("--cased", action="store_true", help="keep case (default: lower-case)")
+    p.add_argument("--cased", action="store_true",
+                   help="keep case (default: the checkpoint's, from --vocab, else lower-case)")
+    p.add_argument("--uncased", action="store_true", help="lower-case (overrides the checkpoint's)")
     p.add_argument("--num-shards", type=int, default=8)
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--max-predictions-per-seq", type=int, default=20)
@@ -410,12 +438,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a TSV/CSV with a header -> sentence(-pair) classification shards")
     p.add_argument("table", help="the .tsv or .csv file")
     p.add_argument("--output", required=True)
-    p.add_argument("--vocab", required=True, help="the pretraining vocab.txt")
+    p.add_argument("--vocab", required=True, help="the checkpoint's vocabulary: a vocab.txt, a "
+                                                  "tokenizer.json, or the checkpoint folder itself")
     p.add_argument("--text-a", required=True, help="column of the (first) sentence")
     p.add_argument("--text-b", help="column of the second sentence, for pairs")
     p.add_argument("--label", required=True, help="column of the label")
     p.add_argument("--labels", nargs="*", help="label order (pass the training set's to a dev set)")
-    p.add_argument("--cased", action="store_true")
+    p.add_argument("--cased", action="store_true",
+                   help="keep case (default: the checkpoint's, from --vocab, else lower-case)")
+    p.add_argument("--uncased", action="store_true", help="lower-case (overrides the checkpoint's)")
     p.add_argument("--num-shards", type=int, default=2)
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--overwrite", action="store_true")

@@ -1,0 +1,110 @@
+"""The tokenizer that goes with a checkpoint: ``--vocab`` may be a ``vocab.txt``, a Hugging Face
+``tokenizer.json`` (WordPiece), or a checkpoint folder (Hugging Face or Google) holding one;
+lower-casing comes from the checkpoint (``tokenizer_config.json``'s ``do_lower_case``, the
+``tokenizer.json`` normalizer, or Google's ``uncased_`` / ``cased_`` folder naming) unless the
+command line says otherwise. A vocabulary without BERT's special tokens, or of another size
+than the checkpoint's ``config.json`` / ``bert_config.json`` says, is an error naming both."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from hvd_bert.common.records import DatasetError
+
+__all__ = ["ResolvedVocab", "resolve_vocab", "SPECIAL_TOKENS"]
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+@dataclass(frozen=True)
+class ResolvedVocab:
+    path: Path                    # a vocab.txt (written next to nothing the user owns)
+    do_lower_case: bool | None    # what the checkpoint says; None: it does not say
+    source: str                   # where it came from, for messages
+
+
+def _from_tokenizer_json(path: Path) -> tuple[Path, bool | None]:
+    try:
+        tok = json.loads(path.read_text())
+        model = tok["model"]
+    except (OSError, ValueError, KeyError) as e:
+        raise DatasetError(f"{path} is not a readable tokenizer.json ({type(e).__name__}: {e})") from None
+    if model.get("type") != "WordPiece":
+        raise DatasetError(f"{path} holds a {model.get('type')!r} tokenizer; BERT needs WordPiece")
+    vocab = model["vocab"]  # token -> id
+    ids = sorted(vocab.values())
+    if ids != list(range(len(ids))):
+        raise DatasetError(f"{path}: the WordPiece ids are not 0..{len(ids) - 1}")
+    out = Path(tempfile.mkdtemp(prefix="hvd_bert-vocab-")) / "vocab.txt"
+    ordered = sorted(vocab.items(), key=lambda kv: kv[1])
+    out.write_text("".join(t + "\n" for t, _ in ordered), encoding="utf-8")
+    norm = tok.get("normalizer") or {}
+    lower = norm.get("lowercase") if norm.get("type") == "BertNormalizer" else None
+    return out, lower
+
+
+def _lower_of_folder(folder: Path) -> bool | None:
+    cfg = folder / "tokenizer_config.json"
+    if cfg.is_file():
+        try:
+            value = json.loads(cfg.read_text()).get("do_lower_case")
+            if isinstance(value, bool):
+                return value
+        except ValueError:
+            pass
+    name = folder.name.lower()
+    if name.startswith("uncased_") or "-uncased" in name:
+        return True
+    if name.startswith("cased_") or "-cased" in name:
+        return False
+    return None
+
+
+def _checkpoint_vocab_size(folder: Path) -> tuple[int, str] | None:
+    for name in ("config.json", "bert_config.json"):
+        p = folder / name
+        if p.is_file():
+            try:
+                return int(json.loads(p.read_text())["vocab_size"]), str(p)
+            except (ValueError, KeyError):
+                return None
+    return None
+
+
+def resolve_vocab(arg: str | Path) -> ResolvedVocab:
+    p = Path(arg).expanduser()
+    lower, folder = None, None
+    if p.is_dir():
+        folder = p
+        if (p / "vocab.txt").is_file():
+            path = p / "vocab.txt"
+        elif (p / "tokenizer.json").is_file():
+            path, lower = _from_tokenizer_json(p / "tokenizer.json")
+        else:
+            raise DatasetError(f"{p} has no vocab.txt or tokenizer.json; give the checkpoint's vocab file "
+                               f"with --vocab")
+        lower = _lower_of_folder(p) if _lower_of_folder(p) is not None else lower
+    elif p.name.endswith(".json"):
+        path, lower = _from_tokenizer_json(p)
+        folder = p.parent
+        lower = lower if lower is not None else _lower_of_folder(p.parent)
+    elif p.is_file():
+        path = p
+        lower = _lower_of_folder(p.parent)
+        folder = p.parent
+    else:
+        raise DatasetError(f"vocab {p} does not exist; give a vocab.txt, a tokenizer.json or a checkpoint "
+                           f"folder")
+    tokens = path.read_text(encoding="utf-8").splitlines()
+    missing = [t for t in SPECIAL_TOKENS if t not in tokens]
+    if missing:
+        raise DatasetError(f"{path} lacks BERT's special tokens {missing}; it is not a BERT WordPiece "
+                           f"vocabulary")
+    size = _checkpoint_vocab_size(folder) if folder is not None else None
+    if size is not None and size[0] != len(tokens):
+        raise DatasetError(f"{path} has {len(tokens)} tokens but {size[1]} says vocab_size {size[0]}: the "
+                           f"vocabulary does not belong to this checkpoint; give the checkpoint's own")
+    return ResolvedVocab(path, lower, str(p))
