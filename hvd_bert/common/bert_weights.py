@@ -150,4 +150,30 @@ def read_published(path: Path, load_bin=None, read_google=None):
         return read_hf_folder(path, load_bin)
     if google_checkpoint_prefix(path) is not None:
         return read_google(path)
+    if is_nvidia_checkpoint(path):
+        return read_nvidia(path, load_bin)
     return None
+
+
+def is_nvidia_checkpoint(path: Path) -> bool:
+    """An NVIDIA DeepLearningExamples BERT checkpoint: a ``.pt`` holding ``{"model": state_dict}``
+    with Hugging Face-style names, beside a Google-style ``bert_config.json``."""
+    cfg = Path(path).parent / "bert_config.json"
+    if not (Path(path).is_file() and Path(path).suffix in (".pt", ".pth") and cfg.is_file()):
+        return False
+    try:
+        return "num_hidden_layers" in json.loads(cfg.read_text())  # hvd_bert's own says num_layers
+    except ValueError:
+        return False
+
+
+def read_nvidia(path: Path, load_bin) -> tuple[dict[str, np.ndarray], BertConfig]:
+    """NVIDIA's PyTorch BERT computes GELU in the erf form (its ``gelu``/``bias_gelu``) and
+    names the intermediate layer ``dense_act``; otherwise its names are Hugging Face's."""
+    from hvd_bert.common.google_format import read_google_config
+    from hvd_bert.common.hf_format import hf_to_portable
+
+    if load_bin is None:
+        raise WeightsError(f"{path} is a PyTorch pickle: read it with PyTorch")
+    config = dataclasses.replace(read_google_config(Path(path).parent), gelu="none")
+    return hf_to_portable(load_bin(Path(path)), config, str(path)), config

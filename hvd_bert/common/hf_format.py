@@ -118,7 +118,8 @@ def hf_to_portable(state: Mapping[str, np.ndarray], config: BertConfig, source: 
     def take(portable: str, hf: str) -> None:
         # older checkpoints name LayerNorm parameters gamma/beta
         old = hf.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
-        for name in (hf, old):
+        nvidia = hf.replace("intermediate.dense.", "intermediate.dense_act.")  # NVIDIA's name for it
+        for name in (hf, old, nvidia):
             if name in state:
                 out[portable] = np.asarray(state[name], dtype=np.float32)
                 used.add(name)

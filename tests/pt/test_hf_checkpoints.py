@@ -122,3 +122,25 @@ def test_convert_to_hf_from_the_command_line(tmp_path):
     res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(tmp_path / "hf"), "--to", "hf",
                           "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "is not empty" in res.stderr  # nothing overwritten
+
+
+def test_an_nvidia_deeplearningexamples_checkpoint_gives_the_same_logits(tmp_path):
+    """NVIDIA's PyTorch BERT saves ``{"model": state_dict}`` with Hugging Face's names (its
+    intermediate layer is ``dense_act``) beside a Google-style bert_config.json; its GELU is the
+    erf form, as transformers' "gelu"."""
+    model = hf_model("erf", seed=5)
+    c = CONFIGS["erf"]
+    state = {k.replace("intermediate.dense.", "intermediate.dense_act."): v
+             for k, v in model.state_dict().items()}
+    (tmp_path / "nv").mkdir()
+    torch.save({"model": state, "epoch": 3}, tmp_path / "nv" / "ckpt_8601.pt")
+    (tmp_path / "nv" / "bert_config.json").write_text(json.dumps({
+        "vocab_size": c["vocab_size"], "hidden_size": c["hidden_size"],
+        "num_hidden_layers": c["num_hidden_layers"], "num_attention_heads": c["num_attention_heads"],
+        "intermediate_size": c["intermediate_size"],
+        "hidden_act": "gelu", "max_position_embeddings": c["max_position_embeddings"], "type_vocab_size": 2}))
+    arrays, config = read_checkpoint_weights(tmp_path / "nv" / "ckpt_8601.pt")
+    assert config.gelu == "none"
+    b = batch(model.config)
+    for ours, theirs in zip(ours_logits(arrays, config, *b), hf_logits(model, *b)):
+        close(ours, theirs)

@@ -295,6 +295,7 @@ def _load_bin_with_torch(path):
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+        state = state["model"] if isinstance(state.get("model"), dict) else state  # NVIDIA's layout
         return {k: v.float().numpy() for k, v in state.items()}
     except Exception as e:  # noqa: BLE001
         raise WeightsError(f"{path} cannot be read as a PyTorch state_dict with weights_only=True "
