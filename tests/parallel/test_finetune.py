@@ -3,8 +3,8 @@ checkpoint (PyTorch's own, and the same converted for TensorFlow): on a small ge
 sentence task the evaluation accuracy beats chance clearly, and every evaluation example is
 scored exactly once across the ranks."""
 
-import random
 import json
+import random
 import subprocess
 import sys
 
@@ -195,3 +195,26 @@ def test_a_dev_set_with_other_labels_is_refused(task, tmp_path):
     assert res.returncode == 2
     assert "has labels ['maybe'], the training set ['no', 'yes']" in res.stderr
     assert "--labels no yes" in res.stderr
+
+
+@pytest.fixture(scope="module")
+def published(task):
+    """The pretrained run exported as the ecosystem's formats: a Hugging Face folder (with the
+    data's vocab.txt) and a Google TF1 checkpoint."""
+    out = {}
+    for fmt in ("hf", "google"):
+        res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(task["root"] / "p1"), "--to",
+                              fmt, "--output", str(task["root"] / fmt)], capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr
+        out[fmt] = task["root"] / fmt
+    assert (out["hf"] / "vocab.txt").is_file() and (out["google"] / "bert_model.ckpt.index").is_file()
+    return out
+
+
+@pytest.mark.parametrize("framework,fmt", [("pt", "hf"), ("tf", "hf"), ("pt", "google")])
+def test_finetuning_from_a_published_checkpoint_format(framework, fmt, task, published, tmp_path):
+    metrics, stdout = finetune(framework, task, published[fmt], tmp_path / "ft")
+    assert f"from {published[fmt]}" in stdout
+    evals = [m for m in metrics if "eval_accuracy" in m]
+    assert evals[-1]["eval_examples"] == 201 and evals[-1]["eval_accuracy"] > 0.8, evals
