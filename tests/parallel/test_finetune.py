@@ -218,3 +218,21 @@ def test_finetuning_from_a_published_checkpoint_format(framework, fmt, task, pub
     assert f"from {published[fmt]}" in stdout
     evals = [m for m in metrics if "eval_accuracy" in m]
     assert evals[-1]["eval_examples"] == 201 and evals[-1]["eval_accuracy"] > 0.8, evals
+
+
+def test_data_prepared_with_another_vocab_of_the_same_size_is_refused(task, tmp_path):
+    """Only the size used to be compared: a shuffled vocab.txt of the same size made token ids
+    mean other words without a word of warning."""
+    words = (task["train"] / "vocab.txt").read_text().splitlines()
+    special, rest = words[:5], words[5:]
+    random.Random(0).shuffle(rest)
+    shuffled = tmp_path / "vocab.txt"
+    shuffled.write_text("\n".join(special + rest) + "\n")
+    other = prepare(task["root"] / "train.tsv", tmp_path / "other", shuffled)
+    res = subprocess.run([sys.executable, "-m", "hvd_bert", "finetune", "--set", f"data={other}",
+                          "--set", f"init_checkpoint={task['root'] / 'p1'}",
+                          "--set", f"train.output_dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr
+    assert "prepared with another vocabulary of the same size" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "run").exists()
