@@ -16,7 +16,7 @@ lint: setup
 # TensorFlow share a process); tests/parallel starts real multi-process runs.
 test: lint
 	-bash scripts/slurm_local.sh install   # for tests/parallel/test_slurm.py (skips without it)
-	$(PY) -m pytest -q -p no:cacheprovider tests/common tests/pt tests/tf tests/parallel
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests/common tests/pt tests/tf tests/parallel
 
 doctor: setup
 	$(VENV)/bin/hvd-bert doctor

@@ -206,6 +206,7 @@ class StepBook:
         self.t0, self.steps_since_log, self.last_loss = time.perf_counter(), 0, float("nan")
         self.stopped = self.by_signal = False
         self.max_skipped, self.skipped_in_a_row = max_skipped_steps, 0
+        self.logged_step = engine.step_count  # a resumed run logged this step already
 
     def after_step(self, result, local: dict) -> bool:
         """Account for one optimizer step (``local``: this rank's metric means over its
@@ -222,7 +223,10 @@ class StepBook:
                 f"train.max_skipped_steps")
         if not result.skipped:
             self.log.advance()
-        if result.step % self.log_every == 0 or result.step == self.total:
+        # a skipped step does not advance the count: log each step once, not once per retry
+        due = result.step % self.log_every == 0 or result.step == self.total
+        if due and result.step != self.logged_step:
+            self.logged_step = result.step
             mean = {k: e.average(v, f"hvd_bert.{k}") for k, v in local.items()}  # collectives
             dt = time.perf_counter() - self.t0
             rate = (self.plan.global_batch_size * self.steps_since_log / dt if self.plan and dt > 0
@@ -234,8 +238,8 @@ class StepBook:
         if (self.output_dir is not None and self.checkpoint_every
                 and result.step % self.checkpoint_every == 0 and result.step != self.saved_step):
             self.save()
-        if self.on_step is not None and self.on_step(result, local):
-            self.stopped = True
+        if self.on_step is not None and not result.skipped and self.on_step(result, local):
+            self.stopped = True  # (a skipped step applied nothing: no evaluation of it again)
         elif e.should_stop():  # SIGTERM on any rank (e.g. SLURM's time limit)
             self.stopped = self.by_signal = True
         return self.stopped

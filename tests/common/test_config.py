@@ -40,7 +40,7 @@ def test_overrides_are_type_checked_and_parsed_as_yaml():
     ("seed=true", r"seed: expected int, got True"),
     ("optim.nesterov=1", r"optim.nesterov: expected bool"),
     ("optim.name=adam", r"optim.name: expected one of 'sgd', 'adamw', 'lamb', 'nvlamb', 'lars'"),
-    ("optim.lr=-1", r"optim.lr must be > 0"),
+    ("optim.lr=-1", r"optim.lr must be in \(0, 1e4\), got -1"),
     ("optim.lr", r"must look like key.path=value"),
     ("seed.x=1", r"'x' is not a section"),
 ])

@@ -31,9 +31,10 @@ def reference(framework, optim, k, steps, world=2):
     return tuple(toy_models.adapter(framework).reference(cfg, world, LOCAL_B, k, steps))
 
 
+# every optimizer with accumulation (k=3); without accumulation (k=1) once, with LAMB
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-@pytest.mark.parametrize("optim", ["sgd", "lamb", "nvlamb", "lars", "adamw"])
-@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("optim,k", [("sgd", 3), ("lamb", 3), ("nvlamb", 3), ("lars", 3), ("adamw", 3),
+                                     ("lamb", 1)])
 def test_two_ranks_with_accumulation_equal_one_process_on_the_global_batch(run_ranks, tmp_path, framework,
                                                                             optim, k):
     ranks = run_ranks("engine_contract.py", framework, "train", optim, k, STEPS)
@@ -165,7 +166,7 @@ def test_a_diverged_run_stops_with_a_clear_error_and_writes_no_checkpoint(run_ra
     res = run_ranks("engine_contract.py", framework, "diverge", "lamb", 2, 100, "max_skipped_steps=4",
                     env={"HVD_BERT_TEST_CKPT": str(ckpt)}, expect_ok=False)
     assert not res.ok
-    lines = [ln for ln in res.stderr.splitlines() if "DivergedError" in ln]
+    lines = [ln for ln in res.stderr.splitlines() if "DivergedError: the last" in ln]
     assert len(lines) == 2, res.explain()  # raised on every rank
     assert all("the last 4 optimizer steps were all skipped" in ln for ln in lines), res.explain()
     assert not list(ckpt.glob("ckpt-*"))  # the loop stopped before any (non-finite) checkpoint
