@@ -177,3 +177,21 @@ def read_nvidia(path: Path, load_bin) -> tuple[dict[str, np.ndarray], BertConfig
         raise WeightsError(f"{path} is a PyTorch pickle: read it with PyTorch")
     config = dataclasses.replace(read_google_config(Path(path).parent), gelu="none")
     return hf_to_portable(load_bin(Path(path)), config, str(path)), config
+
+
+VOCAB_ROWS = ("embeddings.word_embeddings.weight", "mlm_bias")  # one row per vocabulary entry
+
+
+def pad_vocab_rows(arrays: dict, config: BertConfig, source: str, config_file: str) -> dict:
+    """A published checkpoint keeps its vocabulary's size; hvd_bert's models pad it to a
+    multiple of 8 (zero rows, never looked up). A row count other than the config's is an error."""
+    for name in VOCAB_ROWS:
+        if name in arrays:
+            a = arrays[name]
+            if a.shape[0] != config.vocab_size:
+                raise WeightsError(f"{source}: {name} has {a.shape[0]} rows, {config_file}'s vocab_size is "
+                                   f"{config.vocab_size}")
+            pad = config.padded_vocab_size - a.shape[0]
+            if pad:
+                arrays[name] = np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)])
+    return arrays

@@ -7,13 +7,14 @@ leaves the previous checkpoints intact and never a half-written file under a fin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
 from typing import Callable
 
 __all__ = ["atomic_write", "checkpoint_path", "list_checkpoints", "latest_checkpoint", "prune",
-           "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
+           "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder", "atomic_folder"]
 
 _NAME = re.compile(r"^ckpt-(\d{8,})\.(\w+)$")
 
@@ -141,3 +142,26 @@ def lock_run_folder(folder: str | Path):
     f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
     f.flush()
     return f
+
+
+@contextlib.contextmanager
+def atomic_folder(folder: str | Path, exists_error: type[Exception] = FileExistsError):
+    """Write a new folder atomically: yields a temporary folder beside it, renamed to ``folder``
+    when the block ends without error, removed otherwise. An existing non-empty ``folder`` is
+    refused (``exists_error``): nothing is overwritten."""
+    import shutil
+
+    folder = Path(folder)
+    if folder.exists() and any(folder.iterdir()):
+        raise exists_error(f"{folder} exists and is not empty; give a new --output folder")
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        if folder.exists():
+            folder.rmdir()
+        tmp.rename(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -20,7 +20,7 @@ from typing import Mapping
 import numpy as np
 
 from hvd_bert.common.bert_config import BertConfig
-from hvd_bert.common.bert_weights import WeightsError
+from hvd_bert.common.bert_weights import VOCAB_ROWS, WeightsError, pad_vocab_rows
 
 __all__ = ["google_checkpoint_prefix", "read_google_config", "google_config", "google_to_portable",
            "portable_to_google"]
@@ -47,7 +47,6 @@ _FIXED = {  # portable -> (Google name, transpose)
     "nsp.bias": ("cls/seq_relationship/output_bias", False),
     "classifier.weight": ("output_weights", False), "classifier.bias": ("output_bias", False),
 }
-_VOCAB_ROWS = ("embeddings.word_embeddings.weight", "mlm_bias")
 
 
 def google_checkpoint_prefix(path: str | Path) -> Path | None:
@@ -118,16 +117,7 @@ def google_to_portable(variables: Mapping[str, np.ndarray], config: BertConfig, 
                                                                              r"Momentum|LAMB)", k))
     if unknown:
         raise WeightsError(f"{source} has variables hvd_bert's BERT does not know: {unknown[:6]}")
-    for name in _VOCAB_ROWS:
-        if name in out:
-            a = out[name]
-            if a.shape[0] != config.vocab_size:
-                raise WeightsError(f"{source}: {name} has {a.shape[0]} rows, bert_config.json's vocab_size "
-                                   f"is {config.vocab_size}")
-            pad = config.padded_vocab_size - a.shape[0]
-            if pad:
-                out[name] = np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)])
-    return out
+    return pad_vocab_rows(out, config, source, "bert_config.json")
 
 
 def portable_to_google(arrays: Mapping[str, np.ndarray], config: BertConfig) -> dict[str, np.ndarray]:
@@ -138,7 +128,7 @@ def portable_to_google(arrays: Mapping[str, np.ndarray], config: BertConfig) -> 
             raise WeightsError(f"portable weight {ours!r} has no Google name")
         theirs, transpose = names[ours]
         a = np.asarray(a, dtype=np.float32)
-        if ours in _VOCAB_ROWS:
+        if ours in VOCAB_ROWS:
             a = a[: config.vocab_size]
         out[theirs] = np.ascontiguousarray(a.T) if transpose else a
     return out

@@ -24,10 +24,10 @@ from typing import Callable, Mapping
 import numpy as np
 
 from hvd_bert.common.bert_config import BertConfig
-from hvd_bert.common.bert_weights import WeightsError
+from hvd_bert.common.bert_weights import VOCAB_ROWS, WeightsError, pad_vocab_rows
 
 __all__ = ["is_hf_folder", "read_hf_config", "read_hf_folder", "hf_to_portable", "portable_to_hf",
-           "write_hf_folder", "HF_WEIGHTS"]
+           "write_hf_folder", "new_folder", "HF_WEIGHTS"]
 
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
@@ -50,7 +50,6 @@ _HEADS = {"mlm_transform.weight": "cls.predictions.transform.dense.weight",
           "mlm_bias": "cls.predictions.bias",
           "nsp.weight": "cls.seq_relationship.weight", "nsp.bias": "cls.seq_relationship.bias",
           "classifier.weight": "classifier.weight", "classifier.bias": "classifier.bias"}
-_VOCAB_ROWS = ("embeddings.word_embeddings.weight", "mlm_bias")
 
 
 def is_hf_folder(path: str | Path) -> bool:
@@ -141,16 +140,7 @@ def hf_to_portable(state: Mapping[str, np.ndarray], config: BertConfig, source: 
     if unknown:
         raise WeightsError(f"{source} has parameters hvd_bert's BERT does not know: {unknown[:6]}"
                            f"{' ...' if len(unknown) > 6 else ''}; is it a BERT checkpoint?")
-    for name in _VOCAB_ROWS:
-        if name in out:
-            a = out[name]
-            if a.shape[0] != config.vocab_size:
-                raise WeightsError(f"{source}: {name} has {a.shape[0]} rows, config.json's vocab_size is "
-                                   f"{config.vocab_size}")
-            pad = config.padded_vocab_size - a.shape[0]
-            if pad:
-                out[name] = np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)])
-    return out
+    return pad_vocab_rows(out, config, source, "config.json")
 
 
 def read_hf_folder(folder: str | Path, load_bin=None) -> tuple[dict[str, np.ndarray], BertConfig]:
@@ -168,7 +158,7 @@ def portable_to_hf(arrays: Mapping[str, np.ndarray], config: BertConfig) -> dict
     out = {}
     for name, a in arrays.items():
         a = np.ascontiguousarray(a, dtype=np.float32)
-        if name in _VOCAB_ROWS:
+        if name in VOCAB_ROWS:
             a = a[: config.vocab_size]
         m = re.match(r"^layers\.(\d+)\.(\w+)\.(weight|bias)$", name)
         if m:
@@ -207,24 +197,17 @@ def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config
                     vocab_file: str | Path | None = None, do_lower_case: bool = True) -> Path:
     """A Hugging Face model folder (``config.json``, ``model.safetensors``, and the tokenizer
     files when ``vocab_file`` is given), written to a temporary folder and renamed into place."""
-    import os
     import shutil
 
     from safetensors.numpy import save_file
 
-    folder = Path(folder)
-    if folder.exists() and any(folder.iterdir()):
-        raise WeightsError(f"{folder} exists and is not empty; give a new --output folder")
     state = portable_to_hf(arrays, config)
     classifier = "classifier.weight" in state
     arch = "BertForSequenceClassification" if classifier else "BertForPreTraining"
     if classifier:  # a fine-tuned classifier: no pretraining heads in the file
         state = {k: v for k, v in state.items() if not k.startswith("cls.")}
     num_labels = int(state["classifier.weight"].shape[0]) if classifier else None
-    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with new_folder(folder) as tmp:
         # safetensors refuses tensors that share memory: the tied decoder is its own copy here
         save_file({k: np.array(v) for k, v in state.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
@@ -234,10 +217,11 @@ def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config
             (tmp / "tokenizer_config.json").write_text(json.dumps(
                 {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case,
                  "model_max_length": config.max_position_embeddings}, indent=2))
-        if folder.exists():
-            folder.rmdir()
-        tmp.rename(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return folder
+    return Path(folder)
+
+
+def new_folder(folder: str | Path):
+    """:func:`hvd_bert.common.checkpoint.atomic_folder`, an existing folder a WeightsError."""
+    from hvd_bert.common.checkpoint import atomic_folder
+
+    return atomic_folder(folder, exists_error=WeightsError)

@@ -10,7 +10,6 @@ A PyTorch process reads such a checkpoint through this module in its own process
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ import tensorflow as tf
 
 from hvd_bert.common.bert_config import BertConfig
 from hvd_bert.common.bert_weights import WeightsError, save_weights
+from hvd_bert.common.hf_format import new_folder
 from hvd_bert.common.google_format import (google_checkpoint_prefix, google_config, google_to_portable,
                                            portable_to_google, read_google_config)
 
@@ -47,15 +47,9 @@ def write_google(folder: str | Path, arrays: dict, config: BertConfig, vocab_fil
                  name: str = "bert_model.ckpt") -> Path:
     """``folder/bert_config.json`` and ``folder/bert_model.ckpt.*`` (TF1 names), written into a
     temporary folder and renamed into place."""
-    folder = Path(folder)
-    if folder.exists() and any(folder.iterdir()):
-        raise WeightsError(f"{folder} exists and is not empty; give a new --output folder")
     variables = portable_to_google(arrays, config)
     cfg = google_config(config)
-    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with new_folder(folder) as tmp:
         with tf.Graph().as_default():
             v1 = tf.compat.v1
             tf_vars = {n: v1.get_variable(n, initializer=tf.constant(a), use_resource=False)
@@ -67,13 +61,7 @@ def write_google(folder: str | Path, arrays: dict, config: BertConfig, vocab_fil
         (tmp / "bert_config.json").write_text(json.dumps(cfg, indent=2))
         if vocab_file is not None:
             shutil.copyfile(vocab_file, tmp / "vocab.txt")
-        if folder.exists():
-            folder.rmdir()
-        tmp.rename(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return folder
+    return Path(folder)
 
 
 def main(argv: list[str]) -> int:
