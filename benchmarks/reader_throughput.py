@@ -6,7 +6,7 @@ the I/O the prefetch thread did not hide).
     .venv/bin/python benchmarks/reader_throughput.py [--batch 32] [--steps 60]
 
 The data is the built-in corpus prepared once (8 shards, seq 128) under the cache folder.
-Each reader runs in its own process (tfrecord and TensorFlow cannot share one).
+Each reader runs in its own process, as a job does.
 """
 
 import argparse

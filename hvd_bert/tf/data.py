@@ -4,8 +4,7 @@ the toolkit's windowed shuffle, batching and ``prefetch(AUTOTUNE)``.
 It yields the same examples in the same order as ``hvd_bert.pt.data`` for the same files,
 seed, rank and world size: files from ``hvd_bert.common.sharding.plan_reads``, record
 striding with ``Dataset.shard``, then windows of ``shuffle_buffer`` records sorted by the same
-integer keys (``sharding.shuffle_keys``, computed here with int64 ops). It never imports the
-``tfrecord`` package (which cannot share a process with TensorFlow).
+integer keys (``sharding.shuffle_keys``, computed here with int64 ops).
 """
 
 from __future__ import annotations

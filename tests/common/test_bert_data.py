@@ -1,4 +1,5 @@
-"""BERT data preparation and the record reader (no framework; tfrecord and tokenizers)."""
+"""BERT data preparation and the record reader (no framework: tokenizers and hvd_bert's own
+tf.train.Example codec)."""
 
 import json
 import random

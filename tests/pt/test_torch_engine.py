@@ -1,5 +1,5 @@
 """The PyTorch engine in one process (Horovod size 1): construction, misuse, bad checkpoints.
-The multi-process behaviour is in tests/parallel/test_pt_engine.py."""
+The multi-process behaviour is in tests/parallel/test_engine_contract.py."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
-"""One rank of the TensorFlow engine tests (see tests/parallel/test_tf_engine.py).
+"""One rank of the Keras model.fit tests (see tests/parallel/test_keras_fit.py).
 
-    python tf_engine.py MODE OPTIM K STEPS [overrides...] OUT_DIR
+    python keras_fit.py MODE OPTIM K STEPS [overrides...] OUT_DIR
 
 MODE: reference (one process, no Horovod, one global batch per step), fit (model.fit with the
 toolkit's optimizer wrapper and callbacks), fit-resume (checkpoints in HVD_BERT_TEST_CKPT; with

@@ -1,5 +1,5 @@
 """Print a digest of one epoch of one rank's batches, read by the PyTorch or the TensorFlow
-reader (they cannot share a process: tfrecord and TensorFlow)."""
+reader, each in its own process (as a job runs one framework)."""
 
 import hashlib
 import json
