@@ -68,8 +68,11 @@ def _resume_mismatch(out: Path, cfg) -> str | None:
             f"logging, checkpoint and evaluation cadence may change on a resume)")
 
 
-def finish_line(res, rank: int, detail: str) -> None:
+def finish_line(res, rank: int, detail: str, backend) -> None:
+    """Rank 0's last line; then every rank waits for it (a collective), so that no rank exits
+    (with status 3 after a signal, which launchers answer by killing the others) before it is out."""
     if rank == 0:
         how = "stopped by a signal at" if res.stopped_by_signal else "finished"
         rerun = "; run the same command again to resume (exit status 3)" if res.stopped_by_signal else ""
         print(f"{how} step {res.steps}; {detail}{rerun}", flush=True)
+    backend.broadcast_object(None, "hvd_bert.finished")

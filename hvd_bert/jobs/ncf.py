@@ -60,5 +60,5 @@ def run(cfg: NCFConfig, backend) -> dict:
     log.close()
     best = on_step.best
     finish_line(res, rank, f"best HR@{cfg.top_k} {best['hr']:.4f} (epoch {best['epoch']:g}); "
-                           f"metrics: {out / 'metrics.jsonl'}")
+                           f"metrics: {out / 'metrics.jsonl'}", backend)
     return {"steps": res.steps, "stopped": res.stopped_by_signal, **best}

@@ -68,6 +68,6 @@ def run(cfg: PretrainConfig, backend) -> dict:
               max_skipped_steps=t.max_skipped_steps)
     log.close()
     finish_line(res, rank, f"checkpoint: {res.checkpoint or 'unchanged'}; metrics: {out / 'metrics.jsonl'}; "
-                           f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}")
+                           f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}", backend)
     return {"steps": res.steps, "stopped": res.stopped_by_signal,
             "last": res.history[-1] if res.history else {}}
