@@ -28,6 +28,20 @@ class BertConfig:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads "
                              f"{self.num_heads}")
 
+    @classmethod
+    def from_published(cls, raw: dict, *, gelu: str, layer_norm_eps: float | None = None) -> BertConfig:
+        """From a published config (Hugging Face ``config.json`` or Google ``bert_config.json``:
+        the same field names); raises KeyError for a missing size, ValueError for a bad one."""
+        eps = layer_norm_eps if layer_norm_eps is not None else float(raw.get("layer_norm_eps", 1e-12))
+        return cls(vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
+                   num_layers=int(raw["num_hidden_layers"]), num_heads=int(raw["num_attention_heads"]),
+                   intermediate_size=int(raw["intermediate_size"]),
+                   max_position_embeddings=int(raw.get("max_position_embeddings", 512)),
+                   type_vocab_size=int(raw.get("type_vocab_size", 2)),
+                   hidden_dropout=float(raw.get("hidden_dropout_prob", 0.1)),
+                   attention_dropout=float(raw.get("attention_probs_dropout_prob", 0.1)),
+                   initializer_range=float(raw.get("initializer_range", 0.02)), layer_norm_eps=eps, gelu=gelu)
+
     @property
     def padded_vocab_size(self) -> int:
         """The vocabulary padded to a multiple of 8 (Tensor Core friendly, as NVIDIA does)."""

@@ -68,15 +68,8 @@ def read_google_config(folder: str | Path) -> BertConfig:
         act = raw.get("hidden_act", "gelu")
         if act not in ("gelu", "gelu_new"):
             raise WeightsError(f"{path}: hidden_act {act!r} is not supported (BERT uses gelu)")
-        return BertConfig(vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
-                          num_layers=int(raw["num_hidden_layers"]), num_heads=int(raw["num_attention_heads"]),
-                          intermediate_size=int(raw["intermediate_size"]),
-                          max_position_embeddings=int(raw.get("max_position_embeddings", 512)),
-                          type_vocab_size=int(raw.get("type_vocab_size", 2)),
-                          hidden_dropout=float(raw.get("hidden_dropout_prob", 0.1)),
-                          attention_dropout=float(raw.get("attention_probs_dropout_prob", 0.1)),
-                          initializer_range=float(raw.get("initializer_range", 0.02)),
-                          layer_norm_eps=1e-12, gelu="tanh")
+        # Google's code: GELU in the tanh form, LayerNorm epsilon 1e-12 (contrib's layer_norm)
+        return BertConfig.from_published(raw, gelu="tanh", layer_norm_eps=1e-12)
     except (OSError, json.JSONDecodeError, KeyError, ValueError) as e:
         raise WeightsError(f"{path} is not a readable BERT config ({type(e).__name__}: {e})") from None
 

@@ -73,16 +73,7 @@ def read_hf_config(folder: str | Path) -> tuple[BertConfig, dict]:
         raise WeightsError(f"{path}: hidden_act {act!r} is not supported; BERT uses gelu (erf) or "
                            f"gelu_new (tanh): {', '.join(ACTIVATIONS)}")
     try:
-        config = BertConfig(vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
-                            num_layers=int(raw["num_hidden_layers"]),
-                            num_heads=int(raw["num_attention_heads"]),
-                            intermediate_size=int(raw["intermediate_size"]),
-                            max_position_embeddings=int(raw.get("max_position_embeddings", 512)),
-                            type_vocab_size=int(raw.get("type_vocab_size", 2)),
-                            hidden_dropout=float(raw.get("hidden_dropout_prob", 0.1)),
-                            attention_dropout=float(raw.get("attention_probs_dropout_prob", 0.1)),
-                            initializer_range=float(raw.get("initializer_range", 0.02)),
-                            layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)), gelu=ACTIVATIONS[act])
+        config = BertConfig.from_published(raw, gelu=ACTIVATIONS[act])
     except KeyError as e:
         raise WeightsError(f"{path} has no {e.args[0]!r}; is it a BERT config?") from None
     except ValueError as e:
