@@ -128,10 +128,8 @@ def _cmd_prepare_bert(args: argparse.Namespace) -> int:
         meta = prepare_bert(inputs, args.output, vocab_file=vocab, vocab_size=args.vocab_size,
                             num_shards=args.num_shards, settings=settings, rank=rank, world_size=size,
                             comm=comm, overwrite=args.overwrite)
-    except (DatasetError, ValueError) as e:
+    except (DatasetError, ValueError) as e:  # raised on every rank (prepare_bert agrees on errors)
         print(f"hvd-bert prepare-bert: {e}", file=sys.stderr)
-        if comm is not None:
-            comm.Abort(2)
         return 2
     if meta is not None:
         print(f"wrote {meta['total_records']} instances in {meta['num_shards']} shards to {args.output} "

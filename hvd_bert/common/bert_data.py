@@ -77,28 +77,51 @@ def classification_spec(max_seq_length: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- text, vocab
+def read_text(path: str | Path, what: str = "input text file") -> str:
+    """The UTF-8 text of ``path``, or a DatasetError naming the file, the problem and the fix
+    (missing, a folder, binary, not UTF-8: nothing is replaced silently)."""
+    p = Path(path)
+    if not p.exists():
+        raise DatasetError(f"{what} {p} does not exist: check the path")
+    if not p.is_file():
+        raise DatasetError(f"{what} {p} is not a file: give text files (a folder's files: {p}/*)")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise DatasetError(f"cannot read {what} {p}: {e.strerror}") from None
+    nul = data.find(b"\x00", 0, 1 << 20)
+    if nul >= 0:
+        raise DatasetError(f"{what} {p} looks binary (a NUL byte at offset {nul}): give UTF-8 text, "
+                           f"one sentence per line, a blank line between documents")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DatasetError(
+            f"{what} {p} is not UTF-8 (byte 0x{data[e.start]:02x} at line {line}): convert it, e.g. "
+            f"iconv -f latin1 -t utf-8 {p} > {p.name}.utf8, and give that file") from None
+
+
 def read_documents(files: Sequence[str | Path]) -> list[list[str]]:
-    """Documents (lists of non-empty lines) from text files; a blank line ends a document."""
+    """Documents (lists of non-empty lines) from UTF-8 text files; a blank line ends a
+    document."""
     if not files:
         raise DatasetError("no input text files given")
     docs: list[list[str]] = []
     for f in files:
-        p = Path(f)
-        if not p.is_file():
-            raise DatasetError(f"input text file {p} does not exist")
         cur: list[str] = []
-        with open(p, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                line = line.strip()
-                if line:
-                    cur.append(line)
-                elif cur:
-                    docs.append(cur)
-                    cur = []
+        for line in read_text(f).splitlines():
+            line = line.strip()
+            if line:
+                cur.append(line)
+            elif cur:
+                docs.append(cur)
+                cur = []
         if cur:
             docs.append(cur)
     if not docs:
-        raise DatasetError(f"the input files {[str(f) for f in files]} hold no text")
+        raise DatasetError(f"the input files {[str(f) for f in files]} hold no text: give text files, "
+                           f"one sentence per line, a blank line between documents")
     return docs
 
 
@@ -254,6 +277,15 @@ def _special_ids(tok) -> dict:
     return {t: vocab[t] for t in SPECIAL_TOKENS}
 
 
+def _agree(comm, err: str | None) -> None:
+    """Raise the first rank's error on every rank (``comm`` None: this process's)."""
+    if comm is not None:
+        errs = [e for e in comm.allgather(err) if e]
+        err = errs[0] if errs else None
+    if err:
+        raise DatasetError(err)
+
+
 def _prepare_output(out: Path, overwrite: bool) -> None:
     if (out / SIDECAR).exists() and not overwrite:
         raise DatasetError(f"{out} already holds prepared data; pass --overwrite to replace it or "
@@ -272,7 +304,13 @@ def prepare_bert(input_files: Sequence[str | Path], output_dir: str | Path, *,
     files = sorted(str(f) for f in input_files)
     if num_shards < 1:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    err = None
+    # Every rank reads (and so checks) the input before anything is written.
+    docs, err = None, None
+    try:
+        docs = read_documents(files)
+    except DatasetError as e:
+        err = str(e)
+    _agree(comm, err)
     if rank == 0:
         try:
             _prepare_output(out, overwrite)
@@ -293,28 +331,38 @@ def prepare_bert(input_files: Sequence[str | Path], output_dir: str | Path, *,
     tok = load_tokenizer(vocab_path, settings.do_lower_case)
     ids = _special_ids(tok)
     vsize = tok.get_vocab_size()
-    docs = read_documents(files)
-    shards = []
-    for shard in range(rank, num_shards, world_size):
-        mine = docs[shard::num_shards]
-        tokenized = [[e.ids for e in tok.encode_batch(d, add_special_tokens=False)] for d in mine]
-        tokenized = [[s for s in d if s] for d in tokenized]
-        rng = random.Random(f"{settings.seed}-{shard}")
-        instances = create_instances(tokenized, settings, ids, vsize, rng)
-        name = shard_name(shard, num_shards)
-        n = write_examples(out / name, (_feature(i, settings) for i in instances))
-        shards.append({"file": name, "records": n, "documents": len(mine)})
-        log(f"[rank {rank}] {name}: {n} instances from {len(mine)} documents")
+    shards, err = [], None
+    try:
+        for shard in range(rank, num_shards, world_size):
+            mine = docs[shard::num_shards]
+            tokenized = [[e.ids for e in tok.encode_batch(d, add_special_tokens=False)] for d in mine]
+            tokenized = [[s for s in d if s] for d in tokenized]
+            rng = random.Random(f"{settings.seed}-{shard}")
+            instances = create_instances(tokenized, settings, ids, vsize, rng)
+            name = shard_name(shard, num_shards)
+            n = write_examples(out / name, (_feature(i, settings) for i in instances))
+            shards.append({"file": name, "records": n, "documents": len(mine)})
+            log(f"[rank {rank}] {name}: {n} instances from {len(mine)} documents")
+    except OSError as e:
+        err = (f"cannot write shards to {out}: {e.strerror or e} (check the folder's permissions "
+               f"and free space)")
+    _agree(comm, err)
     if comm is not None:
         gathered = comm.gather(shards, root=0)
         shards = [s for part in (gathered or []) for s in part]
+    err = None
+    if rank == 0:
+        shards.sort(key=lambda s: s["file"])
+        empty = [s["file"] for s in shards if s["records"] == 0]
+        if empty:
+            err = (f"shards {empty} got no instances: too few documents ({len(docs)}) for "
+                   f"{num_shards} shards; use fewer shards (--num-shards) or more text")
+    if comm is not None:
+        err = comm.bcast(err, root=0)
+    if err:
+        raise DatasetError(err)
     if rank != 0:
         return None
-    shards.sort(key=lambda s: s["file"])
-    empty = [s["file"] for s in shards if s["records"] == 0]
-    if empty:
-        raise DatasetError(f"shards {empty} got no instances: too few documents ({len(docs)}) for "
-                           f"{num_shards} shards; use fewer shards or more text")
     meta = {"kind": KIND_PRETRAIN, "format": 1, "vocab_file": "vocab.txt",
             "vocab_sha256": file_sha256(vocab_path), "vocab_size": vsize,
             "do_lower_case": settings.do_lower_case, "max_seq_length": settings.max_seq_length,
@@ -346,11 +394,12 @@ def check_pretraining_data(folder: str | Path, max_seq_length: int | None = None
 
 # ----------------------------------------------------------------------------- fine-tuning
 def _read_table(path: Path, delimiter: str | None) -> tuple[list[str], list[list[str]]]:
-    if not path.is_file():
-        raise DatasetError(f"table {path} does not exist")
+    import io
+
+    text = read_text(path, "table")
     delim = delimiter or ("\t" if path.suffix.lower() in (".tsv", ".tab") else ",")
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f, delimiter=delim, quotechar=None if delim == "\t" else '"'))
+    rows = list(csv.reader(io.StringIO(text, newline=""), delimiter=delim,
+                           quotechar=None if delim == "\t" else '"'))
     if len(rows) < 2:
         raise DatasetError(f"table {path} has no data rows (a header line and at least one row)")
     return rows[0], rows[1:]

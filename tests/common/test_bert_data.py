@@ -3,6 +3,9 @@ tf.train.Example codec)."""
 
 import json
 import random
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -185,3 +188,37 @@ def test_decode_batch_equals_decoding_each_record():
     with pytest.raises(Exception, match="feature 'ids' has 129 values, expected 130"):
         decode_batch(recs[:1] + [_serialize({"ids": (np.zeros(129, int), "int"), "w": (np.zeros(3), "float"),
                                             "y": ([0], "int")})], spec)
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder", "binary", "latin1", "empty"])
+def test_bad_input_text_is_one_clear_error_and_writes_nothing(tmp_path, kind):
+    src = tmp_path / "in.txt"
+    if kind == "folder":
+        src.mkdir()
+    elif kind == "binary":
+        src.write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00" + bytes(range(256)) * 4)
+    elif kind == "latin1":
+        src.write_bytes("Un café au lait.\nDeuxième phrase.\n".encode("latin-1"))
+    elif kind == "empty":
+        src.write_text("\n\n  \n")
+    expect = {"missing": r"in.txt does not exist: check the path", "folder": r"is not a file",
+              "binary": r"in.txt looks binary \(a NUL byte at offset 7\)",
+              "latin1": r"in.txt is not UTF-8 \(byte 0xe9 at line 1\): convert it, e.g. iconv -f latin1",
+              "empty": r"hold no text"}[kind]
+    out = tmp_path / "out"
+    with pytest.raises(DatasetError, match=expect):
+        prepare_bert([src], out, vocab_size=100, num_shards=1, settings=SMALL, log=lambda *_: None)
+    assert not out.exists()
+    p = subprocess.run([sys.executable, "-m", "hvd_bert", "prepare-bert", "--input", str(src), "--output",
+                        str(out)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert re.search(expect, p.stderr) and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not out.exists()
+
+
+def test_accented_utf8_text_keeps_its_accents_when_cased(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("Un café au lait.\nDeuxième phrase ici.\n\nÉté à Paris.\nNaïve façade.\n",
+                   encoding="utf-8")
+    assert read_documents([src]) == [["Un café au lait.", "Deuxième phrase ici."],
+                                     ["Été à Paris.", "Naïve façade."]]

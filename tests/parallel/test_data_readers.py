@@ -89,3 +89,15 @@ def test_shards_written_by_tensorflow_are_read_by_the_pytorch_reader(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[10, 11, 12, 13, 14] [1.0, 1.0, 0.0] [0, 1, 0, 1, 0]"
+
+
+def test_bad_input_under_mpirun_is_the_same_line_on_every_rank_and_writes_nothing(tmp_path):
+    src = tmp_path / "latin.txt"
+    src.write_bytes("Un café au lait.\n".encode("latin-1"))
+    out = tmp_path / "out"
+    cmd = launch.command(["-m", "hvd_bert", "prepare-bert", "--input", str(src), "--output", str(out)],
+                         np=2, launcher="mpi")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=launch.mpi_env())
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.count("latin.txt is not UTF-8 (byte 0xe9 at line 1)") == 2, p.stderr
+    assert "Traceback" not in p.stderr and not out.exists()
