@@ -202,6 +202,8 @@ def _ncf_defaults(cfg):
 
 
 def _pretrain_data_hint(cfg) -> str:
+    if (Path(cfg.data).expanduser() / "dataset.json").is_file():  # prepared: the error says the rest
+        return ""
     return (f"\n  to prepare the built-in corpus: hvd-bert prepare-bert --output {cfg.data} "
             f"--max-seq-length {cfg.max_seq_length}")
 
@@ -522,4 +524,41 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors() as e:
         hint = getattr(args, "error_hint", None)
         print(f"hvd-bert {args.command}: {e}{hint(e) if hint else ''}", file=sys.stderr, flush=True)
+        _let_peers_report()
         return 2
+    except Exception as e:
+        if not _peer_failed(e):
+            raise
+        # Another rank stopped (a user error it reported, or a crash with its traceback) while
+        # this one waited in a collective: one line here instead of Horovod's traceback.
+        print(f"hvd-bert {args.command}: stopped because another rank failed (its message is in "
+              f"that rank's output); nothing more was written", file=sys.stderr, flush=True)
+        return 2
+
+
+def _let_peers_report(grace_s: float = 2.0) -> None:
+    """After a user error on a rank of a Horovod job: shut Horovod down now (the ranks waiting
+    in a collective then raise at once and print their own line) and wait a moment before
+    exiting, since a launcher kills the remaining ranks as soon as one exits."""
+    import time
+
+    for name in ("horovod.torch", "horovod.tensorflow"):
+        hvd = sys.modules.get(name)
+        try:
+            if hvd is not None and hvd.is_initialized() and hvd.size() > 1:
+                hvd.shutdown()
+                time.sleep(grace_s)
+                return
+        except Exception:  # noqa: BLE001 - only a courtesy to the other ranks
+            return
+
+
+def _peer_failed(e: BaseException | None) -> bool:
+    """Whether ``e`` (or an exception it came from) is Horovod's "has been shut down" error,
+    which every framework raises in the ranks left waiting when one rank ends."""
+    seen = 0
+    while e is not None and seen < 10:
+        if "Horovod has been shut down" in str(e):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False

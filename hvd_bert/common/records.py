@@ -31,12 +31,12 @@ SIDECAR = "dataset.json"
 _MASK_DELTA = 0xA282EAD8
 
 
-class CorruptRecordError(ValueError):
-    """A record whose CRC does not match, or a file that ends inside a record."""
-
-
 class DatasetError(ValueError):
     """A dataset folder that is missing, empty, or does not match what the reader expects."""
+
+
+class CorruptRecordError(DatasetError):
+    """A record whose CRC does not match, or a file that ends inside a record."""
 
 
 def _masked_crc(data: bytes) -> int:
@@ -353,7 +353,11 @@ def file_sha256(path: str | Path) -> str:
 def write_sidecar(folder: str | Path, meta: dict) -> Path:
     """Write ``folder/dataset.json`` atomically (written last: its presence marks the data
     complete)."""
-    return atomic_write(Path(folder) / SIDECAR,
+    folder = Path(folder)
+    for shard in meta.get("shards", []):  # each shard's size, checked by every reader
+        if isinstance(shard, dict) and "file" in shard and (folder / shard["file"]).is_file():
+            shard["bytes"] = (folder / shard["file"]).stat().st_size
+    return atomic_write(folder / SIDECAR,
                         lambda tmp: tmp.write_text(json.dumps(meta, indent=1, sort_keys=True)))
 
 
@@ -375,9 +379,12 @@ def read_sidecar(folder: str | Path, kind: str, expect: Mapping[str, Any] | None
     if meta.get("kind") != kind:
         raise DatasetError(f"{folder} holds {meta.get('kind')!r} data, expected {kind!r}")
     for shard in meta.get("shards", []):
-        if not (folder / shard["file"]).is_file():
-            raise DatasetError(f"{folder / shard['file']} is listed in {SIDECAR} but missing; "
-                               f"prepare the data again")
+        path = folder / shard["file"]
+        if not path.is_file():
+            raise DatasetError(f"{path} is listed in {SIDECAR} but missing; prepare the data again")
+        if "bytes" in shard and path.stat().st_size != shard["bytes"]:
+            raise DatasetError(f"{path} is {path.stat().st_size} bytes but {SIDECAR} says {shard['bytes']}: "
+                               f"the file was cut short or changed after preparation; prepare the data again")
     if not meta.get("shards"):
         raise DatasetError(f"{folder} has no shards; the input was empty?")
     for key, want in (expect or {}).items():

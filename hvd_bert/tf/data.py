@@ -15,7 +15,7 @@ import hvd_bert.tf  # noqa: F401
 import tensorflow as tf
 
 from hvd_bert.common.bert_data import spec_for_meta
-from hvd_bert.common.records import read_sidecar
+from hvd_bert.common.records import CorruptRecordError, DatasetError, iter_records, read_sidecar
 from hvd_bert.common.sharding import (LEHMER_M, TooFewShardsError, _round_constants, epoch_batches,
                                       plan_reads, stream_seed)
 
@@ -79,6 +79,27 @@ def stream(folder: str | Path, kind: str, rank: int, world_size: int, local_batc
         if skip >= n:
             skip -= n
         else:
-            yield from iter(ds.skip(skip))
+            it = iter(ds.skip(skip))
+            while True:
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                except tf.errors.DataLossError as e:  # TF names the offset but not the file
+                    raise DatasetError(corruption_message(folder, e.message)) from None
+                yield batch
             skip = 0
         epoch += 1
+
+
+def corruption_message(folder: str | Path, tf_message: str) -> str:
+    """The file and record that TensorFlow's reader found corrupt, found again by scanning the
+    folder's shards with hvd_bert's own reader (only on this error path)."""
+    folder = Path(folder)
+    for shard in sorted(folder.glob("*.tfrecord")):
+        try:
+            for _ in iter_records(shard):
+                pass
+        except CorruptRecordError as e:
+            return str(e)
+    return f"a record in {folder} is corrupt ({tf_message.strip()}); prepare the data again"

@@ -159,3 +159,41 @@ def test_a_rerun_with_other_settings_is_refused_before_anything_is_written(bert_
     assert "model: 'tiny' -> 'mini'" in line and "train.optim.lr: 0.01 -> 0.001" in line, res.explain()
     assert "another train.output_dir" in line and "<stderr>:Traceback" not in res.stderr
     assert files() == before  # config.json and bert_config.json untouched
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_cut_or_corrupt_shard_is_one_line_naming_the_file(bert_data, tmp_path, framework):
+    """A shard cut short is caught by every rank before training (its size is in dataset.json);
+    a flipped byte inside a record is caught when it is read, naming the file and the offset
+    (TensorFlow's own reader names neither file nor fix)."""
+    import shutil
+
+    def job(data):
+        return launch.run(["-m", "hvd_bert", "pretrain", "--framework", framework, "--set", f"data={data}",
+                           "--set", f"train.output_dir={tmp_path / data.name / 'run'}", *TINY,
+                           "--set", "shuffle_buffer=1", "--set", "train.schedule.total_steps=200"],
+                          np=2, timeout=300)
+
+    cut, flipped = tmp_path / "cut", tmp_path / "flipped"
+    shutil.copytree(bert_data, cut)
+    shutil.copytree(bert_data, flipped)
+    shard = "part-00001-of-00004.tfrecord"
+    size = (cut / shard).stat().st_size
+    with open(cut / shard, "r+b") as f:
+        f.truncate(size - 100)
+    res = job(cut)
+    lines = [ln for ln in res.stderr.splitlines() if "hvd-bert pretrain:" in ln]
+    assert not res.ok and len(lines) == 2, res.explain()
+    assert all(f"{cut / shard} is {size - 100} bytes but dataset.json says {size}" in ln for ln in lines)
+    assert "<stderr>:Traceback" not in res.stderr
+
+    data = bytearray((flipped / shard).read_bytes())
+    data[size // 2] ^= 0xFF
+    (flipped / shard).write_bytes(bytes(data))
+    res = job(flipped)
+    lines = [ln for ln in res.stderr.splitlines() if "hvd-bert pretrain:" in ln]
+    assert not res.ok and len(lines) == 2, res.explain()  # the reading rank's, and the other rank's
+    bad = [ln for ln in lines if f"{flipped / shard}: record at byte offset" in ln and "CRC mismatch" in ln]
+    assert len(bad) == 1, res.explain()
+    assert "stopped because another rank failed" in next(ln for ln in lines if ln not in bad)
+    assert "<stderr>:Traceback" not in res.stderr and "prepare-bert --output" not in res.stderr
