@@ -71,6 +71,17 @@ def load_movielens(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray
         raise DatasetError(f"{p}: not in MovieLens' format ({e})") from None
     if arr.size == 0:
         raise DatasetError(f"{p} holds no ratings")
+    first_line = 1 if p.suffix == ".dat" else 2
+    for c, name in zip(cols, ("user id", "item id", "timestamp")):
+        col = arr[:, c]
+        limit = 2**31 if name != "timestamp" else 2**62
+        bad = np.flatnonzero(~np.isfinite(col) | (col != np.floor(col)) | (col < 0) | (col >= limit))
+        if len(bad):
+            r = int(bad[0])
+            raise DatasetError(
+                f"{p} line {r + first_line}: {name} {col[r].item():g} is not an integer in [0, {limit}) "
+                f"({len(bad)} such rows); MovieLens ids and timestamps are non-negative integers: fix or "
+                f"drop those rows")
     return tuple(arr[:, c].astype(np.int64) for c in cols)
 
 
@@ -238,7 +249,18 @@ def prepare_ncf(output_dir: str | Path, *, movielens: str | Path | None = None, 
 
 
 def load_ncf(folder: str | Path) -> NCFData:
+    import zipfile
+
     meta = read_sidecar(folder, KIND)
-    with np.load(Path(folder) / "ncf.npz") as z:
-        return NCFData(z["train_users"], z["train_items"], z["test_items"], z["test_negatives"],
-                       meta["n_users"], meta["n_items"])
+    path = Path(folder) / "ncf.npz"
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = NCFData(z["train_users"], z["train_items"], z["test_items"], z["test_negatives"],
+                           meta["n_users"], meta["n_items"])
+    except (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError) as e:
+        raise DatasetError(f"{path} is not a complete NCF data file ({type(e).__name__}: {e}); prepare it "
+                           f"again (hvd-bert prepare-ncf)") from None
+    if len(data.test_items) != data.n_users or data.test_negatives.shape[0] != data.n_users:
+        raise DatasetError(f"{path} does not match {folder}/dataset.json ({data.n_users} users); prepare it "
+                           f"again (hvd-bert prepare-ncf)")
+    return data

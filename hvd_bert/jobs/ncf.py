@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from hvd_bert.common.config import ConfigError
 from hvd_bert.common.engine import fit
 from hvd_bert.common.ncf import EpochData, EpochEvaluation, NCFConfig, evaluate
 from hvd_bert.common.ncf_data import load_ncf
@@ -29,6 +30,11 @@ def run(cfg: NCFConfig, backend) -> dict:
     backend.set_precision(cfg.train.precision.mode)
     out = Path(cfg.train.output_dir)
     data = load_ncf(cfg.data)
+    candidates = 1 + data.test_negatives.shape[1]
+    if cfg.top_k > candidates:
+        raise ConfigError(f"top_k={cfg.top_k}, but each user's held-out item is ranked among {candidates} "
+                          f"candidates (it and {candidates - 1} negatives), so HR@{cfg.top_k} would be 1.0: "
+                          f"use top_k <= {candidates} (MLPerf: 10)")
     plan = cfg.train.batch.plan(size)
     epochs = EpochData(data, rank, size, plan.local_batch_size, plan.backward_passes_per_step,
                        cfg.num_negatives, cfg.train.seed)

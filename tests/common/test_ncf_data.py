@@ -29,6 +29,36 @@ def test_movielens_errors(tmp_path):
         N.load_movielens(tmp_path / "ratings.csv")
 
 
+
+@pytest.mark.parametrize("bad,line,what", [("2.7", 3, "item id 2.7"), ("-5", 3, "item id -5"),
+                                           ("1e12", 3, r"item id 1e\+12")])
+def test_movielens_ids_that_are_not_integers_are_refused_not_truncated(tmp_path, bad, line, what):
+    f = tmp_path / "ratings.csv"
+    f.write_text(f"userId,movieId,rating,timestamp\n1,2,5,100\n1,{bad},4,101\n2,3,3,102\n")
+    with pytest.raises(DatasetError, match=rf"ratings.csv line {line}: {what} is not an integer in \[0, "
+                                           rf"2147483648\) \(1 such rows\)"):
+        N.load_movielens(f)
+    dat = tmp_path / "ratings.dat"
+    dat.write_text("1::2::5::100\n-1::3::4::101\n")
+    with pytest.raises(DatasetError, match=r"ratings.dat line 2: user id -1 is not an integer"):
+        N.load_movielens(dat)
+
+
+def test_a_truncated_ncf_file_is_a_clear_error(tmp_path):
+    N.prepare_ncf(tmp_path / "d", synthetic="ml-1m", synthetic_scale=0.02, seed=0)
+    f = tmp_path / "d" / "ncf.npz"
+    f.write_bytes(f.read_bytes()[:1000])
+    with pytest.raises(DatasetError, match=r"ncf.npz is 1000 bytes but dataset.json says"):
+        N.load_ncf(tmp_path / "d")
+    meta = (tmp_path / "d" / "dataset.json")
+    import json
+    m = json.loads(meta.read_text())
+    del m["shards"][0]["bytes"]  # data prepared before sizes were recorded
+    meta.write_text(json.dumps(m))
+    with pytest.raises(DatasetError, match=r"ncf.npz is not a complete NCF data file \(BadZipFile"):
+        N.load_ncf(tmp_path / "d")
+
+
 def test_leave_one_out_holds_out_the_latest_and_remaps_ids():
     users = np.array([7, 7, 7, 9, 9, 5])
     items = np.array([100, 200, 300, 200, 100, 300])

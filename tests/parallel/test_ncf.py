@@ -60,3 +60,13 @@ def test_training_stops_at_the_target_hit_rate(ncf_data, tmp_path):
     evals, stdout = ncf("pt", ncf_data, tmp_path / "run", "--set", "epochs=20", "--set", "target_hr=0.55")
     assert evals[-1]["hr@10"] >= 0.55 and len(evals) < 20
     assert "target HR@10 0.55 reached at epoch" in stdout
+
+
+def test_a_top_k_above_the_candidate_count_is_refused_on_every_rank(ncf_data, tmp_path):
+    res = launch.run(["-m", "hvd_bert", "ncf", "--set", f"data={ncf_data}", "--set",
+                      f"train.output_dir={tmp_path / 'run'}", "--set", "top_k=500"], np=2, timeout=300)
+    lines = [ln for ln in res.stderr.splitlines() if "hvd-bert ncf:" in ln]
+    assert not res.ok and len(lines) == 2, res.explain()
+    assert all("top_k=500, but each user's held-out item is ranked among 101 candidates" in ln
+               for ln in lines)
+    assert not (tmp_path / "run").exists()
