@@ -505,7 +505,8 @@ class TrainConfig:
     log_every: int = doc(10, "log every this many optimizer steps (rank 0)")
     checkpoint_every: int = doc(0, "checkpoint every this many optimizer steps (0 = at the end only)")
     keep_checkpoints: int = doc(3, "newest checkpoints to keep")
-    output_dir: str = doc("runs/latest", "folder for checkpoints and logs")
+    output_dir: str = doc("runs/latest", "folder for checkpoints and logs (jobs: empty means "
+                                         "runs/<job>-<framework>-<data folder name>)")
     resume_resized: bool = doc(False, "resume a checkpoint written by another number of ranks (same "
                                       "global batch; each rank's data share and RNG stream change)")
     max_skipped_steps: int = doc(
@@ -528,7 +529,7 @@ class PretrainConfig:
         optim=OptimConfig(name="nvlamb", lr=5e-3, weight_decay=0.01),
         schedule=ScheduleConfig(name="poly_warmup", warmup=0.1, total_steps=200, power=0.5),
         batch=BatchConfig(local_batch_size=32, backward_passes_per_step=2),
-        checkpoint_every=50, output_dir="runs/pretrain"), "")
+        checkpoint_every=50, output_dir=""), "")
     model: Literal["tiny", "mini", "small", "base", "large"] = doc("tiny", "BERT size preset")
     data: str = doc("", "prepared pretraining folder (hvd-bert prepare-bert); empty: the built-in "
                         "corpus prepared under the cache folder")
@@ -558,7 +559,7 @@ class FinetuneConfig:
         optim=OptimConfig(name="adamw", lr=5e-5, weight_decay=0.01),
         schedule=ScheduleConfig(name="poly_warmup", warmup=0.1, total_steps=1000, power=1.0),
         batch=BatchConfig(local_batch_size=32, backward_passes_per_step=1),
-        log_every=10, checkpoint_every=0, output_dir="runs/finetune"), "")
+        log_every=10, checkpoint_every=0, output_dir=""), "")
     data: str = doc("", "training set prepared by hvd-bert prepare-classification (required)")
     eval_data: str = doc("", "evaluation set (prepared with the training set's --labels); empty: none")
     init_checkpoint: str = doc("", "pretrained weights: a run folder, ckpt-*.pt / ckpt-*.tf, or a .npz "

@@ -50,7 +50,7 @@ class NCFConfig:
         optim=OptimConfig(name="adamw", lr=0.0045, beta1=0.25, beta2=0.5, eps=1e-8, weight_decay=0.0),
         schedule=ScheduleConfig(name="constant", total_steps=1),
         batch=BatchConfig(local_batch_size=8192, backward_passes_per_step=1),
-        log_every=20, checkpoint_every=0, output_dir="runs/ncf"), "")
+        log_every=20, checkpoint_every=0, output_dir=""), "")
     model: ModelConfig = doc(ModelConfig(), "")
     data: str = doc("", "folder from hvd-bert prepare-ncf; empty: synthetic ml-1m prepared under the cache")
     epochs: int = doc(20, "maximum epochs (sets train.schedule.total_steps)")

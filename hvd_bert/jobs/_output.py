@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 from pathlib import Path
 
 from hvd_bert.cluster import horovod_settings_line
@@ -15,6 +17,16 @@ from hvd_bert.jobs._identity import previous_config, run_differences
 __all__ = ["open_run", "finish_line"]
 
 _LOCKS: list = []  # the run folders this process holds (released when it exits)
+
+
+def with_run_folder(cfg, job: str):
+    """``cfg`` with an empty ``train.output_dir`` filled in as ``runs/<job>-<framework>-<data
+    folder name>``: by default, jobs, frameworks and data sets never share a run folder."""
+    if cfg.train.output_dir:
+        return cfg
+    data = Path(str(cfg.data).rstrip("/")).name if cfg.data else "default"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{job}-{cfg.framework}-{data}")
+    return replace(cfg, train=replace(cfg.train, output_dir=str(Path("runs") / name)))
 
 
 def list_all_checkpoints(folder: Path) -> list:

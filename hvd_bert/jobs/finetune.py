@@ -20,12 +20,13 @@ from hvd_bert.common.config import FinetuneConfig
 from hvd_bert.common.engine import fit
 from hvd_bert.common.finetune import (Evaluation, check_finetune_data, eval_batches, evaluate_classification,
                                       resolve_init, total_steps)
-from hvd_bert.jobs._output import finish_line, open_run
+from hvd_bert.jobs._output import finish_line, open_run, with_run_folder
 
 __all__ = ["run"]
 
 
 def run(cfg: FinetuneConfig, backend) -> dict:
+    cfg = with_run_folder(cfg, "finetune")
     rank, size = backend.init(cfg.train)
     out = Path(cfg.train.output_dir)
     meta, eval_meta = check_finetune_data(cfg)

@@ -20,12 +20,13 @@ from hvd_bert.common.config import ConfigError
 from hvd_bert.common.engine import fit
 from hvd_bert.common.ncf import EpochData, EpochEvaluation, NCFConfig, evaluate
 from hvd_bert.common.ncf_data import load_ncf
-from hvd_bert.jobs._output import finish_line, open_run
+from hvd_bert.jobs._output import finish_line, open_run, with_run_folder
 
 __all__ = ["run"]
 
 
 def run(cfg: NCFConfig, backend) -> dict:
+    cfg = with_run_folder(cfg, "ncf")
     rank, size = backend.init(cfg.train)
     backend.set_precision(cfg.train.precision.mode)
     out = Path(cfg.train.output_dir)

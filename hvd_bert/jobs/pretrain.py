@@ -20,12 +20,13 @@ from hvd_bert.common.bert_data import check_pretraining_data
 from hvd_bert.common.bert_weights import WeightsError
 from hvd_bert.common.config import PretrainConfig
 from hvd_bert.common.engine import fit
-from hvd_bert.jobs._output import finish_line, open_run
+from hvd_bert.jobs._output import finish_line, open_run, with_run_folder
 
 __all__ = ["run"]
 
 
 def run(cfg: PretrainConfig, backend) -> dict:
+    cfg = with_run_folder(cfg, "pretrain")
     rank, size = backend.init(cfg.train)
     out = Path(cfg.train.output_dir)
     meta = check_pretraining_data(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq)

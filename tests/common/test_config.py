@@ -123,7 +123,7 @@ def test_a_partial_recipe_overrides_only_the_keys_it_names(tmp_path):
     assert from_recipe.train.optim.name == "nvlamb" and from_recipe.train.optim.lr == 5e-3
     assert from_recipe.train.schedule.total_steps == 200
     assert from_recipe.train.batch.backward_passes_per_step == 2
-    assert from_recipe.train.output_dir == "runs/pretrain"
+    assert from_recipe.train.output_dir == ""  # the job default (runs/<job>-<framework>-<data>)
 
 
 def test_explain_shows_the_jobs_defaults():
