@@ -36,11 +36,12 @@ demo: setup
 	@echo "your corpus: hvd-bert prepare-bert --input FILES --output DIR, then make demo DATA=DIR;"
 	@echo "other settings: make demo ARGS='--set train.optim.lr=1e-2'; phase 2: make demo-phase2"
 
-# Phase 2: sequence length 512 from the demo's phase-1 weights, optimizer and schedule reset.
-DATA512 ?= $(HOME)/.cache/hvd_bert/data/stdlib-seq512
+# Phase 2: sequence length 512 from the demo's phase-1 weights, optimizer and schedule reset; the
+# data comes from the phase-1 run's own text, vocab and case (prepare-bert --like).
+DATA512 ?= $(RUN)-data512
 demo-phase2: setup
-	@test -f $(DATA512)/dataset.json || $(VENV)/bin/hvd-bert prepare-bert --output $(DATA512) \
-	    --max-seq-length 512 --max-predictions-per-seq 80 --vocab $(DATA)/vocab.txt
+	@test -f $(DATA512)/dataset.json || $(VENV)/bin/hvd-bert prepare-bert --like $(RUN) \
+	    --output $(DATA512) --max-seq-length 512 --max-predictions-per-seq 80
 	OMP_NUM_THREADS=1 $(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo \
 	    $(VENV)/bin/hvd-bert pretrain --framework $(FRAMEWORK) --set data=$(DATA512) \
 	    --set max_seq_length=512 --set max_predictions_per_seq=80 --set init_checkpoint=$(RUN) \

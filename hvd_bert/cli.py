@@ -102,12 +102,31 @@ def _vocab_and_case(args: argparse.Namespace):
     return (vocab.path if vocab else None), lower
 
 
+def _like_phase_one(args: argparse.Namespace, rank: int) -> None:
+    """``--like``: the text, vocabulary and case of phase-1 data (or of a run folder's data),
+    for what the command line does not give itself."""
+    from hvd_bert.common.bert_data import phase_one_data
+
+    folder, meta = phase_one_data(args.like)
+    args.input = args.input or meta["input_paths"]
+    args.vocab = args.vocab or str(folder / meta.get("vocab_file", "vocab.txt"))
+    if not (args.cased or args.uncased):
+        args.uncased, args.cased = bool(meta["do_lower_case"]), not meta["do_lower_case"]
+    if rank == 0:
+        more = len(args.input) - 3
+        shown = ", ".join(args.input[:3]) + (f" and {more} more" if more > 0 else "")
+        print(f"as {folder}: text {shown}; vocab {args.vocab}; "
+              f"{'lower-cased' if args.uncased else 'cased'} (--input, --vocab, --cased/--uncased to change)")
+
+
 def _cmd_prepare_bert(args: argparse.Namespace) -> int:
     from hvd_bert.common.bert_data import PretrainingSettings, prepare_bert
     from hvd_bert.common.records import DatasetError
 
     rank, size, comm = _mpi_world()
     try:
+        if args.like:
+            _like_phase_one(args, rank)
         vocab, lower = _vocab_and_case(args)
     except DatasetError as e:
         print(f"hvd-bert prepare-bert: {e}", file=sys.stderr)
@@ -421,6 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "checkpoint folder (Hugging Face, Google) holding one (default: train "
                                    "one on the input)")
     p.add_argument("--vocab-size", type=int, default=8192, help="size of a trained vocab")
+    p.add_argument("--like", metavar="DATA_OR_RUN",
+                   help="phase 2: the text, vocab and case of this phase-1 data folder (or of a run "
+                        "folder's data); --input, --vocab, --cased/--uncased still override")
     p.add_argument("--cased", action="store_true",
                    help="keep case (default: the checkpoint's, from --vocab, else lower-case)")
     p.add_argument("--uncased", action="store_true", help="lower-case (overrides the checkpoint's)")

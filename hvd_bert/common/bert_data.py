@@ -27,6 +27,7 @@ from hvd_bert.common.records import (SIDECAR, DatasetError, file_sha256, read_si
 
 __all__ = ["PretrainingSettings", "pretraining_spec", "classification_spec", "read_documents",
            "load_tokenizer", "train_vocab", "create_instances", "prepare_bert", "prepare_classification",
+           "phase_one_data",
            "check_pretraining_data", "SPECIAL_TOKENS"]
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -369,10 +370,42 @@ def prepare_bert(input_files: Sequence[str | Path], output_dir: str | Path, *,
             "max_predictions_per_seq": settings.max_predictions_per_seq,
             "masked_lm_prob": settings.masked_lm_prob, "short_seq_prob": settings.short_seq_prob,
             "dupe_factor": settings.dupe_factor, "seed": settings.seed, "num_shards": num_shards,
-            "documents": len(docs), "input_files": [Path(f).name for f in files], "shards": shards,
+            "documents": len(docs), "input_files": [Path(f).name for f in files],
+            "input_paths": [str(Path(f).resolve()) for f in files], "shards": shards,
             "total_records": sum(s["records"] for s in shards)}
     write_sidecar(out, meta)
     return meta
+
+
+def phase_one_data(src: str | Path) -> tuple[Path, dict]:
+    """``(folder, sidecar)`` of the pretraining data behind ``src``: a prepared folder, or a run
+    folder (or one of its checkpoints) whose config.json names its data. Phase 2 is prepared
+    from the same text, vocabulary and case (``prepare-bert --like``)."""
+    import json
+
+    p = Path(src).expanduser()
+    if p.name.startswith("ckpt-"):
+        p = p.parent
+    folder = p
+    if not (p / SIDECAR).is_file():
+        try:
+            data = json.loads((p / "config.json").read_text()).get("data")
+        except (OSError, ValueError):
+            data = None
+        if not data:
+            raise DatasetError(f"{src} is neither prepared pretraining data (no {SIDECAR}) nor a run folder "
+                               f"whose config.json names its data: give the phase-1 data or run folder")
+        folder = Path(data).expanduser()
+    meta = read_sidecar(folder, KIND_PRETRAIN)
+    paths = meta.get("input_paths")
+    if not paths:
+        raise DatasetError(f"{folder / SIDECAR} does not record where its text came from (prepared by an "
+                           f"older hvd_bert): pass the text with --input")
+    missing = [f for f in paths if not Path(f).is_file()]
+    if missing:
+        raise DatasetError(f"the text {folder} was prepared from is gone ({missing[0]}): pass it with "
+                           f"--input")
+    return folder, meta
 
 
 def check_pretraining_data(folder: str | Path, max_seq_length: int | None = None,

@@ -18,6 +18,7 @@ from hvd_bert.common.bert_data import KIND_CLASSIFY, spec_for_meta
 from hvd_bert.common.config import ConfigError, FinetuneConfig
 from hvd_bert.common.records import DatasetError, decode_batch, iter_records, read_sidecar
 from hvd_bert.common.sharding import epoch_batches
+from hvd_bert.common.vocab import init_vocab_error
 
 __all__ = ["check_finetune_data", "total_steps", "eval_batches", "resolve_init", "Evaluation",
            "evaluate_classification"]
@@ -106,40 +107,13 @@ def resolve_init(cfg: FinetuneConfig, meta: dict, read_checkpoint_weights) -> tu
         if cfg.init_checkpoint:
             arrays, config = read_checkpoint_weights(cfg.init_checkpoint)
         config = config or bert_preset(cfg.model, vocab_size=meta["vocab_size"])
-        if config.vocab_size != meta["vocab_size"]:
-            raise WeightsError(f"init_checkpoint {cfg.init_checkpoint} has a vocabulary of "
-                               f"{config.vocab_size}, the data {meta['vocab_size']}: prepare the data with "
-                               f"the pretraining vocab.txt")
-        known = checkpoint_vocab_sha256(cfg.init_checkpoint) if cfg.init_checkpoint else None
-        if known is not None and meta.get("vocab_sha256") not in (None, known[0]):
-            raise WeightsError(f"{cfg.data} was prepared with another vocabulary of the same size than "
-                               f"init_checkpoint {cfg.init_checkpoint} ({known[1]}): the token ids would "
-                               f"mean other words; prepare it again with --vocab {known[1]}")
+        error = init_vocab_error(cfg.init_checkpoint, config.vocab_size, cfg.data, meta,
+                                 "prepare-classification") if cfg.init_checkpoint else None
+        if error:
+            raise WeightsError(error)
     except WeightsError as e:
         return None, None, str(e)
     return arrays, config, None
-
-
-def checkpoint_vocab_sha256(init: str) -> tuple[str, str] | None:
-    """``(sha256, vocab file)`` of the vocabulary a checkpoint was trained with, where it can be
-    known: a published folder's ``vocab.txt``, or a run folder's data (its config.json names the
-    data, whose sidecar records the vocab's hash); None otherwise (a .npz, say)."""
-    import json
-
-    from hvd_bert.common.records import file_sha256
-
-    p = Path(init).expanduser()
-    folder = p if p.is_dir() and not p.name.startswith("ckpt-") else p.parent
-    if (folder / "vocab.txt").is_file():
-        return file_sha256(folder / "vocab.txt"), str(folder / "vocab.txt")
-    try:
-        data = json.loads((folder / "config.json").read_text()).get("data")
-        side = json.loads((Path(data) / "dataset.json").read_text()) if data else None
-    except (OSError, ValueError):
-        return None
-    if side and side.get("vocab_sha256"):
-        return side["vocab_sha256"], str(Path(data) / side.get("vocab_file", "vocab.txt"))
-    return None
 
 
 class Evaluation:

@@ -108,3 +108,41 @@ def resolve_vocab(arg: str | Path) -> ResolvedVocab:
         raise DatasetError(f"{path} has {len(tokens)} tokens but {size[1]} says vocab_size {size[0]}: the "
                            f"vocabulary does not belong to this checkpoint; give the checkpoint's own")
     return ResolvedVocab(path, lower, str(p))
+
+
+def checkpoint_vocab_sha256(init: str) -> tuple[str, str] | None:
+    """``(sha256, vocab file)`` of the vocabulary a checkpoint was trained with, where it can be
+    known: a published folder's ``vocab.txt``, or a run folder's data (its config.json names the
+    data, whose sidecar records the vocab's hash); None otherwise (a .npz, say)."""
+    from hvd_bert.common.records import file_sha256
+
+    p = Path(init).expanduser()
+    folder = p if p.is_dir() and not p.name.startswith("ckpt-") else p.parent
+    if (folder / "vocab.txt").is_file():
+        return file_sha256(folder / "vocab.txt"), str(folder / "vocab.txt")
+    try:
+        data = json.loads((folder / "config.json").read_text()).get("data")
+        side = json.loads((Path(data) / "dataset.json").read_text()) if data else None
+    except (OSError, ValueError):
+        return None
+    if side and side.get("vocab_sha256"):
+        return side["vocab_sha256"], str(Path(data) / side.get("vocab_file", "vocab.txt"))
+    return None
+
+
+def init_vocab_error(init: str, ckpt_vocab_size: int, data: str, meta: dict, prepare: str) -> str | None:
+    """Why the data in ``data`` (sidecar ``meta``) cannot be trained from checkpoint ``init``
+    (whose embeddings have ``ckpt_vocab_size`` rows): another vocabulary size, or, where the
+    checkpoint's vocabulary is known, another vocabulary of the same size; None if none is
+    seen. ``prepare`` names the command that prepares the data again."""
+    if ckpt_vocab_size != meta["vocab_size"]:
+        return (f"init_checkpoint {init} has a vocabulary of {ckpt_vocab_size} tokens, the data {data} "
+                f"{meta['vocab_size']}: prepare the data with the checkpoint's vocabulary "
+                f"(hvd-bert {prepare} --vocab ...{' or --like ' + init if prepare == 'prepare-bert' else ''}"
+                f")")
+    known = checkpoint_vocab_sha256(init)
+    if known is not None and meta.get("vocab_sha256") not in (None, known[0]):
+        return (f"{data} was prepared with another vocabulary of the same size than init_checkpoint "
+                f"{init} ({known[1]}): the token ids would mean other words; prepare it again with "
+                f"--vocab {known[1]}")
+    return None

@@ -20,6 +20,7 @@ from hvd_bert.common.bert_data import check_pretraining_data
 from hvd_bert.common.bert_weights import WeightsError
 from hvd_bert.common.config import PretrainConfig
 from hvd_bert.common.engine import fit
+from hvd_bert.common.vocab import init_vocab_error
 from hvd_bert.jobs._output import finish_line, open_run, with_run_folder
 
 __all__ = ["run"]
@@ -40,8 +41,12 @@ def run(cfg: PretrainConfig, backend) -> dict:
     error = None
     if cfg.init_checkpoint and rank == 0:  # phase 2: weights only; the engine broadcasts them
         try:
-            arrays, _ = backend.read_checkpoint_weights(cfg.init_checkpoint)
-            backend.load_weights(model, arrays, source=f"init_checkpoint {cfg.init_checkpoint}")
+            arrays, config = backend.read_checkpoint_weights(cfg.init_checkpoint)
+            if config is not None:  # before the weights: a data/vocab mismatch is the data's fault
+                error = init_vocab_error(cfg.init_checkpoint, config.vocab_size, cfg.data, meta,
+                                         "prepare-bert")
+            if error is None:
+                backend.load_weights(model, arrays, source=f"init_checkpoint {cfg.init_checkpoint}")
         except WeightsError as e:
             error = str(e)
     error = backend.broadcast_object(error, "hvd_bert.pretrain.init")  # every rank stops on it

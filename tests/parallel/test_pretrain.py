@@ -197,3 +197,34 @@ def test_a_cut_or_corrupt_shard_is_one_line_naming_the_file(bert_data, tmp_path,
     assert len(bad) == 1, res.explain()
     assert "stopped because another rank failed" in next(ln for ln in lines if ln not in bad)
     assert "<stderr>:Traceback" not in res.stderr and "prepare-bert --output" not in res.stderr
+
+
+def test_phase_two_data_is_prepared_like_phase_one_and_another_vocab_is_refused(bert_data, phase_one,
+                                                                                tmp_path):
+    """`prepare-bert --like RUN` takes the phase-1 run's text, vocab and case (and says so);
+    phase-2 data with another vocabulary is refused before training, naming the fix."""
+    def prepare(*args):
+        p = subprocess.run([sys.executable, "-m", "hvd_bert", "prepare-bert", *args, "--num-shards", "4",
+                            "--max-seq-length", "64", "--max-predictions-per-seq", "10", "--dupe-factor", "1",
+                            "--seed", "5"], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    run1 = phase_one / "p1"
+    stdout = prepare("--like", str(run1), "--output", str(tmp_path / "like"))
+    p1 = json.loads((bert_data / "dataset.json").read_text())
+    like = json.loads((tmp_path / "like" / "dataset.json").read_text())
+    said = f"as {bert_data}: text {p1['input_paths'][0]}; vocab {bert_data / 'vocab.txt'}; lower-cased"
+    assert said in stdout
+    assert like["input_paths"] == p1["input_paths"] and like["vocab_sha256"] == p1["vocab_sha256"]
+    assert like["do_lower_case"] == p1["do_lower_case"] and like["seed"] == 5
+    run_job("pt", tmp_path / "like", tmp_path / "p2", "--set", "train.schedule.total_steps=5",
+            "--set", f"init_checkpoint={run1}")
+
+    prepare("--input", p1["input_paths"][0], "--vocab-size", "1200", "--output", str(tmp_path / "other"))
+    res = launch.run(["-m", "hvd_bert", "pretrain", "--set", f"data={tmp_path / 'other'}", "--set",
+                      f"train.output_dir={tmp_path / 'p2-other'}", *TINY, "--set", f"init_checkpoint={run1}"],
+                     np=2, timeout=300)
+    lines = [ln for ln in res.stderr.splitlines() if "hvd-bert pretrain:" in ln]
+    assert not res.ok and len(lines) == 2, res.explain()
+    assert f"init_checkpoint {run1} has a vocabulary of" in lines[0] and f"--like {run1}" in lines[0], lines
