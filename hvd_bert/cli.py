@@ -27,8 +27,15 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from hvd_bert.doctor import run_doctor
+    from hvd_bert.doctor import parse_hosts, run_doctor, run_host_checks
 
+    if args.hosts:
+        try:
+            parse_hosts(args.hosts)
+        except ValueError as e:
+            print(f"hvd-bert doctor: {e}", file=sys.stderr)
+            return 2
+        return run_host_checks(args.hosts, timeout=args.timeout, ssh_port=args.ssh_port)
     return run_doctor(np=args.np, timeout=args.timeout, runs=not args.no_runs)
 
 
@@ -421,6 +428,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--np", type=int, default=2, help="processes per check (default 2)")
     p.add_argument("--timeout", type=float, default=180, help="seconds per distributed check")
     p.add_argument("--no-runs", action="store_true", help="only report versions and the build")
+    p.add_argument("--hosts", metavar="H1:SLOTS,H2:SLOTS",
+                   help="check these hosts for a multi-node run instead: passwordless ssh, the same "
+                        "environment path, a shared folder, the network interface, a cross-host allreduce")
+    p.add_argument("--ssh-port", type=int, help="ssh port of the hosts (default: ssh's)")
     p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("config", help="print the resolved training configuration (YAML)")

@@ -199,3 +199,162 @@ def _run_fix(ctl: str, res: launch.RunResult) -> str:
         return ("a rank hung: check that localhost resolves and that loopback TCP is allowed; "
                 "set HOROVOD_GLOO_IFACE=lo (gloo) or pass --mca btl_tcp_if_include lo (mpi)")
     return "read the rank output above; " + SETUP_FIX
+
+
+# ----------------------------------------------------------------------------- several hosts
+_HOST_PROBE = r"""
+import ipaddress, json, os, socket, subprocess, sys
+out = {"python": sys.executable, "hostname": socket.gethostname(), "cwd_exists": os.path.isdir(sys.argv[1]),
+       "marker": os.path.isfile(sys.argv[2])}
+try:
+    import hvd_bert, horovod
+    out.update(hvd_bert=hvd_bert.__version__, horovod=horovod.__version__)
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {e}"
+try:
+    lines = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+    out["ifaces"] = [[p[1], str(ipaddress.ip_interface(p[3]).network)] for p in
+                     (ln.split() for ln in lines.splitlines()) if len(p) > 3 and p[1] != "lo"]
+except OSError:
+    out["ifaces"] = []
+print("HOSTPROBE" + json.dumps(out))
+"""
+
+
+def parse_hosts(spec: str) -> list[tuple[str, int]]:
+    """``h1:2,h2:2`` -> ``[("h1", 2), ("h2", 2)]`` (a host without slots has 1)."""
+    hosts = []
+    for part in spec.split(","):
+        name, _, slots = part.strip().partition(":")
+        if not name or (slots and not slots.isdigit()) or (slots and int(slots) < 1):
+            raise ValueError(f"--hosts {spec!r}: give host:slots,host:slots (e.g. node1:8,node2:8)")
+        hosts.append((name, int(slots or 1)))
+    return hosts
+
+
+def _ssh(host: str, command: str, timeout: float, port: int | None) -> subprocess.CompletedProcess:
+    opts = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "StrictHostKeyChecking=accept-new"]
+    if port:
+        opts += ["-p", str(port)]
+    return subprocess.run(["ssh", *opts, host, command], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def run_host_checks(spec: str, timeout: float = 180, ssh_port: int | None = None) -> int:
+    """``hvd-bert doctor --hosts h1:2,h2:2``: what a multi-node launch needs, host by host, with
+    the fix for what is missing: passwordless ssh, this Python environment at the same path
+    with the same hvd_bert and Horovod, this folder on a shared file system (data and run
+    folders), a network every host is on (the interface to pass), and then a real allreduce
+    across all the hosts' slots over Gloo."""
+    import shlex
+    import tempfile
+
+    import hvd_bert
+
+    hosts = parse_hosts(spec)
+    problems: list[tuple[str, str]] = []
+    notes: list[str] = []
+    cwd = os.getcwd()
+    print(f"hvd_bert doctor: {len(hosts)} host(s), {sum(s for _, s in hosts)} slot(s); from {cwd}")
+    probes = {}
+    with tempfile.NamedTemporaryFile(dir=cwd, prefix=".hvd_bert-doctor-", delete=True) as marker:
+        for host, _ in hosts:
+            cmd = " ".join(shlex.quote(a) for a in (sys.executable, "-c", _HOST_PROBE, cwd, marker.name))
+            try:
+                res = _ssh(host, cmd, timeout, ssh_port)
+            except subprocess.TimeoutExpired:
+                _row(host, "FAILED: ssh timed out")
+                problems.append((f"ssh to {host} timed out", "check that the host is up and reachable"))
+                continue
+            text = res.stdout + res.stderr
+            if res.returncode == 255:
+                why = (res.stderr.strip().splitlines() or ["no output"])[-1]
+                _row(host, f"FAILED: {why}")
+                if "ermission denied" in why or "erification failed" in why:
+                    problems.append((f"cannot log in to {host} without a password ({why})",
+                                     f"passwordless ssh from here to every host: ssh-keygen, then "
+                                     f"ssh-copy-id {host}; horovodrun and mpirun log in this way"))
+                else:
+                    problems.append((f"cannot reach {host}'s ssh server ({why})",
+                                     "check the host name, that sshd runs there (and on which port: "
+                                     "--ssh-port), and that the network lets ssh through"))
+                continue
+            line = next((ln for ln in res.stdout.splitlines() if ln.startswith("HOSTPROBE")), None)
+            if line is None:
+                _row(host, f"FAILED: {sys.executable} does not run there")
+                last = (text.strip().splitlines() or [""])[-1]
+                problems.append((f"{host} has no {sys.executable} ({last})",
+                                 "the same environment at the same path on every node: install the venv "
+                                 "there at this path, share it, or run in the same container image"))
+                continue
+            pr = probes[host] = json.loads(line[len("HOSTPROBE"):])
+            if "error" in pr:
+                _row(host, f"FAILED: hvd_bert does not load ({pr['error']})")
+                problems.append((f"hvd_bert or Horovod does not load on {host}", SETUP_FIX + f" on {host}"))
+                continue
+            same = pr["hvd_bert"] == hvd_bert.__version__
+            _row(host, f"ssh OK; {pr['hostname']}; hvd_bert {pr['hvd_bert']}, horovod {pr['horovod']}; "
+                       f"this folder {'shared' if pr['marker'] else 'NOT shared'}")
+            if not same:
+                problems.append((f"{host} has hvd_bert {pr['hvd_bert']}, here {hvd_bert.__version__}",
+                                 "install the same version on every node"))
+            if not pr["marker"]:
+                notes.append(f"{cwd} is not shared with {host}: put data and run folders on a shared file "
+                             f"system (every rank reads its shards; rank 0 writes checkpoints), or copy the "
+                             f"data to the same path on every node")
+    iface = None
+    if probes and len(probes) == len(hosts):
+        nets = [set(map(tuple, pr["ifaces"])) for pr in probes.values()]
+        by_net: dict[str, set] = {}
+        for pr in probes.values():
+            for name, net in pr["ifaces"]:
+                by_net.setdefault(net, set()).add(name)
+        shared = [net for net in by_net if all(any(n == net for _, n in s) for s in nets)]
+        if not shared:
+            problems.append(("no IPv4 network is common to all hosts", "connect the hosts on one network"))
+        else:
+            net = shared[0]
+            names = by_net[net]
+            iface = next(iter(names)) if len(names) == 1 else None
+            _row("network", f"{net} on every host (interface {', '.join(sorted(names))})")
+            if iface:
+                print(f"    pass it on: horovodrun --network-interface {iface} (or HOROVOD_GLOO_IFACE="
+                      f"{iface}); mpirun --mca btl_tcp_if_include {net} -x NCCL_SOCKET_IFNAME={iface}")
+    if not problems:
+        total = sum(s for _, s in hosts)
+        cmd = [launch.tool_path("horovodrun"), "-np", str(total), "-H", spec, "--gloo"]
+        if ssh_port:
+            cmd += ["-p", str(ssh_port)]
+        if iface:
+            cmd += ["--network-interface", iface]
+        cmd += [sys.executable, "-m", "hvd_bert._doctor_worker", "torch"]
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                                 stdin=subprocess.DEVNULL)
+            ranks = [ln for ln in res.stdout.splitlines() if "doctor-rank" in ln]
+            ok = res.returncode == 0 and len(ranks) == total
+        except subprocess.TimeoutExpired:
+            res, ranks, ok = None, [], False
+        if ok:
+            got = ranks[0].split("allreduce=")[1]
+            _row("allreduce", f"OK: {total} ranks on {len(hosts)} hosts agree ({got})")
+        else:
+            why = "timed out" if res is None else f"exit code {res.returncode}, {len(ranks)} of {total} ranks"
+            _row("allreduce", f"FAILED ({why})")
+            if res is not None:
+                for t in [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip()][-6:]:
+                    print(f"      {t[:200]}")
+            problems.append((f"the {total}-rank allreduce across the hosts failed ({why})",
+                             "check that the hosts reach each other on the network above (firewall) "
+                             "and pass the interface as shown"))
+    print()
+    for n in notes:
+        print(f"note: {n}")
+    if problems:
+        print(f"{len(problems)} problem(s):")
+        for what, fix in problems:
+            print(f"  - {what}\n    fix: {fix}")
+        return 1
+    print(f"the hosts are ready: {sum(s for _, s in hosts)} ranks")
+    return 0

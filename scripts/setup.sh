@@ -17,7 +17,7 @@
 # HVD_BERT_GPU=1 (build Horovod with NCCL for GPU tensors; the GPU image sets it).
 set -Eeuo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)  # also when reached by a symlink
 VENV=${HVD_BERT_VENV:-$ROOT/.venv}
 CACHE=${HVD_BERT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_bert}
 PYTHON=${HVD_BERT_PYTHON:-python3.11}

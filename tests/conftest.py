@@ -10,3 +10,5 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 def pytest_configure(config):
     config.addinivalue_line("markers", "multinode: runs on several fake nodes (network namespaces); "
                                        "select with -m multinode, skip with -m 'not multinode'")
+    config.addinivalue_line("markers", "readme: runs every README.md code block as written (tests/readme); "
+                                       "select with -m readme")

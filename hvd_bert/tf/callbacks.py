@@ -2,8 +2,9 @@
 
     opt = distributed_optimizer(build_optimizer(cfg.optim, lr), backward_passes_per_step=k)
     model.compile(optimizer=opt, loss=...)
-    model.fit(ds, callbacks=fit_callbacks(model, schedule, k, global_batch, output_dir),
-              verbose=verbose(), ...)
+    start = restore_for_fit(model, output_dir)      # micro-batches done by an earlier run
+    model.fit(ds.skip(start), verbose=verbose(), callbacks=fit_callbacks(
+        schedule, k, global_batch, output_dir, initial_micro_step=start))
 
 * :class:`BroadcastCallback` creates the optimizer state explicitly and broadcasts model and
   optimizer variables from rank 0 before the first batch (Horovod's own callback broadcasts
@@ -104,11 +105,13 @@ class ThroughputCallback(keras.callbacks.Callback):
     """Rank 0 logs loss, LR and samples/s every ``log_every`` optimizer steps."""
 
     def __init__(self, global_batch_size: int, backward_passes_per_step: int = 1, log_every: int = 10,
-                 schedule_cb: ScheduleCallback | None = None, log=print):
+                 schedule_cb: ScheduleCallback | None = None, log=print, initial_micro_step: int = 0):
         super().__init__()
         self.global_batch, self.k, self.log_every = global_batch_size, backward_passes_per_step, log_every
         self.schedule_cb, self.log, self.history = schedule_cb, log, []
-        self._micro, self._t0, self._steps = 0, None, 0
+        # A resumed fit counts on from the checkpoint's step.
+        self._micro, self._t0 = initial_micro_step, None
+        self._steps, self._since = optimizer_steps_done(initial_micro_step, backward_passes_per_step), 0
 
     def on_train_batch_end(self, batch, logs=None):
         if self._t0 is None:
@@ -117,9 +120,11 @@ class ThroughputCallback(keras.callbacks.Callback):
         if self._micro % self.k:
             return
         self._steps += 1
+        self._since += 1
         if self._steps % self.log_every == 0 and hvd.rank() == 0:
             dt = time.perf_counter() - self._t0
-            sps = self.global_batch * self.log_every / dt if dt > 0 else float("nan")
+            sps = self.global_batch * self._since / dt if dt > 0 else float("nan")
+            self._since = 0
             lr = self.schedule_cb.last_lr if self.schedule_cb else float("nan")
             loss = float((logs or {}).get("loss", float("nan")))
             self.history.append(dict(step=self._steps, loss=loss, lr=lr, samples_per_s=sps))
@@ -177,7 +182,8 @@ def fit_callbacks(schedule: Schedule, backward_passes_per_step: int, global_batc
     sched = ScheduleCallback(schedule, backward_passes_per_step, initial_micro_step)
     cbs = [BroadcastCallback(), sched,
            hvd.callbacks.MetricAverageCallback(),  # Horovod:
-           ThroughputCallback(global_batch_size, backward_passes_per_step, log_every, sched)]
+           ThroughputCallback(global_batch_size, backward_passes_per_step, log_every, sched,
+                              initial_micro_step=initial_micro_step)]
     if output_dir is not None:
         cbs.append(CheckpointCallback(output_dir, backward_passes_per_step, checkpoint_every, keep,
                                       initial_micro_step))

@@ -31,3 +31,17 @@ def test_doctor_names_the_fix_when_a_run_fails():
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 1
     assert "FAILED (timed out)" in p.stdout and "fix:" in p.stdout
+
+
+def test_doctor_hosts_names_the_unreachable_host_and_the_fix():
+    """--hosts checks each host over ssh before any launch; here both are loopback addresses
+    with no ssh server on the port (the passing path is exercised by the multi-node tests)."""
+    p = subprocess.run([sys.executable, "-m", "hvd_bert", "doctor", "--hosts", "127.0.0.1:2,127.0.0.2:2",
+                        "--ssh-port", "9"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "hvd_bert doctor: 2 host(s), 4 slot(s)" in p.stdout
+    assert "cannot reach 127.0.0.1's ssh server" in p.stdout and "cannot reach 127.0.0.2's" in p.stdout
+    assert "sshd runs there (and on which port: --ssh-port)" in p.stdout and "allreduce" not in p.stdout
+    bad = subprocess.run([sys.executable, "-m", "hvd_bert", "doctor", "--hosts", "node1:x"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "give host:slots,host:slots" in bad.stderr

@@ -1,0 +1,158 @@
+"""Every code block of README.md, run as written, in order, in one sandbox.
+
+The sandbox is a folder of symlinks to this checkout (so `make demo`, `.venv/bin/hvd-bert` and
+`examples/` resolve as in the repository) with its own HOME: the built-in data is prepared
+afresh under it and relative outputs (`runs/`, `data/`) land in the sandbox. The venv is
+active and root may run OpenMPI, as the README says. The files the README calls the user's
+(`train.tsv`, `dev.tsv`, `a.txt`, `b.txt`, a Hugging Face checkpoint in
+`~/models/bert-base-uncased`, MovieLens' `ml-1m/ratings.dat` and `ml-20m/ratings.csv`) are
+written by the fixture in those formats, small. A Python block is saved under the file name
+its first line gives and run with the command that line gives. A `text` block is a listing,
+not code. Only `make test` is not run: it is the suite this test belongs to.
+
+Select with `-m readme`, skip with `-m 'not readme'`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+NOT_RUN = {"make test": "the README's test command is the suite that runs this test"}
+LINKED = ["Makefile", "scripts", "hvd_bert", "examples", "setup.py", "requirements.txt",
+          "requirements-dev.txt", ".venv", "slurm", "docker", "benchmarks"]
+
+pytestmark = pytest.mark.readme
+
+
+def code_blocks(text: str) -> list[tuple[int, str, str]]:
+    """``(line, language, code)`` of every fenced block."""
+    blocks, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        m = re.match(r"^```(\w*)\s*$", lines[i])
+        if m:
+            start, body = i + 1, []
+            i += 1
+            while not lines[i].startswith("```"):
+                body.append(lines[i])
+                i += 1
+            blocks.append((start, m.group(1), "\n".join(body) + "\n"))
+        i += 1
+    return blocks
+
+
+BLOCKS = code_blocks(README.read_text())
+
+
+def test_every_block_has_a_language_this_test_knows():
+    assert BLOCKS and all(lang in ("bash", "python", "text") for _, lang, _ in BLOCKS), \
+        [(line, lang) for line, lang, _ in BLOCKS if lang not in ("bash", "python", "text")]
+
+
+# ----------------------------------------------------------------------------- the user's files
+WORDS_POS = ["good", "great", "fine", "nice", "happy", "bright"]
+WORDS_NEG = ["bad", "poor", "awful", "sad", "dark", "broken"]
+FILLER = ["the", "module", "returns", "a", "value", "for", "each", "file", "and", "list", "of", "names",
+          "this", "function", "object", "string"]
+
+
+def _sentences(n: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    rows = []
+    for j in range(n):
+        label = "pos" if j % 2 else "neg"
+        words = rng.sample(FILLER, 6) + [rng.choice(WORDS_POS if label == "pos" else WORDS_NEG)]
+        rng.shuffle(words)
+        rows.append((" ".join(words), label))
+    return rows
+
+
+def _tsv(path: Path, rows) -> None:
+    path.write_text("sentence\tlabel\n" + "".join(f"{s}\t{label}\n" for s, label in rows))
+
+
+def _hf_checkpoint(folder: Path) -> None:
+    """A small random BERT saved by transformers in the published layout (config.json,
+    model.safetensors, vocab.txt, tokenizer_config.json)."""
+    import torch
+    import transformers
+
+    words = sorted(set(FILLER + WORDS_POS + WORDS_NEG) | {chr(c) for c in range(ord("a"), ord("z") + 1)})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *words]
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    transformers.BertForPreTraining(cfg).save_pretrained(folder)
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+
+
+def _ratings(n_users: int, n_items: int, per_user: int, seed: int) -> list[tuple[int, int, int, int]]:
+    rng = random.Random(seed)
+    rows = []
+    for u in range(1, n_users + 1):
+        for t, i in enumerate(rng.sample(range(1, n_items + 1), per_user)):
+            rows.append((u, i, rng.randint(1, 5), 978300000 + 1000 * u + t))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    root = tmp_path_factory.mktemp("readme")
+    work, home = root / "repo", root / "home"
+    work.mkdir()
+    home.mkdir()
+    for name in LINKED:
+        if (ROOT / name).exists():
+            (work / name).symlink_to(ROOT / name)
+    _tsv(work / "train.tsv", _sentences(400, 1))
+    _tsv(work / "dev.tsv", _sentences(100, 2))
+    from hvd_bert.common.corpus import stdlib_documents
+    docs = stdlib_documents(max_bytes=600_000)
+    assert len(docs) >= 128
+    for name, part in (("a.txt", docs[0::2]), ("b.txt", docs[1::2])):
+        (work / name).write_text("\n\n".join("\n".join(d) for d in part) + "\n")
+    _hf_checkpoint(home / "models" / "bert-base-uncased")
+    (work / "ml-1m").mkdir()
+    (work / "ml-1m" / "ratings.dat").write_text(
+        "".join(f"{u}::{i}::{r}::{t}\n" for u, i, r, t in _ratings(300, 400, 20, 3)))
+    (work / "ml-20m").mkdir()
+    (work / "ml-20m" / "ratings.csv").write_text("userId,movieId,rating,timestamp\n" + "".join(
+        f"{u},{i},{r}.0,{t}\n" for u, i, r, t in _ratings(200, 300, 15, 4)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HVD_BERT_", "VIRTUAL_ENV"))}
+    env.update(HOME=str(home), VIRTUAL_ENV=str(work / ".venv"), PYTHONPATH="",
+               PATH=f"{work / '.venv' / 'bin'}:{env['PATH']}",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return work, env
+
+
+def _run(cmd, work: Path, env: dict, timeout: int = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("line,lang,code", [b for b in BLOCKS if b[1] != "text"],
+                         ids=[f"line{b[0]}-{b[1]}" for b in BLOCKS if b[1] != "text"])
+def test_readme_block_runs_as_written(sandbox, line, lang, code):
+    work, env = sandbox
+    if lang == "python":
+        m = re.match(r"# (\S+\.py) -- run it with: (.+)$", code.splitlines()[0])
+        assert m, f"README line {line}: a Python block starts with '# NAME.py -- run it with: COMMAND'"
+        (work / m.group(1)).write_text(code)
+        res = _run(["bash", "-c", m.group(2)], work, env)
+    else:
+        kept = [ln for ln in code.splitlines() if ln.split("#")[0].strip() not in NOT_RUN]
+        res = _run(["bash", "-e", "-o", "pipefail", "-c", "\n".join(kept) + "\n"], work, env)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, f"README line {line} failed ({res.returncode}):\n{code}\n---\n{out[-6000:]}"
+    assert "<stderr>:Traceback" not in out and "\nTraceback" not in out, out[-6000:]
+    if "--set train.optim.lr=1e-3 --set epochs=10" in code:  # the fine-tuning example learns
+        acc = [float(a) for a in re.findall(r"eval at step \d+: accuracy ([0-9.]+)", out)]
+        assert acc and acc[-1] > 0.8, out[-3000:]
