@@ -312,6 +312,19 @@ def _vocab_of(src: Path) -> Path | None:
     return None
 
 
+def _cmd_evaluate_squad(args: argparse.Namespace) -> int:
+    """The official SQuAD v1.1 / v2.0 evaluation of a predictions file, printed as the official
+    scripts print it (the version comes from the data file)."""
+    import json
+
+    from hvd_bert.common.squad_metrics import evaluate_files, format_result
+
+    result = evaluate_files(args.data_file, args.pred_file, args.na_prob)
+    version = json.loads(Path(args.data_file).read_text(encoding="utf-8")).get("version")
+    print(format_result(version, result))
+    return 0
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     """A checkpoint of either framework, a portable .npz or a Hugging Face folder -> portable
     weights (.npz) or a Hugging Face folder (``--to hf``)."""
@@ -502,6 +515,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pt (PyTorch, the default) or tf (TensorFlow): the config's framework")
         _add_config_args(p)
         p.set_defaults(func=_cmd_job)
+
+    p = sub.add_parser("evaluate-squad", help="SQuAD v1.1 / v2.0 exact match and F1 of a predictions "
+                                              "file, as the official evaluation scripts compute them")
+    p.add_argument("data_file", help="the SQuAD data file (e.g. dev-v1.1.json, dev-v2.0.json)")
+    p.add_argument("pred_file", help="predictions.json: question id -> answer text")
+    p.add_argument("--na-prob", help="v2.0: null_odds.json (question id -> no-answer probability); "
+                                     "adds the best thresholds")
+    p.set_defaults(func=_cmd_evaluate_squad)
 
     p = sub.add_parser("convert", help="a BERT checkpoint (either framework's, .npz, Hugging Face) -> "
                                        "portable weights (.npz) or a Hugging Face folder")
