@@ -13,10 +13,12 @@ lint: setup
 	$(VENV)/bin/ruff check hvd_bert tests scripts
 
 # One pytest process for the whole suite (hvd_bert.common imports no framework, and PyTorch and
-# TensorFlow share a process); tests/parallel starts real multi-process runs.
+# TensorFlow share a process); tests/parallel starts real multi-process runs; tests/readme runs
+# every README code block as written (alone: pytest -m readme tests/readme).
 test: lint
 	-bash scripts/slurm_local.sh install   # for tests/parallel/test_slurm.py (skips without it)
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests/common tests/pt tests/tf tests/parallel
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests/common tests/pt tests/tf tests/parallel \
+	    tests/readme
 
 doctor: setup
 	$(VENV)/bin/hvd-bert doctor

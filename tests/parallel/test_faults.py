@@ -21,7 +21,8 @@ from bert_jobs import TINY
 from hvd_bert import launch
 
 FAULTS = ["kill -9 rank 0", "kill -9 rank 1", "kill -9 every rank", "SIGTERM rank 1", "SIGTERM every rank",
-          "SIGTERM launcher", "kill -9 rank 0"]
+          "SIGTERM launcher", "kill -9 rank 0 mid-checkpoint", "kill -9 rank 0 mid-checkpoint",
+          "kill -9 rank 0"]
 END_LIMIT_S = 120
 
 
@@ -48,7 +49,7 @@ def _check_folder(out):
     names = sorted(out.glob("ckpt-*.pt"))
     for ckpt in names:
         state = load_checkpoint_file(ckpt)
-        assert state["meta"]["step"] == int(ckpt.stem.split("-")[1]), ckpt
+        assert json.loads(state["meta"])["step"] == int(ckpt.stem.split("-")[1]), ckpt
     steps = [_strict_json(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()
              if ln.strip()] if (out / "metrics.jsonl").exists() else []
     assert steps == sorted(set(steps)), f"a step logged twice or out of order: {steps}"
@@ -82,21 +83,29 @@ def test_faults_at_random_moments_lose_nothing(bert_data, tmp_path):
     figures, verified, temporaries = [], 0, 0
     for fault in FAULTS:
         newest = sorted(out.glob("ckpt-*.pt"))
+        started = time.time()
         proc = _start(launch.command(job(100000), np=2))
         try:
             deadline = time.monotonic() + 300
-            while True:  # wait for training (a logged step after this run's start)
+            while True:  # wait for training: a step logged by this run, past the newest checkpoint
                 step = _last_logged(out)
-                if step and (not newest or step > int(newest[-1].stem.split("-")[1])):
+                fresh = (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_mtime > started
+                if fresh and step and (not newest or step > int(newest[-1].stem.split("-")[1])):
                     break
                 assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
                 time.sleep(0.2)
-            time.sleep(rng.uniform(0.0, 3.0))
             ranks = sorted(_ranks(proc), key=_rank_of)
-            assert len(ranks) == 2, [p.cmdline() for p in ranks]
+            if fault.endswith("mid-checkpoint"):  # rank 0 writes them: catch it with a .tmp- file open
+                until = time.monotonic() + 30
+                while not list(out.glob(".ckpt-*.tmp-*")) and time.monotonic() < until:
+                    time.sleep(0.002)
+            else:
+                time.sleep(rng.uniform(0.0, 3.0))
+            assert len(ranks) == 2, (fault, [p.cmdline() for p in ranks])
             sig = signal.SIGKILL if fault.startswith("kill -9") else signal.SIGTERM
+            one = re.search(r"rank (\d)", fault)
             targets = ([psutil.Process(proc.pid)] if fault.endswith("launcher") else
-                       ranks if fault.endswith("every rank") else [ranks[int(fault[-1])]])
+                       ranks if fault.endswith("every rank") else [ranks[int(one.group(1))]])
             t0 = time.monotonic()
             for p in targets:
                 p.send_signal(sig)
