@@ -173,7 +173,7 @@ def _cmd_prepare_classification(args: argparse.Namespace) -> int:
                                       text_b=args.text_b, label=args.label,
                                       max_seq_length=args.max_seq_length, num_shards=args.num_shards,
                                       do_lower_case=lower, labels=args.labels,
-                                      overwrite=args.overwrite)
+                                      overwrite=args.overwrite, task=args.task)
     except (DatasetError, ValueError) as e:
         print(f"hvd-bert prepare-classification: {e}", file=sys.stderr)
         return 2
@@ -486,9 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True)
     p.add_argument("--vocab", required=True, help="the checkpoint's vocabulary: a vocab.txt, a "
                                                   "tokenizer.json, or the checkpoint folder itself")
-    p.add_argument("--text-a", required=True, help="column of the (first) sentence")
+    p.add_argument("--task", choices=["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"],
+                   help="a GLUE task's published TSV (its columns, header and labels); reports its metric")
+    p.add_argument("--text-a", help="column of the (first) sentence (a table without --task)")
     p.add_argument("--text-b", help="column of the second sentence, for pairs")
-    p.add_argument("--label", required=True, help="column of the label")
+    p.add_argument("--label", help="column of the label")
     p.add_argument("--labels", nargs="*", help="label order (pass the training set's to a dev set)")
     p.add_argument("--cased", action="store_true",
                    help="keep case (default: the checkpoint's, from --vocab, else lower-case)")

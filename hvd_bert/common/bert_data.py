@@ -426,39 +426,62 @@ def check_pretraining_data(folder: str | Path, max_seq_length: int | None = None
 
 
 # ----------------------------------------------------------------------------- fine-tuning
-def _read_table(path: Path, delimiter: str | None) -> tuple[list[str], list[list[str]]]:
+def _read_rows(path: Path, delimiter: str | None) -> list[list[str]]:
     import io
 
     text = read_text(path, "table")
     delim = delimiter or ("\t" if path.suffix.lower() in (".tsv", ".tab") else ",")
-    rows = list(csv.reader(io.StringIO(text, newline=""), delimiter=delim,
+    return list(csv.reader(io.StringIO(text, newline=""), delimiter=delim,
                            quotechar=None if delim == "\t" else '"'))
+
+
+def _read_table(path: Path, delimiter: str | None) -> tuple[list[str], list[list[str]]]:
+    rows = _read_rows(path, delimiter)
     if len(rows) < 2:
         raise DatasetError(f"table {path} has no data rows (a header line and at least one row)")
     return rows[0], rows[1:]
 
 
 def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file: str | Path, *,
-                           text_a: str, label: str, text_b: str | None = None,
+                           text_a: str | None = None, label: str | None = None, text_b: str | None = None,
                            max_seq_length: int = 128, num_shards: int = 2, do_lower_case: bool = True,
                            labels: Sequence[str] | None = None, delimiter: str | None = None,
-                           overwrite: bool = False) -> dict:
-    """Sentence (or sentence-pair) classification rows from a TSV/CSV with a header into shards
-    with ``input_ids``, ``input_mask``, ``segment_ids``, ``label_ids``. ``labels`` fixes the
-    label order (pass the training set's to a dev set); by default the sorted distinct labels."""
+                           overwrite: bool = False, task: str | None = None) -> dict:
+    """Sentence (or sentence-pair) classification rows into shards with ``input_ids``,
+    ``input_mask``, ``segment_ids``, ``label_ids``: from a TSV/CSV with a header and the named
+    columns, or from a GLUE task's published file (``task``: its layout and label order, see
+    :mod:`hvd_bert.common.glue`). ``labels`` fixes the label order (pass the training set's to
+    a dev set); by default the sorted distinct labels."""
+    from hvd_bert.common.glue import TASKS, read_task
+
     out = Path(output_dir)
-    header, rows = _read_table(Path(table), delimiter)
-    for col in (text_a, label, text_b):
-        if col is not None and col not in header:
-            raise DatasetError(f"column {col!r} is not in {table} (columns: {header})")
-    ia, il = header.index(text_a), header.index(label)
-    ib = header.index(text_b) if text_b else None
-    bad = [n + 2 for n, r in enumerate(rows) if len(r) != len(header)]
-    if bad:
-        raise DatasetError(f"{table}: rows {bad[:5]} have {len(rows[bad[0] - 2])} fields, the header "
-                           f"has {len(header)}; check the delimiter and quoting")
-    label_list = list(labels) if labels is not None else sorted({r[il] for r in rows})
-    unknown = sorted({r[il] for r in rows} - set(label_list))
+    if task is not None:
+        if task not in TASKS:
+            raise DatasetError(f"unknown GLUE task {task!r}; choose one of {sorted(TASKS)}")
+        if TASKS[task].labels is None:
+            raise DatasetError(f"{task} is a regression task (a similarity score): fine-tuning here is "
+                               f"classification only so far; its metrics are in hvd_bert.common.glue")
+        texts_a, texts_b, ys = read_task(task, _read_rows(Path(table), "\t"), str(table))
+        label_list = list(TASKS[task].labels)
+        text_a, text_b, label = "text_a", ("text_b" if texts_b is not None else None), "label"
+    else:
+        if text_a is None or label is None:
+            raise DatasetError("give the columns (--text-a, --label) of the table, or a GLUE --task")
+        header, rows = _read_table(Path(table), delimiter)
+        for col in (text_a, label, text_b):
+            if col is not None and col not in header:
+                raise DatasetError(f"column {col!r} is not in {table} (columns: {header})")
+        ia, il = header.index(text_a), header.index(label)
+        ib = header.index(text_b) if text_b else None
+        bad = [n + 2 for n, r in enumerate(rows) if len(r) != len(header)]
+        if bad:
+            raise DatasetError(f"{table}: rows {bad[:5]} have {len(rows[bad[0] - 2])} fields, the header "
+                               f"has {len(header)}; check the delimiter and quoting")
+        texts_a, ys = [r[ia] for r in rows], [r[il] for r in rows]
+        texts_b = [r[ib] for r in rows] if ib is not None else None
+        label_list = sorted(set(ys))
+    label_list = list(labels) if labels is not None else label_list
+    unknown = sorted(set(ys) - set(label_list))
     if unknown:
         raise DatasetError(f"{table}: labels {unknown} are not in the label list {label_list}")
     _prepare_output(out, overwrite)
@@ -467,10 +490,10 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
         shutil.copyfile(vocab_file, vocab_path)
     tok = load_tokenizer(vocab_path, do_lower_case)
     ids = _special_ids(tok)
-    enc_a = tok.encode_batch([r[ia] for r in rows], add_special_tokens=False)
-    enc_b = tok.encode_batch([r[ib] for r in rows], add_special_tokens=False) if ib is not None else None
+    enc_a = tok.encode_batch(texts_a, add_special_tokens=False)
+    enc_b = tok.encode_batch(texts_b, add_special_tokens=False) if texts_b is not None else None
     feats = []
-    for n, r in enumerate(rows):
+    for n, y in enumerate(ys):
         a = list(enc_a[n].ids)
         b = list(enc_b[n].ids) if enc_b is not None else []
         budget = max_seq_length - (3 if enc_b is not None else 2)
@@ -482,7 +505,7 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
         feats.append({"input_ids": (tokens + [0] * pad, "int"),
                       "input_mask": ([1] * len(tokens) + [0] * pad, "int"),
                       "segment_ids": (segs + [0] * pad, "int"),
-                      "label_ids": ([label_list.index(r[il])], "int")})
+                      "label_ids": ([label_list.index(y)], "int")})
     shards = []
     for s in range(num_shards):
         name = shard_name(s, num_shards)
@@ -491,7 +514,7 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
             "vocab_sha256": file_sha256(vocab_path), "vocab_size": tok.get_vocab_size(),
             "do_lower_case": do_lower_case, "max_seq_length": max_seq_length, "labels": label_list,
             "text_a": text_a, "text_b": text_b, "label": label, "num_shards": num_shards,
-            "shards": shards, "total_records": len(feats), "source": Path(table).name}
+            "shards": shards, "total_records": len(feats), "source": Path(table).name, "task": task}
     write_sidecar(out, meta)
     return meta
 

@@ -74,23 +74,36 @@ def eval_batches(folder: str | Path, meta: dict, rank: int, world_size: int,
         yield decode_batch(rows, spec)
 
 
-def evaluate_classification(score, batches: Iterator[dict[str, np.ndarray]], allreduce) -> dict:
-    """Accuracy and mean cross-entropy over the whole set: ``score(batch)`` gives the logits
-    ``[B, labels]`` of one batch of :func:`eval_batches`, ``allreduce`` sums the ranks'
-    ``[correct, loss sum, count]`` (a collective: every rank must call it, with or without
-    batches of its own)."""
-    totals = np.zeros(3)
+def evaluate_classification(score, batches: Iterator[dict[str, np.ndarray]], allreduce,
+                            num_labels: int | None = None, task: str | None = None) -> dict:
+    """Accuracy, mean cross-entropy and the task's metrics (:func:`glue.task_metrics`: MCC for
+    CoLA, F1 for MRPC/QQP and any two-label set) over the whole set: ``score(batch)`` gives
+    the logits ``[B, labels]`` of one batch of :func:`eval_batches`, ``allreduce`` sums the
+    ranks' ``[loss sum, count, confusion matrix...]`` (a collective: every rank must call it,
+    with or without batches of its own, and so ``num_labels`` is given, not seen)."""
+    from hvd_bert.common.glue import confusion, task_metrics
+
+    cm, sums = None, np.zeros(2)
     for b in batches:
         logits = np.asarray(score(b), np.float64)
         labels = b["label_ids"].reshape(-1)
+        num_labels = num_labels or logits.shape[1]
         top = logits.max(axis=1, keepdims=True)
         log_z = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
         nll = log_z - logits[np.arange(len(labels)), labels]
-        totals += [(logits.argmax(axis=1) == labels).sum(), nll.sum(), len(labels)]
-    totals = np.asarray(allreduce(totals))
-    n = max(totals[2], 1.0)
-    return {"eval_accuracy": float(totals[0] / n), "eval_loss": float(totals[1] / n),
-            "eval_examples": int(totals[2])}
+        part = confusion(logits.argmax(axis=1), labels, num_labels)
+        cm = part if cm is None else cm + part
+        sums += [nll.sum(), len(labels)]
+    if num_labels is None:
+        raise ValueError("num_labels is needed on a rank without evaluation batches")
+    cm = np.zeros((num_labels, num_labels)) if cm is None else cm
+    totals = np.asarray(allreduce(np.concatenate([sums, cm.ravel().astype(np.float64)])))
+    cm = np.rint(totals[2:]).astype(np.int64).reshape(num_labels, num_labels)
+    n = max(totals[1], 1.0)
+    out = {"eval_accuracy": float(np.trace(cm) / n), "eval_loss": float(totals[0] / n),
+           "eval_examples": int(totals[1])}
+    out.update(task_metrics(task, cm))
+    return out
 
 
 def resolve_init(cfg: FinetuneConfig, meta: dict, read_checkpoint_weights) -> tuple:
@@ -127,8 +140,10 @@ class Evaluation:
 
     def report(self, step: int) -> dict:
         res = self.evaluate()
-        self.log.print(f"eval at step {step}: accuracy {res['eval_accuracy']:.4f} on {res['eval_examples']} "
-                       f"examples (loss {res['eval_loss']:.4f})")
+        extra = "".join(f", {k[5:].upper() if k != 'eval_f1' else 'F1'} {v:.4f}" for k, v in res.items()
+                        if k in ("eval_f1", "eval_mcc"))
+        self.log.print(f"eval at step {step}: accuracy {res['eval_accuracy']:.4f}{extra} on "
+                       f"{res['eval_examples']} examples (loss {res['eval_loss']:.4f})")
         self.log.record({"step": step, **res}, prefix="eval", show=False)
         return res
 

@@ -57,7 +57,8 @@ def run(cfg: FinetuneConfig, backend) -> dict:
     score = backend.classification_scorer(model, cfg.train.precision.mode)
     on_step = Evaluation(cfg, steps, log, lambda: evaluate_classification(
         score, eval_batches(cfg.eval_data, eval_meta, rank, size, cfg.eval_batch_size),
-        lambda totals: backend.allreduce_sum(totals, "hvd_bert.eval")))
+        lambda totals: backend.allreduce_sum(totals, "hvd_bert.eval"), len(meta["labels"]),
+        (eval_meta or meta).get("task")))
 
     def batches_from(micro_step):
         return backend.record_batches(cfg.data, "bert-classification", rank, size, plan.local_batch_size,

@@ -222,3 +222,64 @@ def test_accented_utf8_text_keeps_its_accents_when_cased(tmp_path):
                    encoding="utf-8")
     assert read_documents([src]) == [["Un café au lait.", "Deuxième phrase ici."],
                                      ["Été à Paris.", "Naïve façade."]]
+
+
+def test_glue_tasks_in_their_published_layouts(prepared, tmp_path):
+    """CoLA without a header (sentence in column 4), MRPC's pair columns, MNLI's matched dev
+    file with gold_label last; labels in the task's order whatever the file holds."""
+    from hvd_bert.common.bert_data import classification_spec
+
+    folder, _ = prepared
+    vocab = folder / "vocab.txt"
+    (tmp_path / "cola").mkdir()
+    (tmp_path / "cola" / "dev.tsv").write_text('gj04\t1\t\tThe file is "read".\n'
+                                               'gj04\t0\t*\tfile the read is.\n')
+    meta = prepare_classification(tmp_path / "cola" / "dev.tsv", tmp_path / "c", vocab, task="cola",
+                                  max_seq_length=16, num_shards=1)
+    assert meta["labels"] == ["0", "1"] and meta["task"] == "cola" and meta["total_records"] == 2
+    exs = [decode_example(r, classification_spec(16))
+           for _, r in iter_records(tmp_path / "c" / meta["shards"][0]["file"])]
+    assert [int(e["label_ids"][0]) for e in exs] == [1, 0] and all(e["segment_ids"].max() == 0 for e in exs)
+    mrpc = tmp_path / "msr.tsv"
+    mrpc.write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tthe file is read\tit is read\n")
+    meta = prepare_classification(mrpc, tmp_path / "m", vocab, task="mrpc", max_seq_length=16, num_shards=1)
+    exs = [decode_example(r, classification_spec(16))
+           for _, r in iter_records(tmp_path / "m" / meta["shards"][0]["file"])]
+    assert exs[0]["segment_ids"].max() == 1 and meta["text_b"] == "text_b"
+    mnli = tmp_path / "dev_matched.tsv"
+    cols = ["index", "promptID", "pairID", "genre", "s1b", "s2b", "s1p", "s2p", "sentence1", "sentence2",
+            "label1", "gold_label"]
+    mnli.write_text("\t".join(cols) + "\n" + "\t".join(["0", "1", "2", "g", "(", "(", "(", "(", "a file",
+                                                         "a name", "neutral", "neutral"]) + "\n")
+    meta = prepare_classification(mnli, tmp_path / "n", vocab, task="mnli", max_seq_length=16, num_shards=1)
+    assert meta["labels"] == ["contradiction", "entailment", "neutral"]
+    exs = [decode_example(r, classification_spec(16))
+           for _, r in iter_records(tmp_path / "n" / meta["shards"][0]["file"])]
+    assert int(exs[0]["label_ids"][0]) == 2
+    with pytest.raises(DatasetError, match="stsb is a regression task"):
+        prepare_classification(mnli, tmp_path / "s", vocab, task="stsb")
+    with pytest.raises(DatasetError, match=r"line 2 has 5 columns; the mnli layout needs 10"):
+        prepare_classification(mrpc, tmp_path / "x", vocab, task="mnli")
+    assert not (tmp_path / "x").exists()
+
+
+def test_evaluation_reports_the_tasks_metric_from_summed_confusion_counts():
+    import numpy as np
+    from sklearn.metrics import f1_score, matthews_corrcoef
+
+    from hvd_bert.common.finetune import evaluate_classification
+
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(50, 2))
+    labels = rng.integers(0, 2, 50)
+    batches = [{"label_ids": labels[i:i + 8], "logits": logits[i:i + 8]} for i in range(0, 50, 8)]
+    pred = logits.argmax(axis=1)
+    res = evaluate_classification(lambda b: b["logits"], iter(batches), lambda t: t, 2, "cola")
+    assert res["eval_mcc"] == pytest.approx(matthews_corrcoef(labels, pred)) and res["eval_examples"] == 50
+    assert res["eval_accuracy"] == pytest.approx((pred == labels).mean())
+    res = evaluate_classification(lambda b: b["logits"], iter(batches), lambda t: t, 2, "mrpc")
+    assert res["eval_f1"] == pytest.approx(f1_score(labels, pred)) and "eval_mcc" not in res
+    # a rank without batches still joins the allreduce with zeros of the right size
+    sent = []
+    res = evaluate_classification(lambda b: b["logits"], iter([]), lambda t: sent.append(t) or t, 3, "mnli")
+    assert sent[0].shape == (2 + 9,) and res["eval_examples"] == 0
