@@ -94,9 +94,20 @@ def task(bert_data, tmp_path_factory):
         timeout=300,
     )
     assert res.returncode == 0, res.stderr
+    for split in ("train", "dev"):  # the same rows in CoLA's published layout (no header, 0/1)
+        rows = (root / f"{split}.tsv").read_text().splitlines()[1:]
+        (root / "cola").mkdir(exist_ok=True)
+        (root / "cola" / f"{split}.tsv").write_text("".join(
+            f"src{n}\t{int(r.endswith('yes'))}\t\t{r.rsplit(chr(9), 1)[0]}\n" for n, r in enumerate(rows)))
+        subprocess.run([sys.executable, "-m", "hvd_bert", "prepare-classification",
+                        str(root / "cola" / f"{split}.tsv"), "--task", "cola",
+                        "--output", str(root / f"cola-{split}"), "--vocab", str(bert_data / "vocab.txt"),
+                        "--max-seq-length", "32"],
+                       check=True, capture_output=True, timeout=120)
     return dict(
         train=prepare(root / "train.tsv", root / "train", bert_data / "vocab.txt"),
         dev=prepare(root / "dev.tsv", root / "dev", bert_data / "vocab.txt"),
+        cola={"train": root / "cola-train", "dev": root / "cola-dev"},
         root=root,
     )
 
@@ -145,6 +156,7 @@ def test_finetuning_beats_chance_and_evaluates_every_example_once(framework, tas
     assert [m["step"] for m in evals] == [20, 40, 60, 80]
     assert all(m["eval_examples"] == 201 for m in evals)
     assert evals[-1]["eval_accuracy"] > 0.8, evals  # chance: about 0.5
+    assert 0.7 < evals[-1]["eval_f1"] <= 1 and "eval_mcc" not in evals[-1]  # two labels: F1 of "yes"
     ckpt = "ckpt-00000080.pt" if framework == "pt" else "ckpt-00000080.tf"
     assert (tmp_path / "ft" / ckpt).exists()
     # config.json records the resolved config: the steps the epochs came to, not the default
@@ -236,3 +248,12 @@ def test_data_prepared_with_another_vocab_of_the_same_size_is_refused(task, tmp_
     assert res.returncode == 2, res.stderr
     assert "prepared with another vocabulary of the same size" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_glue_task_in_its_published_layout_reports_its_metric(task, tmp_path):
+    """The same rows as CoLA files (prepare-classification --task cola): the evaluation reports
+    Matthews' correlation, from confusion counts summed over the 2 ranks."""
+    metrics, stdout = finetune("pt", task["cola"], task["root"] / "p1", tmp_path / "cola")
+    evals = [m for m in metrics if "eval_mcc" in m]
+    assert evals and evals[-1]["eval_examples"] == 201 and evals[-1]["eval_mcc"] > 0.6, evals
+    assert f"MCC {evals[-1]['eval_mcc']:.4f} on 201 examples" in stdout
