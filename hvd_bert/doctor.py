@@ -160,12 +160,17 @@ def run_doctor(np: int = 2, timeout: float = 180, runs: bool = True) -> int:
                     problems.append((f"{np}-process {fw} allreduce over {ctl} failed ({why})",
                                      _run_fix(ctl, res)))
     print()
+    return _verdict(problems, f"everything works: {ok_runs} distributed runs passed")
+
+
+def _verdict(problems: list[tuple[str, str]], success: str) -> int:
+    """The closing lines: each problem with its fix (exit status 1), or ``success`` (0)."""
     if problems:
         print(f"{len(problems)} problem(s):")
         for what, fix in problems:
             print(f"  - {what}\n    fix: {fix}")
         return 1
-    print(f"everything works: {ok_runs} distributed runs passed")
+    print(success)
     return 0
 
 
@@ -351,10 +356,4 @@ def run_host_checks(spec: str, timeout: float = 180, ssh_port: int | None = None
     print()
     for n in notes:
         print(f"note: {n}")
-    if problems:
-        print(f"{len(problems)} problem(s):")
-        for what, fix in problems:
-            print(f"  - {what}\n    fix: {fix}")
-        return 1
-    print(f"the hosts are ready: {sum(s for _, s in hosts)} ranks")
-    return 0
+    return _verdict(problems, f"the hosts are ready: {sum(s for _, s in hosts)} ranks")

@@ -46,14 +46,16 @@ def normalize_answer(s: str) -> str:
 
 
 # ----------------------------------------------------------------------------- v1.1
-def f1_v1(prediction: str, ground_truth: str) -> float:
-    pred, gold = normalize_answer(prediction).split(), normalize_answer(ground_truth).split()
-    common = collections.Counter(pred) & collections.Counter(gold)
-    same = sum(common.values())
+def _token_f1(pred: list[str], gold: list[str]) -> float:
+    same = sum((collections.Counter(pred) & collections.Counter(gold)).values())
     if same == 0:
         return 0.0
     precision, recall = same / len(pred), same / len(gold)
     return 2 * precision * recall / (precision + recall)
+
+
+def f1_v1(prediction: str, ground_truth: str) -> float:
+    return _token_f1(normalize_answer(prediction).split(), normalize_answer(ground_truth).split())
 
 
 def exact_v1(prediction: str, ground_truth: str) -> bool:
@@ -93,12 +95,7 @@ def compute_f1(a_gold: str, a_pred: str) -> float:
     gold, pred = _tokens(a_gold), _tokens(a_pred)
     if not gold or not pred:  # an unanswerable question: F1 is 1 if both are empty, else 0
         return float(gold == pred)
-    common = collections.Counter(gold) & collections.Counter(pred)
-    same = sum(common.values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(pred), same / len(gold)
-    return 2 * precision * recall / (precision + recall)
+    return _token_f1(pred, gold)
 
 
 def _raw_scores(dataset: list, preds: dict, warn) -> tuple[dict, dict]:
