@@ -181,6 +181,28 @@ def _cmd_prepare_classification(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_prepare_squad(args: argparse.Namespace) -> int:
+    from hvd_bert.common.records import DatasetError
+    from hvd_bert.common.squad import prepare_squad
+
+    rank, size, comm = _mpi_world()
+    try:
+        vocab, lower = _vocab_and_case(args)
+        meta = prepare_squad(args.input, args.output, vocab, do_lower_case=lower,
+                             version_2=args.version_2_with_negative, is_training=args.split == "train",
+                             max_seq_length=args.max_seq_length, doc_stride=args.doc_stride,
+                             max_query_length=args.max_query_length, num_shards=args.num_shards, rank=rank,
+                             world_size=size, comm=comm, overwrite=args.overwrite)
+    except DatasetError as e:  # raised on every rank (prepare_squad agrees on errors)
+        print(f"hvd-bert prepare-squad: {e}", file=sys.stderr)
+        return 2
+    if meta is not None:
+        print(f"wrote {meta['total_records']} features of {meta['examples']} questions "
+              f"({meta['skipped_examples']} skipped: answer not in the context's words) in "
+              f"{meta['num_shards']} shards to {args.output} ({size} process(es))")
+    return 0
+
+
 def _cmd_prepare_ncf(args: argparse.Namespace) -> int:
     from hvd_bert.common.ncf_data import prepare_ncf
     from hvd_bert.common.records import DatasetError
@@ -499,6 +521,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_cmd_prepare_classification)
+
+    p = sub.add_parser("prepare-squad", help="a SQuAD v1.1 / v2.0 JSON file -> features as Google's "
+                                             "run_squad.py makes them (shards + prediction maps)")
+    p.add_argument("--input", required=True, help="train-v1.1.json, dev-v2.0.json, ...")
+    p.add_argument("--output", required=True)
+    p.add_argument("--vocab", required=True, help="the checkpoint's vocabulary: a vocab.txt, a "
+                                                  "tokenizer.json, or the checkpoint folder itself")
+    p.add_argument("--split", choices=["train", "dev"], default="train",
+                   help="train: with answer positions (one answer per question); dev: for prediction")
+    p.add_argument("--version-2-with-negative", action="store_true",
+                   help="SQuAD v2.0: questions may have no answer (is_impossible)")
+    p.add_argument("--cased", action="store_true",
+                   help="keep case (default: the checkpoint's, from --vocab, else lower-case)")
+    p.add_argument("--uncased", action="store_true", help="lower-case (overrides the checkpoint's)")
+    p.add_argument("--max-seq-length", type=int, default=384)
+    p.add_argument("--doc-stride", type=int, default=128)
+    p.add_argument("--max-query-length", type=int, default=64)
+    p.add_argument("--num-shards", type=int, default=8)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_cmd_prepare_squad)
 
     p = sub.add_parser("prepare-ncf", help="MovieLens ratings or synthetic data -> NCF implicit "
                                            "feedback with a leave-one-out test")

@@ -1,0 +1,37 @@
+"""Google's reference SQuAD feature conversion (PyPI ``bert-tensorflow`` 1.0.4,
+``bert/run_squad.py`` with its ``tokenization.FullTokenizer``) as an oracle, run in its own
+process (its flags and TF1 imports stay out of the test process).
+
+    python squad_oracle.py SQUAD.json VOCAB LOWER(0|1) V2(0|1) TRAIN(0|1) MAX_SEQ STRIDE MAX_QUERY OUT.json
+"""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import google_oracle  # noqa: E402
+
+google_oracle.modeling()  # the tf.contrib stand-in run_squad's imports need
+from bert import run_squad, tokenization  # noqa: E402
+
+
+def main(squad, vocab, lower, v2, train, max_seq, stride, max_query, out):
+    flags = run_squad.FLAGS
+    flags.mark_as_parsed()
+    flags.version_2_with_negative = v2 == "1"
+    tokenizer = tokenization.FullTokenizer(vocab, do_lower_case=lower == "1")
+    examples = run_squad.read_squad_examples(squad, is_training=train == "1")
+    feats = []
+    run_squad.convert_examples_to_features(examples, tokenizer, int(max_seq), int(stride), int(max_query),
+                                           train == "1", lambda f: feats.append(f))
+    keys = ("unique_id", "example_index", "doc_span_index", "tokens", "token_to_orig_map",
+            "token_is_max_context", "input_ids", "input_mask", "segment_ids", "start_position",
+            "end_position",
+            "is_impossible")
+    Path(out).write_text(json.dumps({"examples": [e.qas_id for e in examples],
+                                     "features": [{k: getattr(f, k) for k in keys} for f in feats]}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
