@@ -453,6 +453,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_case_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cased", action="store_true",
+                   help="keep case (default: the checkpoint's, from --vocab, else lower-case)")
+    p.add_argument("--uncased", action="store_true", help="lower-case (overrides the checkpoint's)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hvd-bert", description="Distributed large-batch training on Horovod "
@@ -489,9 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--like", metavar="DATA_OR_RUN",
                    help="phase 2: the text, vocab and case of this phase-1 data folder (or of a run "
                         "folder's data); --input, --vocab, --cased/--uncased still override")
-    p.add_argument("--cased", action="store_true",
-                   help="keep case (default: the checkpoint's, from --vocab, else lower-case)")
-    p.add_argument("--uncased", action="store_true", help="lower-case (overrides the checkpoint's)")
+    _add_case_args(p)
     p.add_argument("--num-shards", type=int, default=8)
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--max-predictions-per-seq", type=int, default=20)
@@ -514,9 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-b", help="column of the second sentence, for pairs")
     p.add_argument("--label", help="column of the label")
     p.add_argument("--labels", nargs="*", help="label order (pass the training set's to a dev set)")
-    p.add_argument("--cased", action="store_true",
-                   help="keep case (default: the checkpoint's, from --vocab, else lower-case)")
-    p.add_argument("--uncased", action="store_true", help="lower-case (overrides the checkpoint's)")
+    _add_case_args(p)
     p.add_argument("--num-shards", type=int, default=2)
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--overwrite", action="store_true")
@@ -532,9 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train: with answer positions (one answer per question); dev: for prediction")
     p.add_argument("--version-2-with-negative", action="store_true",
                    help="SQuAD v2.0: questions may have no answer (is_impossible)")
-    p.add_argument("--cased", action="store_true",
-                   help="keep case (default: the checkpoint's, from --vocab, else lower-case)")
-    p.add_argument("--uncased", action="store_true", help="lower-case (overrides the checkpoint's)")
+    _add_case_args(p)
     p.add_argument("--max-seq-length", type=int, default=384)
     p.add_argument("--doc-stride", type=int, default=128)
     p.add_argument("--max-query-length", type=int, default=64)
