@@ -2,7 +2,11 @@
 ``bert/run_squad.py`` with its ``tokenization.FullTokenizer``) as an oracle, run in its own
 process (its flags and TF1 imports stay out of the test process).
 
-    python squad_oracle.py SQUAD.json VOCAB LOWER(0|1) V2(0|1) TRAIN(0|1) MAX_SEQ STRIDE MAX_QUERY OUT.json
+    python squad_oracle.py SQUAD.json VOCAB LOWER(0|1) V2(0|1) TRAIN(0|1) MAX_SEQ STRIDE MAX_QUERY OUT.json \
+        [PRED_DIR]
+
+With PRED_DIR, also Google's ``write_predictions`` on seeded random logits (saved in OUT.json):
+PRED_DIR/predictions.json, nbest_predictions.json and null_odds.json.
 """
 
 import json
@@ -16,7 +20,7 @@ google_oracle.modeling()  # the tf.contrib stand-in run_squad's imports need
 from bert import run_squad, tokenization  # noqa: E402
 
 
-def main(squad, vocab, lower, v2, train, max_seq, stride, max_query, out):
+def main(squad, vocab, lower, v2, train, max_seq, stride, max_query, out, pred_dir=None):
     flags = run_squad.FLAGS
     flags.mark_as_parsed()
     flags.version_2_with_negative = v2 == "1"
@@ -29,7 +33,22 @@ def main(squad, vocab, lower, v2, train, max_seq, stride, max_query, out):
             "token_is_max_context", "input_ids", "input_mask", "segment_ids", "start_position",
             "end_position",
             "is_impossible")
-    Path(out).write_text(json.dumps({"examples": [e.qas_id for e in examples],
+    logits = {}
+    if pred_dir:
+        import random
+        rng = random.Random(3)
+        results = []
+        for f in feats:  # spans of the document favoured, as a trained model would
+            start = [rng.gauss(0, 1) + (2.0 if f.segment_ids[i] else 0.0) for i in range(int(max_seq))]
+            end = [rng.gauss(0, 1) + (2.0 if f.segment_ids[i] else 0.0) for i in range(int(max_seq))]
+            logits[f.unique_id] = (start, end)
+            results.append(run_squad.RawResult(unique_id=f.unique_id, start_logits=start, end_logits=end))
+        Path(pred_dir).mkdir(parents=True, exist_ok=True)
+        run_squad.write_predictions(examples, feats, results, 20, 30, lower == "1",
+                                    str(Path(pred_dir) / "predictions.json"),
+                                    str(Path(pred_dir) / "nbest_predictions.json"),
+                                    str(Path(pred_dir) / "null_odds.json"))
+    Path(out).write_text(json.dumps({"examples": [e.qas_id for e in examples], "logits": logits,
                                      "features": [{k: getattr(f, k) for k in keys} for f in feats]}))
 
 

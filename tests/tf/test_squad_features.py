@@ -75,10 +75,11 @@ def vocab(tmp_path_factory):
             "cased": train_vocab([text], root / "cased", 400, False)}
 
 
-def oracle(squad, vocab, lower, v2, train, seq, stride, query, tmp_path):
+def oracle(squad, vocab, lower, v2, train, seq, stride, query, tmp_path, pred_dir=None):
     out = tmp_path / f"oracle-{lower}{v2}{train}.json"
     p = subprocess.run([sys.executable, str(ORACLE), str(squad), str(vocab), str(int(lower)), str(int(v2)),
-                        str(int(train)), str(seq), str(stride), str(query), str(out)],
+                        str(int(train)), str(seq), str(stride), str(query), str(out),
+                        *([str(pred_dir)] if pred_dir else [])],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(out.read_text())
@@ -180,3 +181,29 @@ def test_two_processes_write_the_same_bytes_as_one(tmp_path, vocab):
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("question q has 2 answers; for training each has exactly 1") == 2
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("version,lower", [("1.1", True), ("v2.0", True), ("v2.0", False)])
+def test_predictions_equal_googles_write_predictions_from_the_same_logits(tmp_path, vocab, version, lower):
+    """n-best, max_answer_length 30, the text projected back onto the context's words (accents,
+    punctuation), v2.0's null score and threshold: the same files as Google's."""
+    from hvd_bert.common.squad import predictions, write_predictions
+
+    v2 = version == "v2.0"
+    squad = squad_file(tmp_path / "squad.json", version)
+    v = vocab["lower" if lower else "cased"]
+    want = oracle(squad, v, lower, v2, False, 64, 16, 12, tmp_path, tmp_path / "google")
+    prepare_squad(squad, tmp_path / "out", v, do_lower_case=lower, version_2=v2, is_training=False,
+                  max_seq_length=64, doc_stride=16, max_query_length=12, num_shards=2, log=lambda *_: None)
+    examples = [json.loads(line) for line in (tmp_path / "out" / "examples.jsonl").read_text().splitlines()]
+    features = [json.loads(line) for line in (tmp_path / "out" / "features.jsonl").read_text().splitlines()]
+    results = {int(k): tuple(v) for k, v in want["logits"].items()}
+    assert sorted(results) == [f["unique_id"] for f in features]
+    preds, nbest, odds = predictions(examples, features, results, do_lower_case=lower, version_2=v2)
+    written = write_predictions(tmp_path / "ours", preds, nbest, odds if v2 else None)
+    assert [p.name for p in written] == (["predictions.json", "nbest_predictions.json"] +
+                                         (["null_odds.json"] if v2 else []))
+    for p in written:
+        assert p.read_text() == (tmp_path / "google" / p.name).read_text(), p.name
+    assert any(t and t not in ("empty",) for t in preds.values())  # real spans, not only fallbacks
+    assert any(any(c in t for c in "éü(-,") for n in nbest.values() for t in (e["text"] for e in n))
