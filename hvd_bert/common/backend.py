@@ -70,6 +70,9 @@ class Backend(Protocol):
     def classification_scorer(self, model, precision: str = "fp32") -> Callable[[dict], np.ndarray]:
         """``score(batch of numpy arrays) -> logits [B, labels]``, in inference mode."""
 
+    def pretraining_scorer(self, model, precision: str = "fp32") -> Callable[[dict], tuple]:
+        """``score(batch) -> (mlm_logits [B, P, V], nsp_logits [B, 2])``, in inference mode."""
+
     def ncf_scorer(self, model) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         """``score(users, items) -> scores``, in inference mode."""
 

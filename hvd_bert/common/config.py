@@ -541,11 +541,18 @@ class PretrainConfig:
     dropout: float = doc(0.1, "BERT's hidden and attention dropout (a probability in [0, 1))")
     init_checkpoint: str = doc("", "phase 2: start from this phase-1 checkpoint's weights with a "
                                    "fresh optimizer and schedule")
+    eval_data: str = doc("", "held-out prepared pretraining folder (same vocab and lengths), scored at "
+                             "the end and every eval_every steps: masked-LM loss and accuracy, NSP "
+                             "accuracy; empty: none")
+    eval_every: int = doc(0, "also evaluate eval_data every this many steps (0: at the end only)")
+    eval_batch_size: int = doc(64, "sequences per evaluation batch on one rank")
     progress: bool = doc(True, "show a progress bar on rank 0")
     framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
 
     def __post_init__(self) -> None:
         _require(0 <= self.dropout < 1, f"dropout is a probability in [0, 1), got {self.dropout}")
+        _require(self.eval_every >= 0 and self.eval_batch_size > 0,
+                 "eval_every must be >= 0 and eval_batch_size > 0")
         _require(self.max_seq_length > 0 and self.max_predictions_per_seq > 0,
                  "max_seq_length and max_predictions_per_seq must be > 0")
 

@@ -20,6 +20,7 @@ from hvd_bert.common.bert_data import check_pretraining_data
 from hvd_bert.common.bert_weights import WeightsError
 from hvd_bert.common.config import PretrainConfig
 from hvd_bert.common.engine import fit
+from hvd_bert.common.finetune import eval_batches, evaluate_pretraining
 from hvd_bert.common.vocab import init_vocab_error
 from hvd_bert.jobs._output import finish_line, open_run, with_run_folder
 
@@ -31,6 +32,10 @@ def run(cfg: PretrainConfig, backend) -> dict:
     rank, size = backend.init(cfg.train)
     out = Path(cfg.train.output_dir)
     meta = check_pretraining_data(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq)
+    eval_meta = None
+    if cfg.eval_data:  # held-out data: the same lengths and the same vocabulary as the training data
+        eval_meta = check_pretraining_data(cfg.eval_data, cfg.max_seq_length, cfg.max_predictions_per_seq,
+                                           Path(cfg.data) / meta["vocab_file"])
 
     backend.set_precision(cfg.train.precision.mode)
     bert = bert_preset(cfg.model, vocab_size=meta["vocab_size"],
@@ -68,12 +73,31 @@ def run(cfg: PretrainConfig, backend) -> dict:
                                       record_striding=cfg.record_striding or len(meta["shards"]) < size,
                                       start=micro_step)
 
+    score = backend.pretraining_scorer(model, cfg.train.precision.mode)
+
+    def heldout(step: int) -> dict:
+        """Every held-out sequence scored once across the ranks (a collective)."""
+        batches = eval_batches(cfg.eval_data, eval_meta, rank, size, cfg.eval_batch_size)
+        res = evaluate_pretraining(score, batches,
+                                   lambda sums: backend.allreduce_sum(sums, "hvd_bert.pretrain.eval"))
+        log.print(f"eval at step {step}: masked-LM accuracy {res['eval_mlm_accuracy']:.4f} (loss "
+                  f"{res['eval_mlm_loss']:.4f}), next-sentence accuracy {res['eval_nsp_accuracy']:.4f} on "
+                  f"{res['eval_examples']} held-out sequences")
+        log.record({"step": step, **res}, prefix="eval", show=False)
+        return res
+
+    def on_step(result, _metrics=None) -> bool:
+        if cfg.eval_data and cfg.eval_every and result.step % cfg.eval_every == 0 and result.step < total:
+            heldout(result.step)
+        return False
+
     t = cfg.train
     res = fit(engine, batches_from, total_steps=total, output_dir=out, checkpoint_every=t.checkpoint_every,
               keep_checkpoints=t.keep_checkpoints, log_every=t.log_every, log=log, unit="sequences",
-              max_skipped_steps=t.max_skipped_steps)
+              on_step=on_step, max_skipped_steps=t.max_skipped_steps)
+    final = heldout(res.steps) if cfg.eval_data and not res.stopped_by_signal else {}
     log.close()
     finish_line(res, rank, f"checkpoint: {res.checkpoint or 'unchanged'}; metrics: {out / 'metrics.jsonl'}; "
                            f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}", backend)
     return {"steps": res.steps, "stopped": res.stopped_by_signal,
-            "last": res.history[-1] if res.history else {}}
+            "last": res.history[-1] if res.history else {}, **final}

@@ -108,6 +108,21 @@ class PyTorchBackend(ModelFunctions):
             return logits.numpy()
         return score
 
+    def pretraining_scorer(self, model, precision: str = "fp32"):
+        """``score(batch) -> (mlm_logits, nsp_logits)`` as numpy, in eval mode."""
+        from hvd_bert.pt.engine import autocast
+
+        @torch.no_grad()
+        def score(b: dict):
+            t = {k: torch.from_numpy(v) for k, v in b.items()}
+            was = model.training
+            model.eval()
+            with autocast(precision, next(model.parameters()).device.type):
+                mlm, nsp = model(t["input_ids"], t["segment_ids"], t["input_mask"], t["masked_lm_positions"])
+            model.train(was)
+            return mlm.float().numpy(), nsp.float().numpy()
+        return score
+
     def ncf_scorer(self, model):
         @torch.no_grad()
         def score(users: np.ndarray, items: np.ndarray) -> np.ndarray:

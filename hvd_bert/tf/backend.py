@@ -117,6 +117,19 @@ class TensorFlowBackend(ModelFunctions):
 
         return lambda b: logits({k: tf.constant(v) for k, v in b.items()}).numpy()
 
+    def pretraining_scorer(self, model, precision: str = "fp32"):
+        """``score(batch) -> (mlm_logits, nsp_logits)`` as numpy (the Keras policy sets the
+        precision)."""
+
+        @tf.function(reduce_retracing=True)
+        def logits(batch):
+            return model(batch, training=False)
+
+        def score(b):
+            mlm, nsp = logits({k: tf.constant(v) for k, v in b.items()})
+            return mlm.numpy(), nsp.numpy()
+        return score
+
     def ncf_scorer(self, model):
         score = tf.function(lambda u, i: model({"users": u, "items": i}, training=False),
                             reduce_retracing=True)

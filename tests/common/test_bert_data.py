@@ -283,3 +283,25 @@ def test_evaluation_reports_the_tasks_metric_from_summed_confusion_counts():
     sent = []
     res = evaluate_classification(lambda b: b["logits"], iter([]), lambda t: sent.append(t) or t, 3, "mnli")
     assert sent[0].shape == (2 + 9,) and res["eval_examples"] == 0
+
+
+def test_held_out_pretraining_evaluation_by_hand():
+    import numpy as np
+
+    from hvd_bert.common.finetune import evaluate_pretraining
+
+    rng = np.random.default_rng(0)
+    B, P, V = 5, 3, 7
+    mlm, nsp = rng.normal(size=(B, P, V)), rng.normal(size=(B, 2))
+    ids, w = rng.integers(0, V, (B, P)), (rng.random((B, P)) < 0.7).astype(np.float32)
+    labels = rng.integers(0, 2, (B, 1))
+    batches = [{"masked_lm_ids": ids[i:i + 2], "masked_lm_weights": w[i:i + 2],
+                "next_sentence_labels": labels[i:i + 2], "i": np.arange(i, min(i + 2, B))}
+               for i in range(0, B, 2)]
+    res = evaluate_pretraining(lambda b: (mlm[b["i"]], nsp[b["i"]]), iter(batches), lambda s: s)
+    logp = mlm - np.log(np.exp(mlm).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(logp, ids[..., None], -1)[..., 0]
+    assert res["eval_mlm_loss"] == pytest.approx((nll * w).sum() / w.sum())
+    assert res["eval_mlm_accuracy"] == pytest.approx(((mlm.argmax(-1) == ids) * w).sum() / w.sum())
+    assert res["eval_nsp_accuracy"] == pytest.approx((nsp.argmax(-1) == labels[:, 0]).mean())
+    assert res["eval_examples"] == B

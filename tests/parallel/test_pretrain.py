@@ -110,11 +110,23 @@ def test_two_ranks_with_accumulation_match_one_rank_on_the_global_batch(bert_dat
     the same 32 records in every optimizer step (rank r takes records r, r+2, ...); without
     dropout the losses then agree step by step."""
     common = ["--set", "train.schedule.total_steps=6", "--set", "shuffle_buffer=0", "--set", "dropout=0.0",
-              "--set", "record_striding=true", "--set", "train.log_every=1"]
-    two, _ = run_job(framework, bert_data, tmp_path / "two", *common,
-                     "--set", "train.batch.backward_passes_per_step=2")
+              "--set", "record_striding=true", "--set", "train.log_every=1",
+              "--set", f"eval_data={bert_data}", "--set", "eval_every=3", "--set", "eval_batch_size=48"]
+    two, out2 = run_job(framework, bert_data, tmp_path / "two", *common,
+                        "--set", "train.batch.backward_passes_per_step=2")
     one, _ = run_job(framework, bert_data, tmp_path / "one", *common,
                      "--set", "train.batch.backward_passes_per_step=4", np=1)
+    # the held-out evaluation (here on the training folder itself): every sequence once, the
+    # same figures on 2 ranks as on 1
+    total = json.loads((bert_data / "dataset.json").read_text())["total_records"]
+    evals2, evals1 = ([m for m in ms if "eval_mlm_loss" in m] for ms in (two, one))
+    assert [m["step"] for m in evals2] == [m["step"] for m in evals1] == [3, 6]
+    for a, b in zip(evals2, evals1):
+        assert a["eval_examples"] == b["eval_examples"] == total
+        for k in ("eval_mlm_loss", "eval_mlm_accuracy", "eval_nsp_accuracy"):
+            assert a[k] == pytest.approx(b[k], rel=2e-3, abs=2e-3), k
+    assert f"on {total} held-out sequences" in out2
+    two, one = ([m for m in ms if "loss" in m] for ms in (two, one))
     assert [m["step"] for m in two] == [m["step"] for m in one] == [1, 2, 3, 4, 5, 6]
     # The MLM loss of a micro-batch is normalised by its own count of masked tokens (as in
     # Google's and NVIDIA's code); the two runs group the same 32 records into differently
