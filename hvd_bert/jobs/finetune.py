@@ -1,7 +1,7 @@
 """BERT fine-tuning for sentence(-pair) classification on Horovod, in either framework.
 
     horovodrun -np 2 -H localhost:2 --gloo hvd-bert finetune --framework pt \\
-        --set data=TRAIN_DIR --set eval_data=DEV_DIR --set init_checkpoint=runs/pretrain
+        --set data=TRAIN_DIR --set eval_data=DEV_DIR --set init_checkpoint=runs/pretrain-pt-stdlib-seq128
 
 The pretrained encoder comes from ``init_checkpoint`` (a run folder, a checkpoint, or a
 portable ``.npz`` from either framework; its model size comes with it); the classifier starts
