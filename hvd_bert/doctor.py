@@ -251,6 +251,7 @@ def run_host_checks(spec: str, timeout: float = 180, ssh_port: int | None = None
     with the same hvd_bert and Horovod, this folder on a shared file system (data and run
     folders), a network every host is on (the interface to pass), and then a real allreduce
     across all the hosts' slots over Gloo."""
+    import contextlib
     import shlex
     import tempfile
 
@@ -262,9 +263,15 @@ def run_host_checks(spec: str, timeout: float = 180, ssh_port: int | None = None
     cwd = os.getcwd()
     print(f"hvd_bert doctor: {len(hosts)} host(s), {sum(s for _, s in hosts)} slot(s); from {cwd}")
     probes = {}
-    with tempfile.NamedTemporaryFile(dir=cwd, prefix=".hvd_bert-doctor-", delete=True) as marker:
+    try:  # a file only this folder has: seen from a host, the folder is shared with it
+        marker = tempfile.NamedTemporaryFile(dir=cwd, prefix=".hvd_bert-doctor-", delete=True)
+    except OSError:
+        marker = None
+        notes.append(f"cannot write in {cwd}: the shared-folder check was skipped")
+    with marker or contextlib.nullcontext():
         for host, _ in hosts:
-            cmd = " ".join(shlex.quote(a) for a in (sys.executable, "-c", _HOST_PROBE, cwd, marker.name))
+            cmd = " ".join(shlex.quote(a) for a in (sys.executable, "-c", _HOST_PROBE, cwd,
+                                                      marker.name if marker else "/nonexistent"))
             try:
                 res = _ssh(host, cmd, timeout, ssh_port)
             except subprocess.TimeoutExpired:
@@ -298,12 +305,13 @@ def run_host_checks(spec: str, timeout: float = 180, ssh_port: int | None = None
                 problems.append((f"hvd_bert or Horovod does not load on {host}", SETUP_FIX + f" on {host}"))
                 continue
             same = pr["hvd_bert"] == hvd_bert.__version__
+            shared = "not checked" if marker is None else ("shared" if pr["marker"] else "NOT shared")
             _row(host, f"ssh OK; {pr['hostname']}; hvd_bert {pr['hvd_bert']}, horovod {pr['horovod']}; "
-                       f"this folder {'shared' if pr['marker'] else 'NOT shared'}")
+                       f"this folder {shared}")
             if not same:
                 problems.append((f"{host} has hvd_bert {pr['hvd_bert']}, here {hvd_bert.__version__}",
                                  "install the same version on every node"))
-            if not pr["marker"]:
+            if marker is not None and not pr["marker"]:
                 notes.append(f"{cwd} is not shared with {host}: put data and run folders on a shared file "
                              f"system (every rank reads its shards; rank 0 writes checkpoints), or copy the "
                              f"data to the same path on every node")
