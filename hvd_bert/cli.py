@@ -512,7 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True)
     p.add_argument("--vocab", required=True, help="the checkpoint's vocabulary: a vocab.txt, a "
                                                   "tokenizer.json, or the checkpoint folder itself")
-    p.add_argument("--task", choices=["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"],
+    from hvd_bert.common.glue import TASKS  # numpy only
+
+    p.add_argument("--task", choices=sorted(TASKS),
                    help="a GLUE task's published TSV (its columns, header and labels); reports its metric")
     p.add_argument("--text-a", help="column of the (first) sentence (a table without --task)")
     p.add_argument("--text-b", help="column of the second sentence, for pairs")
