@@ -6,7 +6,7 @@
     hvd-bert prepare-classification TSV/CSV -> sentence(-pair) classification shards
     hvd-bert prepare-ncf            MovieLens or synthetic data -> NCF leave-one-out data
     hvd-bert pretrain               BERT pretraining (under horovodrun / mpirun)
-    hvd-bert finetune               BERT sentence(-pair) classification (under horovodrun / mpirun)
+    hvd-bert finetune               BERT fine-tuning: classification, STS-B, SQuAD (horovodrun / mpirun)
     hvd-bert ncf                    NCF (NeuMF) recommendation, HR@10 / NDCG@10 (horovodrun / mpirun)
     hvd-bert convert                a PyTorch or TensorFlow checkpoint -> portable .npz weights
     hvd-bert simulate               scaling projection (alpha-beta allreduce cost model)
@@ -173,11 +173,12 @@ def _cmd_prepare_classification(args: argparse.Namespace) -> int:
                                       text_b=args.text_b, label=args.label,
                                       max_seq_length=args.max_seq_length, num_shards=args.num_shards,
                                       do_lower_case=lower, labels=args.labels,
-                                      overwrite=args.overwrite, task=args.task)
+                                      overwrite=args.overwrite, task=args.task, regression=args.regression)
     except (DatasetError, ValueError) as e:
         print(f"hvd-bert prepare-classification: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {meta['total_records']} examples ({len(meta['labels'])} labels) to {args.output}")
+    what = "a numeric label (regression)" if meta["regression"] else f"{len(meta['labels'])} labels"
+    print(f"wrote {meta['total_records']} examples ({what}) to {args.output}")
     return 0
 
 
@@ -269,8 +270,8 @@ def _config_class(job: str):
 JOBS = {
     "pretrain": ("BERT pretraining, one process per rank: start it with horovodrun -np N or mpirun -np N",
                  "hvd_bert.jobs.pretrain", _pretrain_defaults, _pretrain_data_hint),
-    "finetune": ("BERT sentence(-pair) classification from a pretrained checkpoint, one process per "
-                 "rank (horovodrun / mpirun)", "hvd_bert.jobs.finetune", None, None),
+    "finetune": ("BERT fine-tuning from a pretrained checkpoint: classification, regression (STS-B) or "
+                 "SQuAD, one process per rank (horovodrun / mpirun)", "hvd_bert.jobs.finetune", None, None),
     "ncf": ("NCF (NeuMF) recommendation with HR@10 / NDCG@10, one process per rank (horovodrun / "
             "mpirun)", "hvd_bert.jobs.ncf", _ncf_defaults, None),
 }
@@ -305,6 +306,7 @@ def _cmd_job(args: argparse.Namespace) -> int:
 
     _, module, defaults, hint = JOBS[args.command]
     overrides = list(args.overrides) + ([f"framework={args.framework}"] if args.framework else [])
+    overrides += [f"task={args.task}"] if getattr(args, "task", None) else []
     cfg = load_config(_config_class(args.command), args.config, overrides)
     if defaults is not None:
         cfg = defaults(cfg)
@@ -520,6 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-b", help="column of the second sentence, for pairs")
     p.add_argument("--label", help="column of the label")
     p.add_argument("--labels", nargs="*", help="label order (pass the training set's to a dev set)")
+    p.add_argument("--regression", action="store_true",
+                   help="the label column is a number (fine-tuned with a 1-output head and MSE, as STS-B)")
     _add_case_args(p)
     p.add_argument("--num-shards", type=int, default=2)
     p.add_argument("--max-seq-length", type=int, default=128)
@@ -559,6 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
         p.add_argument("--framework", choices=["pt", "tf"], default=None,
                        help="pt (PyTorch, the default) or tf (TensorFlow): the config's framework")
+        if name == "finetune":
+            p.add_argument("--task", help="squad, classification, regression or a GLUE task: checked against "
+                                          "the prepared data (which decides the head and the metrics)")
         _add_config_args(p)
         p.set_defaults(func=_cmd_job)
 

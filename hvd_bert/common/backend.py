@@ -44,7 +44,11 @@ class Backend(Protocol):
     # models
     def bert_pretraining(self, config: BertConfig, max_seq_length: int, max_predictions: int) -> Any: ...
 
-    def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int) -> Any: ...
+    def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int) -> Any:
+        """A classifier on the pooled first token; ``num_labels=1``: a regression head."""
+
+    def bert_span(self, config: BertConfig, max_seq_length: int) -> Any:
+        """SQuAD's span model: ``(start_logits, end_logits)`` per token."""
 
     def neumf(self, n_users: int, n_items: int, model_cfg) -> Any: ...
 
@@ -56,19 +60,27 @@ class Backend(Protocol):
 
     pretraining_loss: Callable
     classification_loss: Callable
+    regression_loss: Callable
+    span_loss: Callable
     ncf_loss: Callable
 
     # training and data
     def engine(self, model, loss_fn: Callable, train: TrainConfig) -> Engine: ...
 
     def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
-                       seed: int, shuffle_buffer: int, record_striding: bool, start: int) -> Iterator: ...
+                       seed: int, shuffle_buffer: int, record_striding: bool, start: int,
+                       length_grouping: int = 0) -> Iterator:
+        """This rank's batches from global batch ``start`` on; ``length_grouping`` > 0: padded
+        to their longest sequence after regrouping that many batches by length
+        (``common.padding.length_grouped``)."""
 
     def ncf_batch(self, users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> Any: ...
 
     # evaluation
-    def classification_scorer(self, model, precision: str = "fp32") -> Callable[[dict], np.ndarray]:
-        """``score(batch of numpy arrays) -> logits [B, labels]``, in inference mode."""
+    def scorer(self, model, precision: str = "fp32") -> Callable[[dict], Any]:
+        """``score(batch of numpy arrays)`` -> a fine-tuning model's outputs as numpy, in
+        inference mode: logits ``[B, labels]`` (``[B, 1]`` for regression), or SQuAD's
+        ``(start_logits, end_logits)``."""
 
     def pretraining_scorer(self, model, precision: str = "fp32") -> Callable[[dict], tuple]:
         """``score(batch) -> (mlm_logits [B, P, V], nsp_logits [B, 2])``, in inference mode."""
@@ -99,6 +111,14 @@ class ModelFunctions:
     @property
     def classification_loss(self):
         return self._fn("bert", "classification_loss")
+
+    @property
+    def regression_loss(self):
+        return self._fn("bert", "regression_loss")
+
+    @property
+    def span_loss(self):
+        return self._fn("bert", "span_loss")
 
     @property
     def ncf_loss(self):

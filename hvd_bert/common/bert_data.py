@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from hvd_bert.common.records import (SIDECAR, DatasetError, file_sha256, read_sidecar, shard_name,
                                      write_examples, write_sidecar)
 
@@ -33,6 +35,7 @@ __all__ = ["PretrainingSettings", "pretraining_spec", "classification_spec", "re
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 KIND_PRETRAIN = "bert-pretraining"
 KIND_CLASSIFY = "bert-classification"
+KIND_SQUAD = "bert-squad"
 
 
 @dataclass(frozen=True)
@@ -67,14 +70,29 @@ def spec_for_meta(meta: dict) -> dict:
     if meta["kind"] == KIND_PRETRAIN:
         return pretraining_spec(meta["max_seq_length"], meta["max_predictions_per_seq"])
     if meta["kind"] == KIND_CLASSIFY:
-        return classification_spec(meta["max_seq_length"])
+        return classification_spec(meta["max_seq_length"], bool(meta.get("regression")))
+    if meta["kind"] == KIND_SQUAD:
+        return squad_spec(meta["max_seq_length"], meta["is_training"])
     raise DatasetError(f"no reader for data of kind {meta['kind']!r}")
 
 
-def classification_spec(max_seq_length: int) -> dict:
+def classification_spec(max_seq_length: int, regression: bool = False) -> dict:
+    """A classification record; a regression set (STS-B) has a float ``label_values`` instead
+    of ``label_ids``."""
     s = max_seq_length
     return {"input_ids": ("int", s), "input_mask": ("int", s), "segment_ids": ("int", s),
-            "label_ids": ("int", 1)}
+            **({"label_values": ("float", 1)} if regression else {"label_ids": ("int", 1)})}
+
+
+def squad_spec(max_seq_length: int, is_training: bool) -> dict:
+    """A SQuAD feature (``hvd_bert.common.squad``): Google's names; training features add the
+    answer span."""
+    s = max_seq_length
+    spec = {"unique_ids": ("int", 1), "input_ids": ("int", s), "input_mask": ("int", s),
+            "segment_ids": ("int", s)}
+    if is_training:
+        spec.update(start_positions=("int", 1), end_positions=("int", 1), is_impossible=("int", 1))
+    return spec
 
 
 # ----------------------------------------------------------------------------- text, vocab
@@ -446,23 +464,23 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
                            text_a: str | None = None, label: str | None = None, text_b: str | None = None,
                            max_seq_length: int = 128, num_shards: int = 2, do_lower_case: bool = True,
                            labels: Sequence[str] | None = None, delimiter: str | None = None,
-                           overwrite: bool = False, task: str | None = None) -> dict:
+                           overwrite: bool = False, task: str | None = None,
+                           regression: bool = False) -> dict:
     """Sentence (or sentence-pair) classification rows into shards with ``input_ids``,
     ``input_mask``, ``segment_ids``, ``label_ids``: from a TSV/CSV with a header and the named
     columns, or from a GLUE task's published file (``task``: its layout and label order, see
     :mod:`hvd_bert.common.glue`). ``labels`` fixes the label order (pass the training set's to
-    a dev set); by default the sorted distinct labels."""
+    a dev set); by default the sorted distinct labels. A regression set (STS-B, or
+    ``regression`` for a table) keeps its numeric labels as ``label_values``."""
     from hvd_bert.common.glue import TASKS, read_task
 
     out = Path(output_dir)
     if task is not None:
         if task not in TASKS:
             raise DatasetError(f"unknown GLUE task {task!r}; choose one of {sorted(TASKS)}")
-        if TASKS[task].labels is None:
-            raise DatasetError(f"{task} is a regression task (a similarity score): fine-tuning here is "
-                               f"classification only so far; its metrics are in hvd_bert.common.glue")
         texts_a, texts_b, ys = read_task(task, _read_rows(Path(table), "\t"), str(table))
-        label_list = list(TASKS[task].labels)
+        regression = TASKS[task].labels is None
+        label_list = [] if regression else list(TASKS[task].labels)
         text_a, text_b, label = "text_a", ("text_b" if texts_b is not None else None), "label"
     else:
         if text_a is None or label is None:
@@ -479,11 +497,24 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
                                f"has {len(header)}; check the delimiter and quoting")
         texts_a, ys = [r[ia] for r in rows], [r[il] for r in rows]
         texts_b = [r[ib] for r in rows] if ib is not None else None
-        label_list = sorted(set(ys))
-    label_list = list(labels) if labels is not None else label_list
-    unknown = sorted(set(ys) - set(label_list))
-    if unknown:
-        raise DatasetError(f"{table}: labels {unknown} are not in the label list {label_list}")
+        label_list = [] if regression else sorted(set(ys))
+    if regression:
+        if labels:
+            raise DatasetError("--labels is for classification; a regression set's labels are numbers")
+        values = []
+        for n, y in enumerate(ys):
+            try:
+                values.append(float(y))
+            except ValueError:
+                raise DatasetError(f"{table}: example {n + 1} has the label {y!r}, not a number; a "
+                                   f"regression set needs numeric labels") from None
+            if not np.isfinite(values[-1]):
+                raise DatasetError(f"{table}: example {n + 1} has the label {y!r}; give finite numbers")
+    else:
+        label_list = list(labels) if labels is not None else label_list
+        unknown = sorted(set(ys) - set(label_list))
+        if unknown:
+            raise DatasetError(f"{table}: labels {unknown} are not in the label list {label_list}")
     _prepare_output(out, overwrite)
     vocab_path = out / "vocab.txt"
     if Path(vocab_file).resolve() != vocab_path.resolve():
@@ -505,7 +536,8 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
         feats.append({"input_ids": (tokens + [0] * pad, "int"),
                       "input_mask": ([1] * len(tokens) + [0] * pad, "int"),
                       "segment_ids": (segs + [0] * pad, "int"),
-                      "label_ids": ([label_list.index(y)], "int")})
+                      **({"label_values": ([values[n]], "float")} if regression else
+                         {"label_ids": ([label_list.index(y)], "int")})})
     shards = []
     for s in range(num_shards):
         name = shard_name(s, num_shards)
@@ -514,7 +546,8 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
             "vocab_sha256": file_sha256(vocab_path), "vocab_size": tok.get_vocab_size(),
             "do_lower_case": do_lower_case, "max_seq_length": max_seq_length, "labels": label_list,
             "text_a": text_a, "text_b": text_b, "label": label, "num_shards": num_shards,
-            "shards": shards, "total_records": len(feats), "source": Path(table).name, "task": task}
+            "shards": shards, "total_records": len(feats), "source": Path(table).name, "task": task,
+            "regression": regression}
     write_sidecar(out, meta)
     return meta
 

@@ -118,18 +118,20 @@ def fit_weights(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[i
 
 
 HEADS = ("mlm_", "nsp.")  # the pretraining heads' portable names
+TASK_HEADS = ("classifier.", "qa_outputs.")  # the fine-tuning heads' (SQuAD's has no pooler)
 
 
 def fit_for_model(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]], *,
                   classifier: bool, source: str) -> dict[str, np.ndarray]:
-    """:func:`fit_weights` with the rules of both frameworks' models: a classifier takes the
-    encoder of any checkpoint (its classifier keeps its initialisation unless the checkpoint
-    has one of the same shape; the pretraining heads are dropped); a pretraining model takes a
+    """:func:`fit_weights` with the rules of both frameworks' models: a fine-tuning model
+    (``classifier``: a classifier or a SQuAD span model) takes the encoder of any checkpoint
+    (its head keeps its initialisation unless the checkpoint has one of the same shape; the
+    pretraining heads, another task's head and an unused pooler are dropped); a pretraining model takes a
     checkpoint without heads (a Hugging Face ``BertModel``, say) with fresh heads and one
     warning."""
-    if classifier:
-        return fit_weights(arrays, expected, source=source, allow_missing=("classifier.", "pooler."),
-                           ignore_unexpected=HEADS)
+    if classifier:  # any fine-tuning head: a classifier, a regression head, a SQuAD span head
+        return fit_weights(arrays, expected, source=source, allow_missing=(*TASK_HEADS, "pooler."),
+                           ignore_unexpected=(*HEADS, *TASK_HEADS, "pooler."))
     has_heads = any(k.startswith(HEADS) for k in arrays)
     if not has_heads:
         import sys

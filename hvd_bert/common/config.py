@@ -559,25 +559,37 @@ class PretrainConfig:
 
 @dataclass(frozen=True)
 class FinetuneConfig:
-    """BERT sentence(-pair) classification from a pretrained checkpoint (Google's
-    run_classifier recipe: AdamW, linear warmup and decay, a few epochs)."""
+    """BERT fine-tuning from a pretrained checkpoint (Google's run_classifier / run_squad
+    recipe: AdamW, linear warmup and decay, a few epochs): sentence(-pair) classification,
+    regression (STS-B) or SQuAD, as the prepared data says."""
 
     train: TrainConfig = doc(TrainConfig(
         optim=OptimConfig(name="adamw", lr=5e-5, weight_decay=0.01),
         schedule=ScheduleConfig(name="poly_warmup", warmup=0.1, total_steps=1000, power=1.0),
         batch=BatchConfig(local_batch_size=32, backward_passes_per_step=1),
         log_every=10, checkpoint_every=0, output_dir=""), "")
-    data: str = doc("", "training set prepared by hvd-bert prepare-classification (required)")
-    eval_data: str = doc("", "evaluation set (prepared with the training set's --labels); empty: none")
+    data: str = doc("", "training set prepared by hvd-bert prepare-classification or prepare-squad "
+                        "(required)")
+    eval_data: str = doc("", "evaluation set (prepared with the training set's --labels; for SQuAD a dev "
+                             "file prepared with --split dev); empty: none")
+    task: str = doc("", "what the data must be: squad, classification, regression or a GLUE task name; "
+                        "empty: whatever the prepared data is (also --task)")
     init_checkpoint: str = doc("", "pretrained weights: a run folder, ckpt-*.pt / ckpt-*.tf, or a .npz "
                                    "(hvd-bert convert); empty: train from BERT's initialisation")
     model: Literal["tiny", "mini", "small", "base", "large"] = doc(
         "tiny", "BERT size preset when init_checkpoint does not say (a .npz or a run folder does)")
     epochs: float = doc(3.0, "passes over the training set; sets train.schedule.total_steps "
                              "(0: use train.schedule.total_steps)")
+    do_train: bool = doc(True, "false: only evaluate eval_data (SQuAD: write predictions) with "
+                               "init_checkpoint, e.g. a fine-tuned run folder")
     eval_every: int = doc(0, "also evaluate every this many steps (0: at the end only)")
     eval_batch_size: int = doc(64, "examples per evaluation batch on one rank")
     dropout: float = doc(0.1, "BERT's hidden and attention dropout")
+    length_grouping: int = doc(32, "pad each batch to its longest sequence, after sorting every this many "
+                                   "batches of a rank by length (1: no sorting; 0: pad to max_seq_length)")
+    n_best_size: int = doc(20, "SQuAD: candidate answers kept per question (nbest_predictions.json)")
+    max_answer_length: int = doc(30, "SQuAD: the longest answer in WordPiece tokens")
+    null_score_diff_threshold: float = doc(0.0, "SQuAD v2.0: predict no answer above this null-score margin")
     shuffle_buffer: int = doc(1024, "records per shuffle window of the reader")
     progress: bool = doc(True, "show a progress bar on rank 0")
     framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
@@ -586,3 +598,6 @@ class FinetuneConfig:
         _require(self.epochs >= 0, f"epochs must be >= 0, got {self.epochs}")
         _require(0 <= self.dropout < 1, f"dropout is a probability in [0, 1), got {self.dropout}")
         _require(self.eval_batch_size > 0, f"eval_batch_size must be > 0, got {self.eval_batch_size}")
+        _require(self.length_grouping >= 0, f"length_grouping must be >= 0, got {self.length_grouping}")
+        _require(self.n_best_size > 0 and self.max_answer_length > 0,
+                 "n_best_size and max_answer_length must be > 0")

@@ -46,6 +46,8 @@ _FIXED = {  # portable -> (Google name, transpose)
     "nsp.weight": ("cls/seq_relationship/output_weights", False),
     "nsp.bias": ("cls/seq_relationship/output_bias", False),
     "classifier.weight": ("output_weights", False), "classifier.bias": ("output_bias", False),
+    "qa_outputs.weight": ("cls/squad/output_weights", False),  # run_squad's span head
+    "qa_outputs.bias": ("cls/squad/output_bias", False),
 }
 
 

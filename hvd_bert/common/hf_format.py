@@ -49,7 +49,8 @@ _HEADS = {"mlm_transform.weight": "cls.predictions.transform.dense.weight",
           "mlm_LayerNorm.bias": "cls.predictions.transform.LayerNorm.bias",
           "mlm_bias": "cls.predictions.bias",
           "nsp.weight": "cls.seq_relationship.weight", "nsp.bias": "cls.seq_relationship.bias",
-          "classifier.weight": "classifier.weight", "classifier.bias": "classifier.bias"}
+          "classifier.weight": "classifier.weight", "classifier.bias": "classifier.bias",
+          "qa_outputs.weight": "qa_outputs.weight", "qa_outputs.bias": "qa_outputs.bias"}
 
 
 def is_hf_folder(path: str | Path) -> bool:
@@ -194,8 +195,9 @@ def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config
 
     state = portable_to_hf(arrays, config)
     classifier = "classifier.weight" in state
-    arch = "BertForSequenceClassification" if classifier else "BertForPreTraining"
-    if classifier:  # a fine-tuned classifier: no pretraining heads in the file
+    arch = ("BertForSequenceClassification" if classifier else
+            "BertForQuestionAnswering" if "qa_outputs.weight" in state else "BertForPreTraining")
+    if arch != "BertForPreTraining":  # a fine-tuned model: no pretraining heads in the file
         state = {k: v for k, v in state.items() if not k.startswith("cls.")}
     num_labels = int(state["classifier.weight"].shape[0]) if classifier else None
     with new_folder(folder) as tmp:

@@ -361,9 +361,11 @@ def write_sidecar(folder: str | Path, meta: dict) -> Path:
                         lambda tmp: tmp.write_text(json.dumps(meta, indent=1, sort_keys=True)))
 
 
-def read_sidecar(folder: str | Path, kind: str, expect: Mapping[str, Any] | None = None) -> dict:
-    """Read and check a dataset folder: the sidecar exists and is of ``kind``, every shard it
-    lists exists, and each ``expect`` setting matches (e.g. ``max_seq_length``)."""
+def read_sidecar(folder: str | Path, kind: str | tuple[str, ...],
+                 expect: Mapping[str, Any] | None = None) -> dict:
+    """Read and check a dataset folder: the sidecar exists and is of ``kind`` (or one of the
+    kinds), every shard it lists exists, and each ``expect`` setting matches (e.g.
+    ``max_seq_length``)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise DatasetError(f"data folder {folder} does not exist; prepare it first "
@@ -376,8 +378,10 @@ def read_sidecar(folder: str | Path, kind: str, expect: Mapping[str, Any] | None
         meta = json.loads(side.read_text())
     except json.JSONDecodeError as e:
         raise DatasetError(f"{side} is not valid JSON ({e}); prepare the data again") from None
-    if meta.get("kind") != kind:
-        raise DatasetError(f"{folder} holds {meta.get('kind')!r} data, expected {kind!r}")
+    kinds = (kind,) if isinstance(kind, str) else tuple(kind)
+    if meta.get("kind") not in kinds:
+        raise DatasetError(f"{folder} holds {meta.get('kind')!r} data, expected "
+                           f"{' or '.join(map(repr, kinds))}")
     for shard in meta.get("shards", []):
         path = folder / shard["file"]
         if not path.is_file():

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from hvd_bert.common.bert_data import KIND_SQUAD
 from hvd_bert.common.records import DatasetError, file_sha256, shard_name, write_examples, write_sidecar
 
 __all__ = ["SquadExample", "read_squad", "convert_examples", "prepare_squad", "KIND_SQUAD", "predictions",
            "final_text", "write_predictions"]
 
-KIND_SQUAD = "bert-squad"
 FIRST_UNIQUE_ID = 1000000000
 
 

@@ -1,13 +1,17 @@
-"""BERT fine-tuning for sentence(-pair) classification on Horovod, in either framework.
+"""BERT fine-tuning on Horovod, in either framework: sentence(-pair) classification,
+regression (STS-B) or SQuAD, as the prepared training set says (``common.finetune.task_of``).
 
     horovodrun -np 2 -H localhost:2 --gloo hvd-bert finetune --framework pt \\
         --set data=TRAIN_DIR --set eval_data=DEV_DIR --set init_checkpoint=runs/pretrain-pt-stdlib-seq128
 
-The pretrained encoder comes from ``init_checkpoint`` (a run folder, a checkpoint, or a
-portable ``.npz`` from either framework; its model size comes with it); the classifier starts
-from BERT's initialisation. Training uses the shared loop: accumulation, mixed precision,
-checkpoints, resume and SIGTERM as in pretraining. The evaluation scores every record of
-``eval_data`` once across the ranks (``common.finetune.evaluate_classification``).
+The pretrained encoder comes from ``init_checkpoint`` (a run folder, a checkpoint, a portable
+``.npz`` from either framework, or a published checkpoint; its model size comes with it);
+the task's head starts from BERT's initialisation. Training uses the shared loop:
+accumulation, mixed precision, checkpoints, resume and SIGTERM as in pretraining; batches are
+padded to their longest sequence (``length_grouping``). The evaluation scores every record
+of ``eval_data`` once across the ranks; for SQuAD rank 0 then writes ``predictions.json``
+(``nbest_predictions.json``, and ``null_odds.json`` for v2.0) to the run folder and reports
+the official EM and F1.
 """
 
 from __future__ import annotations
@@ -16,20 +20,28 @@ from dataclasses import replace
 from pathlib import Path
 
 from hvd_bert.common.bert_weights import WeightsError
-from hvd_bert.common.config import FinetuneConfig
+from hvd_bert.common.config import ConfigError, FinetuneConfig
 from hvd_bert.common.engine import fit
-from hvd_bert.common.finetune import (Evaluation, check_finetune_data, eval_batches, evaluate_classification,
-                                      resolve_init, total_steps)
+from hvd_bert.common.finetune import (REGRESSION, SQUAD, Evaluation, check_finetune_data, eval_batches,
+                                      evaluate_classification, evaluate_regression, evaluate_squad,
+                                      resolve_init, task_of, total_steps)
 from hvd_bert.jobs._output import finish_line, open_run, with_run_folder
 
 __all__ = ["run"]
 
 
 def run(cfg: FinetuneConfig, backend) -> dict:
-    cfg = with_run_folder(cfg, "finetune")
+    if cfg.do_train:
+        cfg = with_run_folder(cfg, "finetune")
+    else:  # runs/predict-<framework>-<eval data name>
+        named = with_run_folder(replace(cfg, data=cfg.eval_data), "predict")
+        cfg = replace(cfg, train=replace(cfg.train, output_dir=named.train.output_dir))
     rank, size = backend.init(cfg.train)
     out = Path(cfg.train.output_dir)
     meta, eval_meta = check_finetune_data(cfg)
+    if not cfg.do_train and not cfg.eval_data:
+        raise ConfigError("do_train=false only evaluates: give eval_data=DIR (and init_checkpoint, e.g. a "
+                          "fine-tuned run folder)")
     backend.set_precision(cfg.train.precision.mode)
 
     # The pretrained weights are read on rank 0; every rank learns the model config (or the error).
@@ -40,31 +52,62 @@ def run(cfg: FinetuneConfig, backend) -> dict:
         raise WeightsError(error)
     bert = replace(config, hidden_dropout=cfg.dropout, attention_dropout=cfg.dropout)
     backend.seed(cfg.train.seed + rank)
-    model = backend.bert_classifier(bert, len(meta["labels"]), meta["max_seq_length"])
+    task, seq = task_of(meta), meta["max_seq_length"]
+    if task == SQUAD:
+        model, loss, what = backend.bert_span(bert, seq), backend.span_loss, "SQuAD span head"
+        line_keys, about = ("loss", "span_accuracy", "lr", "examples_per_s"), (
+            f"{meta['total_records']} features of {meta['examples']} questions"
+            f"{' (v2.0, with impossible answers)' if meta['version_2_with_negative'] else ''}")
+    elif task == REGRESSION:
+        model, loss, what = backend.bert_classifier(bert, 1, seq), backend.regression_loss, "regression head"
+        line_keys = ("loss", "lr", "examples_per_s")
+        about = f"{meta['total_records']} examples, a numeric label"
+    else:
+        model, loss = backend.bert_classifier(bert, len(meta["labels"]), seq), backend.classification_loss
+        what, line_keys = "classifier", ("loss", "accuracy", "lr", "examples_per_s")
+        about = f"{meta['total_records']} examples, labels {meta['labels']}"
     if arrays is not None:
         backend.load_weights(model, arrays, source=f"init_checkpoint {cfg.init_checkpoint}")
     plan = cfg.train.batch.plan(size)
     steps = total_steps(cfg, meta, size, plan.local_batch_size, plan.backward_passes_per_step)
     cfg = replace(cfg, train=replace(cfg.train, schedule=replace(cfg.train.schedule, total_steps=steps)))
-    engine = backend.engine(model, backend.classification_loss, cfg.train)
+    engine = backend.engine(model, loss, cfg.train)
 
-    log = open_run(cfg, backend, rank, total_steps=steps, bert=bert,
-                   line_keys=("loss", "accuracy", "lr", "examples_per_s"))
+    log = open_run(cfg, backend, rank, total_steps=steps, bert=bert, line_keys=line_keys)
     log.print(f"fine-tuning BERT ({'from ' + cfg.init_checkpoint if arrays is not None else 'from scratch'}, "
-              f"{backend.label}) on {cfg.data}: {meta['total_records']} examples, labels {meta['labels']}, "
-              f"{cfg.epochs:g} epochs = {steps} steps")
+              f"{backend.label}, {what}) on {cfg.data}: {about}, {cfg.epochs:g} epochs = {steps} steps")
 
-    score = backend.classification_scorer(model, cfg.train.precision.mode)
-    on_step = Evaluation(cfg, steps, log, lambda: evaluate_classification(
-        score, eval_batches(cfg.eval_data, eval_meta, rank, size, cfg.eval_batch_size),
-        lambda totals: backend.allreduce_sum(totals, "hvd_bert.eval"), len(meta["labels"]),
-        (eval_meta or meta).get("task")))
+    score = backend.scorer(model, cfg.train.precision.mode)
+    trim = 8 if cfg.length_grouping else 0
+    ev = eval_meta or meta
+
+    def evaluate():
+        batches = eval_batches(cfg.eval_data, ev, rank, size, cfg.eval_batch_size, trim)
+        allreduce = lambda totals: backend.allreduce_sum(totals, "hvd_bert.eval")  # noqa: E731
+        if task == SQUAD:
+            return evaluate_squad(score, batches, allreduce, cfg.eval_data, ev, cfg, rank, out)
+        if task == REGRESSION:
+            return evaluate_regression(score, batches, allreduce, ev["total_records"], rank, size)
+        return evaluate_classification(score, batches, allreduce, len(meta["labels"]), ev.get("task"))
+
+    share = (lambda res: backend.broadcast_object(res, "hvd_bert.eval.result")) if task == SQUAD else None
+    on_step = Evaluation(cfg, steps, log, evaluate, share)
+    kind = meta["kind"]
 
     def batches_from(micro_step):
-        return backend.record_batches(cfg.data, "bert-classification", rank, size, plan.local_batch_size,
+        return backend.record_batches(cfg.data, kind, rank, size, plan.local_batch_size,
                                       seed=cfg.train.seed, shuffle_buffer=cfg.shuffle_buffer,
-                                      record_striding=len(meta["shards"]) < size, start=micro_step)
+                                      record_striding=len(meta["shards"]) < size, start=micro_step,
+                                      length_grouping=cfg.length_grouping)
 
+    if not cfg.do_train:  # prediction only, with init_checkpoint's weights (the engine broadcast them)
+        final = on_step.report(0)
+        log.close()
+        if rank == 0:
+            print(f"evaluated {cfg.init_checkpoint or 'an untrained model'} on {cfg.eval_data}"
+                  + (f"; predictions in {out}" if task == SQUAD else ""), flush=True)
+        backend.broadcast_object(None, "hvd_bert.finished")
+        return {"steps": 0, "stopped": False, **final}
     t = cfg.train
     res = fit(engine, batches_from, total_steps=steps, output_dir=out, checkpoint_every=t.checkpoint_every,
               keep_checkpoints=t.keep_checkpoints, log_every=t.log_every, log=log, unit="examples",

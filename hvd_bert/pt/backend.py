@@ -68,6 +68,10 @@ class PyTorchBackend(ModelFunctions):
         from hvd_bert.pt.models.bert import BertForSequenceClassification
         return BertForSequenceClassification(config, num_labels)
 
+    def bert_span(self, config: BertConfig, max_seq_length: int):
+        from hvd_bert.pt.models.bert import BertForQuestionAnswering
+        return BertForQuestionAnswering(config)
+
     def neumf(self, n_users: int, n_items: int, m):
         from hvd_bert.pt.models.ncf import NeuMF
         return NeuMF(n_users, n_items, m.factors, m.layers, m.dropout)
@@ -82,30 +86,31 @@ class PyTorchBackend(ModelFunctions):
 
     def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
                        seed: int, shuffle_buffer: int, record_striding: bool,
-                       start: int) -> Iterator[dict]:
+                       start: int, length_grouping: int = 0) -> Iterator[dict]:
         from hvd_bert.pt.data import ShardedDataset
         return ShardedDataset(folder, kind, rank, size, local_batch_size, seed=seed,
-                              shuffle_buffer=shuffle_buffer, record_striding=record_striding).stream(start)
+                              shuffle_buffer=shuffle_buffer, record_striding=record_striding,
+                              length_grouping=length_grouping).stream(start)
 
     def ncf_batch(self, users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> dict:
         return {"users": torch.from_numpy(users.astype(np.int64)),
                 "items": torch.from_numpy(items.astype(np.int64)), "labels": torch.from_numpy(labels)}
 
     # ------------------------------------------------------------------ scoring (evaluation)
-    def classification_scorer(self, model, precision: str = "fp32"):
-        """``score(batch of numpy arrays) -> logits`` in eval mode (the training mode is put
-        back after each batch)."""
+    def scorer(self, model, precision: str = "fp32"):
+        """``score(batch of numpy arrays)`` -> the model's outputs as numpy (logits, or SQuAD's
+        start and end logits) in eval mode (the training mode is put back after each batch)."""
         from hvd_bert.pt.engine import autocast
 
         @torch.no_grad()
-        def score(b: dict) -> np.ndarray:
-            t = {k: torch.from_numpy(v) for k, v in b.items()}
+        def score(b: dict):
+            ids, segs, mask = (torch.from_numpy(b[k]) for k in ("input_ids", "segment_ids", "input_mask"))
             was = model.training
             model.eval()
             with autocast(precision, next(model.parameters()).device.type):
-                logits = model(t["input_ids"], t["segment_ids"], t["input_mask"]).float()
+                out = model(ids, segs, mask)
             model.train(was)
-            return logits.numpy()
+            return tuple(o.float().numpy() for o in out) if isinstance(out, tuple) else out.float().numpy()
         return score
 
     def pretraining_scorer(self, model, precision: str = "fp32"):

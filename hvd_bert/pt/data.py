@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from hvd_bert.common.bert_data import spec_for_meta
+from hvd_bert.common.padding import length_grouped
 from hvd_bert.common.records import decode_batch, read_ordered, read_sidecar
 from hvd_bert.common.sharding import TooFewShardsError, epoch_batches, plan_reads, stream_seed
 
@@ -42,11 +43,13 @@ class ShardedDataset(torch.utils.data.IterableDataset):
             (needed when there are fewer files than ranks).
         expect: settings the data must have been prepared with (e.g. ``max_seq_length``).
         prefetch: batches decoded ahead in the background.
+        length_grouping: > 0: batches padded to their longest sequence, after regrouping
+            this many batches at a time by length (``common.padding.length_grouped``).
     """
 
     def __init__(self, folder: str | Path, kind: str, rank: int, world_size: int, local_batch_size: int,
                  *, seed: int = 0, shuffle_buffer: int = 1024, record_striding: bool = False,
-                 expect: dict | None = None, prefetch: int = 4, epoch: int = 0):
+                 expect: dict | None = None, prefetch: int = 4, epoch: int = 0, length_grouping: int = 0):
         super().__init__()
         self.folder = Path(folder)
         self.meta = read_sidecar(self.folder, kind, expect)
@@ -60,7 +63,7 @@ class ShardedDataset(torch.utils.data.IterableDataset):
                 f"record striding (every rank reads every file and keeps every {world_size}-th record)")
         self.rank, self.world_size, self.local_batch_size = rank, world_size, local_batch_size
         self.seed, self.shuffle_buffer, self.record_striding = seed, shuffle_buffer, record_striding
-        self.prefetch, self.epoch = prefetch, epoch
+        self.prefetch, self.epoch, self.length_grouping = prefetch, epoch, length_grouping
 
     def batches_in_epoch(self, epoch: int) -> int:
         return epoch_batches(self.files, self.counts, self.world_size, self.local_batch_size, epoch,
@@ -73,6 +76,10 @@ class ShardedDataset(torch.utils.data.IterableDataset):
         records = read_ordered(self.folder, plan, self.shuffle_buffer,
                                stream_seed(self.seed, epoch, self.rank))
         b = self.local_batch_size
+        if self.length_grouping:
+            fixed = (decode_batch([next(records) for _ in range(b)], self.spec) for _ in range(n_batches))
+            yield from length_grouped(fixed, self.length_grouping, (self.seed, epoch, self.rank), start=start)
+            return
         for i in range(n_batches):
             chunk = [next(records) for _ in range(b)]
             if i < start:

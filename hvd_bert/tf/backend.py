@@ -83,6 +83,10 @@ class TensorFlowBackend(ModelFunctions):
         from hvd_bert.tf.models.bert import BertForSequenceClassification, build_model
         return build_model(BertForSequenceClassification(config, num_labels), max_seq_length)
 
+    def bert_span(self, config: BertConfig, max_seq_length: int):
+        from hvd_bert.tf.models.bert import BertForQuestionAnswering, build_model
+        return build_model(BertForQuestionAnswering(config), max_seq_length)
+
     def neumf(self, n_users: int, n_items: int, m):
         from hvd_bert.tf.models.ncf import NeuMF
         model = NeuMF(n_users, n_items, m.factors, m.layers, m.dropout)
@@ -99,23 +103,28 @@ class TensorFlowBackend(ModelFunctions):
 
     def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
                        seed: int, shuffle_buffer: int, record_striding: bool,
-                       start: int) -> Iterator[dict]:
+                       start: int, length_grouping: int = 0) -> Iterator[dict]:
         from hvd_bert.tf.data import stream
         return stream(folder, kind, rank, size, local_batch_size, seed=seed, shuffle_buffer=shuffle_buffer,
-                      record_striding=record_striding, start_batch=start)
+                      record_striding=record_striding, start_batch=start, length_grouping=length_grouping)
 
     def ncf_batch(self, users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> dict:
         return {"users": tf.constant(users), "items": tf.constant(items), "labels": tf.constant(labels)}
 
     # ------------------------------------------------------------------ scoring (evaluation)
-    def classification_scorer(self, model, precision: str = "fp32"):
-        """``score(batch of numpy arrays) -> logits`` (the Keras policy sets the precision)."""
+    def scorer(self, model, precision: str = "fp32"):
+        """``score(batch of numpy arrays)`` -> the model's outputs as numpy (logits, or SQuAD's
+        start and end logits; the Keras policy sets the precision)."""
 
-        @tf.function(reduce_retracing=True)  # the last batch may be short
-        def logits(batch):
-            return tf.cast(model(batch, training=False), tf.float32)
+        @tf.function(reduce_retracing=True)  # batches may be short or trimmed
+        def outputs(batch):
+            return model(batch, training=False)
 
-        return lambda b: logits({k: tf.constant(v) for k, v in b.items()}).numpy()
+        def score(b):
+            out = outputs({k: tf.constant(v) for k, v in b.items() if k in ("input_ids", "segment_ids",
+                                                                              "input_mask")})
+            return tuple(o.numpy() for o in out) if isinstance(out, tuple) else out.numpy()
+        return score
 
     def pretraining_scorer(self, model, precision: str = "fp32"):
         """``score(batch) -> (mlm_logits, nsp_logits)`` as numpy (the Keras policy sets the

@@ -66,28 +66,41 @@ def make_dataset(folder: str | Path, kind: str, rank: int, world_size: int, loca
     return ds.prefetch(tf.data.AUTOTUNE), n_batches
 
 
+def _checked(folder: Path, ds):
+    it = iter(ds)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except tf.errors.DataLossError as e:  # TF names the offset but not the file
+            raise DatasetError(corruption_message(folder, e.message)) from None
+        yield batch
+
+
 def stream(folder: str | Path, kind: str, rank: int, world_size: int, local_batch_size: int, *,
            seed: int = 0, shuffle_buffer: int = 1024, record_striding: bool = False,
-           expect: dict | None = None, start_batch: int = 0):
+           expect: dict | None = None, start_batch: int = 0, length_grouping: int = 0):
     """This rank's batches over consecutive epochs from global batch number ``start_batch`` on
-    (the data position a checkpoint records), as ``hvd_bert.pt.data.ShardedDataset.stream``."""
-    epoch, skip = 0, start_batch
+    (the data position a checkpoint records), as ``hvd_bert.pt.data.ShardedDataset.stream``;
+    ``length_grouping`` > 0: padded to their longest sequence after regrouping by length
+    (``common.padding.length_grouped``, on the decoded batches: the same batches as PyTorch's)."""
+    from hvd_bert.common.padding import length_grouped
+
+    folder, epoch, skip = Path(folder), 0, start_batch
     while True:
         ds, n = make_dataset(folder, kind, rank, world_size, local_batch_size, seed=seed, epoch=epoch,
                              shuffle_buffer=shuffle_buffer, record_striding=record_striding,
                              expect=expect)
         if skip >= n:
             skip -= n
+        elif length_grouping:
+            fixed = ({k: v.numpy() for k, v in b.items()} for b in _checked(folder, ds))
+            for b in length_grouped(fixed, length_grouping, (seed, epoch, rank), start=skip):
+                yield {k: tf.constant(v) for k, v in b.items()}
+            skip = 0
         else:
-            it = iter(ds.skip(skip))
-            while True:
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
-                except tf.errors.DataLossError as e:  # TF names the offset but not the file
-                    raise DatasetError(corruption_message(folder, e.message)) from None
-                yield batch
+            yield from _checked(folder, ds.skip(skip))
             skip = 0
         epoch += 1
 

@@ -113,7 +113,8 @@ class Engine:
                                       trainable=False)
         self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
         self._window_loss = tf.Variable(0.0, dtype=tf.float32, trainable=False)
-        self._micro = tf.function(self._micro_impl, jit_compile=jit_compile)
+        # reduce_retracing: batches padded to their longest sequence share one traced step
+        self._micro = tf.function(self._micro_impl, jit_compile=jit_compile, reduce_retracing=True)
         self._apply = tf.function(self._apply_impl)
         self.broadcast()
 

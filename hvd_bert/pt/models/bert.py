@@ -22,8 +22,9 @@ from hvd_bert.common.bert_weights import (WeightsError, fit_for_model, read_publ
 from hvd_bert.common.checkpoint import latest_checkpoint
 from hvd_bert.pt.kernels import LinearGELU, bias_gelu
 
-__all__ = ["BertModel", "BertForPreTraining", "BertForSequenceClassification", "pretraining_loss",
-           "classification_loss", "export_weights", "load_weights", "read_checkpoint_weights"]
+__all__ = ["BertModel", "BertForPreTraining", "BertForSequenceClassification", "BertForQuestionAnswering",
+           "pretraining_loss", "classification_loss", "regression_loss", "span_loss", "export_weights",
+           "load_weights", "read_checkpoint_weights"]
 
 
 class BertEmbeddings(nn.Module):
@@ -74,12 +75,12 @@ class BertModel(nn.Module):
     """The encoder (embeddings, layers, pooler) the task models share; ``encode`` gives the
     sequence output, ``pool`` the first token's tanh projection."""
 
-    def __init__(self, c: BertConfig):
+    def __init__(self, c: BertConfig, pooler: bool = True):
         super().__init__()
         self.config = c
         self.embeddings = BertEmbeddings(c)
         self.layers = nn.ModuleList(BertLayer(c) for _ in range(c.num_layers))
-        self.pooler = nn.Linear(c.hidden_size, c.hidden_size)
+        self.pooler = nn.Linear(c.hidden_size, c.hidden_size) if pooler else None
 
     def _init(self, m):
         """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm."""
@@ -159,12 +160,45 @@ class BertForSequenceClassification(BertModel):
         return self.classifier(self.dropout(self.pool(self.encode(input_ids, segment_ids, input_mask))))
 
 
+class BertForQuestionAnswering(BertModel):
+    """BERT with SQuAD's span head (Google's run_squad, Hugging Face's ``qa_outputs``): a
+    linear layer to two logits per token; ``forward`` returns ``(start_logits, end_logits)``,
+    each ``[B, S]``, in float32. It has no pooler (nothing would train it)."""
+
+    def __init__(self, c: BertConfig):
+        super().__init__(c, pooler=False)
+        self.qa_outputs = nn.Linear(c.hidden_size, 2)
+        self.apply(self._init)
+
+    def forward(self, input_ids, segment_ids, input_mask):
+        logits = self.qa_outputs(self.encode(input_ids, segment_ids, input_mask)).float()
+        return logits[..., 0], logits[..., 1]
+
+
 def classification_loss(model: BertForSequenceClassification, batch: dict) -> tuple[torch.Tensor, dict]:
     logits = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])
     labels = batch["label_ids"].view(-1)
     loss = F.cross_entropy(logits.float(), labels)
     acc = (logits.argmax(-1) == labels).float().mean()
     return loss, {"accuracy": acc}
+
+
+def regression_loss(model: BertForSequenceClassification, batch: dict) -> tuple[torch.Tensor, dict]:
+    """Mean squared error of a one-output head (STS-B)."""
+    pred = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"]).float().view(-1)
+    loss = F.mse_loss(pred, batch["label_values"].float().view(-1))
+    return loss, {}
+
+
+def span_loss(model: BertForQuestionAnswering, batch: dict) -> tuple[torch.Tensor, dict]:
+    """Google's run_squad loss: the mean of the start and end cross-entropies over the
+    sequence positions; also the fraction of exactly predicted spans."""
+    start, end = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+    s, e = batch["start_positions"].view(-1), batch["end_positions"].view(-1)
+    loss = (F.cross_entropy(start, s) + F.cross_entropy(end, e)) / 2
+    with torch.no_grad():
+        exact = ((start.argmax(-1) == s) & (end.argmax(-1) == e)).float().mean()
+    return loss, {"span_accuracy": exact}
 
 
 # ---------------------------------------------------------------------- portable weights
@@ -178,8 +212,8 @@ def load_weights(model: nn.Module, arrays: dict[str, np.ndarray], *, source: str
     """Load portable weights, checked name by name. A classifier takes the encoder of a
     pretraining checkpoint (its own classifier keeps its initialisation)."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    fitted = fit_for_model(arrays, expected, classifier=isinstance(model, BertForSequenceClassification),
-                           source=source)
+    task_model = isinstance(model, (BertForSequenceClassification, BertForQuestionAnswering))
+    fitted = fit_for_model(arrays, expected, classifier=task_model, source=source)
     state = model.state_dict()
     with torch.no_grad():
         for k, a in fitted.items():

@@ -27,9 +27,9 @@ from hvd_bert.common.bert_weights import (WeightsError, fit_for_model, read_publ
                                           read_weights)
 from hvd_bert.tf.kernels import DenseGELU, bias_gelu
 
-__all__ = ["BertForPreTraining", "BertForSequenceClassification", "pretraining_loss",
-           "classification_loss", "export_weights", "load_weights", "read_checkpoint_weights",
-           "build_model"]
+__all__ = ["BertForPreTraining", "BertForSequenceClassification", "BertForQuestionAnswering",
+           "pretraining_loss", "classification_loss", "regression_loss", "span_loss", "export_weights",
+           "load_weights", "read_checkpoint_weights", "build_model"]
 
 _NEG = -10000.0  # attention bias at padded positions (Google's value; finite in float16)
 
@@ -106,13 +106,13 @@ class BertLayer(tf.keras.layers.Layer):
 class BertModel(tf.keras.Model):
     """The encoder (embeddings, layers, pooler) the task models share."""
 
-    def __init__(self, c: BertConfig, **kw):
+    def __init__(self, c: BertConfig, pooler: bool = True, **kw):
         super().__init__(**kw)
         self.config = c
         self.embeddings = BertEmbeddings(c, name="embeddings")
         self.encoder_layers = [BertLayer(c, name=f"layer_{i}") for i in range(c.num_layers)]
         self.pooler = tf.keras.layers.Dense(c.hidden_size, activation="tanh", kernel_initializer=_init(c),
-                                            name="pooler")
+                                            name="pooler") if pooler else None
 
     def encode(self, input_ids, segment_ids, input_mask, training=False):
         x = self.embeddings(input_ids, segment_ids, training=training)
@@ -167,6 +167,20 @@ class BertForSequenceClassification(BertModel):
         return tf.cast(self.classifier(self.dropout(self.pool(x), training=training)), tf.float32)
 
 
+class BertForQuestionAnswering(BertModel):
+    """SQuAD's span head on every token (as ``hvd_bert.pt.models.bert.BertForQuestionAnswering``):
+    ``call(batch)`` returns float32 ``(start_logits, end_logits)``, each ``[B, S]``; no pooler."""
+
+    def __init__(self, c: BertConfig, **kw):
+        super().__init__(c, pooler=False, **kw)
+        self.qa_outputs = tf.keras.layers.Dense(2, kernel_initializer=_init(c), name="qa_outputs")
+
+    def call(self, batch, training=False):
+        x = self.encode(batch["input_ids"], batch["segment_ids"], batch["input_mask"], training=training)
+        logits = tf.cast(self.qa_outputs(x), tf.float32)
+        return logits[..., 0], logits[..., 1]
+
+
 def build_model(model: tf.keras.Model, seq_len: int = 8, predictions: int = 2) -> tf.keras.Model:
     """Create the model's variables by calling it once on a dummy batch."""
     z = tf.zeros([1, seq_len], tf.int32)
@@ -198,6 +212,25 @@ def classification_loss(model: BertForSequenceClassification, batch: dict, train
     return loss, {"accuracy": acc}
 
 
+def regression_loss(model: BertForSequenceClassification, batch: dict, training: bool = True):
+    """Mean squared error of a one-output head (STS-B)."""
+    pred = tf.reshape(model(batch, training=training), [-1])
+    gold = tf.reshape(tf.cast(batch["label_values"], tf.float32), [-1])
+    return tf.reduce_mean(tf.square(pred - gold)), {}
+
+
+def span_loss(model: BertForQuestionAnswering, batch: dict, training: bool = True):
+    """The mean of the start and end cross-entropies (as ``hvd_bert.pt.models.bert.span_loss``)."""
+    start, end = model(batch, training=training)
+    s = tf.reshape(tf.cast(batch["start_positions"], tf.int32), [-1])
+    e = tf.reshape(tf.cast(batch["end_positions"], tf.int32), [-1])
+    ce = tf.nn.sparse_softmax_cross_entropy_with_logits
+    loss = (tf.reduce_mean(ce(labels=s, logits=start)) + tf.reduce_mean(ce(labels=e, logits=end))) / 2
+    hit = tf.logical_and(tf.equal(tf.argmax(start, -1, output_type=tf.int32), s),
+                         tf.equal(tf.argmax(end, -1, output_type=tf.int32), e))
+    return loss, {"span_accuracy": tf.reduce_mean(tf.cast(hit, tf.float32))}
+
+
 # ---------------------------------------------------------------------- portable weights
 def _dense(prefix: str, layer) -> dict:
     return {f"{prefix}.weight": (layer.kernel, True), f"{prefix}.bias": (layer.bias, False)}
@@ -223,7 +256,8 @@ def weight_map(model: BertModel) -> dict[str, tuple[tf.Variable, bool]]:
         out.update(_dense(f"{p}.output", layer.output_dense))
         out.update(_norm(f"{p}.attention_LayerNorm", layer.attention_LayerNorm))
         out.update(_norm(f"{p}.output_LayerNorm", layer.output_LayerNorm))
-    out.update(_dense("pooler", model.pooler))
+    if model.pooler is not None:
+        out.update(_dense("pooler", model.pooler))
     if isinstance(model, BertForPreTraining):
         out.update(_dense("mlm_transform", model.mlm_transform))
         out.update(_norm("mlm_LayerNorm", model.mlm_LayerNorm))
@@ -231,6 +265,8 @@ def weight_map(model: BertModel) -> dict[str, tuple[tf.Variable, bool]]:
         out.update(_dense("nsp", model.nsp))
     if isinstance(model, BertForSequenceClassification):
         out.update(_dense("classifier", model.classifier))
+    if isinstance(model, BertForQuestionAnswering):
+        out.update(_dense("qa_outputs", model.qa_outputs))
     return out
 
 
@@ -245,8 +281,8 @@ def load_weights(model: BertModel, arrays: dict[str, np.ndarray], *, source: str
     checkpoint's encoder; its classifier keeps its initialisation)."""
     wm = weight_map(model)
     expected = {k: tuple(v.shape[::-1]) if t else tuple(v.shape) for k, (v, t) in wm.items()}
-    fitted = fit_for_model(arrays, expected, classifier=isinstance(model, BertForSequenceClassification),
-                           source=source)
+    task_model = isinstance(model, (BertForSequenceClassification, BertForQuestionAnswering))
+    fitted = fit_for_model(arrays, expected, classifier=task_model, source=source)
     for k, a in fitted.items():
         var, t = wm[k]
         var.assign(a.T if t else a)
