@@ -36,3 +36,18 @@ def squad_json(n: int, seed: int, *, version_2: bool = False, words=(20, 70)) ->
 def write(path, n, seed, **kw):
     path.write_text(json.dumps(squad_json(n, seed, **kw)))
     return path
+
+
+def stsb_tsv(path, n, seed):
+    """STS-B's published layout (a header; the sentences in columns 8 and 9, the score last),
+    with a score a tiny BERT can learn: how many of the first sentence's words are "good"."""
+    rng = random.Random(seed)
+    rows = ["index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"]
+    for i in range(n):
+        good = rng.randint(0, 5)
+        s1 = rng.choices(FILLER, k=8 - good) + ["good"] * good
+        rng.shuffle(s1)
+        s2 = rng.choices(FILLER, k=6)
+        rows.append(f"{i}\tmain\tf\t2012\t{i}\tnone\tnone\t{' '.join(s1)}\t{' '.join(s2)}\t{good:.3f}")
+    path.write_text("\n".join(rows) + "\n")
+    return path

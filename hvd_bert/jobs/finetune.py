@@ -74,8 +74,12 @@ def run(cfg: FinetuneConfig, backend) -> dict:
     engine = backend.engine(model, loss, cfg.train)
 
     log = open_run(cfg, backend, rank, total_steps=steps, bert=bert, line_keys=line_keys)
-    log.print(f"fine-tuning BERT ({'from ' + cfg.init_checkpoint if arrays is not None else 'from scratch'}, "
-              f"{backend.label}, {what}) on {cfg.data}: {about}, {cfg.epochs:g} epochs = {steps} steps")
+    origin = "from " + cfg.init_checkpoint if arrays is not None else "from scratch"
+    if cfg.do_train:
+        log.print(f"fine-tuning BERT ({origin}, {backend.label}, {what}) on {cfg.data}: {about}, "
+                  f"{cfg.epochs:g} epochs = {steps} steps")
+    else:
+        log.print(f"evaluating BERT ({origin}, {backend.label}, {what}) on {cfg.eval_data}: {about}")
 
     score = backend.scorer(model, cfg.train.precision.mode)
     trim = 8 if cfg.length_grouping else 0

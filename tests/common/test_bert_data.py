@@ -256,8 +256,21 @@ def test_glue_tasks_in_their_published_layouts(prepared, tmp_path):
     exs = [decode_example(r, classification_spec(16))
            for _, r in iter_records(tmp_path / "n" / meta["shards"][0]["file"])]
     assert int(exs[0]["label_ids"][0]) == 2
-    with pytest.raises(DatasetError, match="stsb is a regression task"):
-        prepare_classification(mnli, tmp_path / "s", vocab, task="stsb")
+    stsb = tmp_path / "sts.tsv"
+    stsb.write_text("index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+                    "0\tmain\tf\t2012\t1\tnone\tnone\tthe file\tthe name\t3.800\n")
+    meta = prepare_classification(stsb, tmp_path / "s", vocab, task="stsb", max_seq_length=16, num_shards=1)
+    assert meta["regression"] and meta["labels"] == []
+    exs = [decode_example(r, classification_spec(16, regression=True))
+           for _, r in iter_records(tmp_path / "s" / meta["shards"][0]["file"])]
+    assert exs[0]["label_values"][0] == pytest.approx(3.8) and "label_ids" not in exs[0]
+    with pytest.raises(DatasetError, match="a stsb score is not a number"):
+        prepare_classification(mnli, tmp_path / "s2", vocab, task="stsb")
+    table = tmp_path / "scores.csv"
+    table.write_text("text,score\nthe file,1.5\nthe name,high\n")
+    with pytest.raises(DatasetError, match="example 2 has the label 'high', not a number"):
+        prepare_classification(table, tmp_path / "s3", vocab, text_a="text", label="score", regression=True)
+    assert not (tmp_path / "s2").exists() and not (tmp_path / "s3").exists()
     with pytest.raises(DatasetError, match=r"line 2 has 5 columns; the mnli layout needs 10"):
         prepare_classification(mrpc, tmp_path / "x", vocab, task="mnli")
     assert not (tmp_path / "x").exists()

@@ -46,10 +46,11 @@ def test_prepare_under_mpirun_equals_one_process(data):
     assert a == b
 
 
-def read(fw, folder, rank, world, stride=False, seed=3, epoch=1, batch=8, buffer=64):
+def read(fw, folder, rank, world, stride=False, seed=3, epoch=1, batch=8, buffer=64, grouping=None):
+    more = [str(grouping), "bert-classification"] if grouping is not None else []
     p = subprocess.run([sys.executable, str(WORKERS / "read_batches.py"), fw, str(folder), str(rank),
-                        str(world), "1" if stride else "0", str(seed), str(epoch), str(batch), str(buffer)],
-                       capture_output=True, text=True, timeout=300)
+                        str(world), "1" if stride else "0", str(seed), str(epoch), str(batch), str(buffer),
+                        *more], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -61,6 +62,36 @@ def test_pytorch_and_tensorflow_readers_agree(data, rank, world, stride, buffer)
     pt = read("pt", one, rank, world, stride, buffer=buffer)
     tf = read("tf", one, rank, world, stride, buffer=buffer)
     assert pt == tf and pt["batches"] > 0
+
+
+@pytest.fixture(scope="module")
+def sentences(data, tmp_path_factory):
+    """A classification set of the corpus' lines (1 to 40 words: real lengths), seq 64."""
+    root, text, one = data
+    lines = [ln for ln in text.read_text().splitlines() if ln.strip()][:600]
+    table = tmp_path_factory.mktemp("cls") / "t.tsv"
+    table.write_text("sentence\tlabel\n" + "".join(
+        f"{' '.join(ln.replace(chr(9), ' ').split()[:40])}\t{n % 2}\n" for n, ln in enumerate(lines)))
+    out = table.parent / "cls"
+    subprocess.run([*HVD_BERT, "prepare-classification", str(table), "--output", str(out), "--vocab",
+                    str(one / "vocab.txt"), "--text-a", "sentence", "--label", "label", "--max-seq-length",
+                    "64", "--num-shards", "4"], check=True, timeout=300, capture_output=True)
+    return out
+
+
+@pytest.mark.parametrize("rank,world,grouping", [(0, 1, 8), (1, 2, 1)])
+def test_length_grouped_batches_agree_between_the_frameworks_and_keep_the_step_count(sentences, rank, world,
+                                                                                      grouping):
+    """Padded to their longest sequence after sorting groups of batches by length: the same
+    batches in both frameworks, as many as with fixed padding, and narrower."""
+    pt = read("pt", sentences, rank, world, grouping=grouping, epoch=0)
+    tf = read("tf", sentences, rank, world, grouping=grouping, epoch=0)
+    fixed = read("pt", sentences, rank, world, grouping=0, epoch=0)
+    assert pt == tf and pt["batches"] == fixed["batches"] > 0
+    assert set(fixed["widths"]) == {64} and max(pt["widths"]) <= 64 and min(pt["widths"]) < 64
+    assert all(w % 8 == 0 for w in pt["widths"])
+    if grouping > 1:  # sorting within groups pads less than trimming alone
+        assert sum(pt["widths"]) < sum(read("pt", sentences, rank, world, grouping=1, epoch=0)["widths"])
 
 
 def test_ranks_get_the_same_number_of_batches_and_different_data(data):

@@ -144,3 +144,32 @@ def test_an_nvidia_deeplearningexamples_checkpoint_gives_the_same_logits(tmp_pat
     b = batch(model.config)
     for ours, theirs in zip(ours_logits(arrays, config, *b), hf_logits(model, *b)):
         close(ours, theirs)
+
+
+def test_a_transformers_squad_model_gives_the_same_span_logits_and_round_trips(tmp_path):
+    """``BertForQuestionAnswering`` (``qa_outputs``, no pooler) is read with its span head, scores
+    the same start and end logits as transformers' own, and exports back as that architecture."""
+    from hvd_bert.pt.models.bert import BertForQuestionAnswering
+
+    torch.manual_seed(5)
+    hf = transformers.BertForQuestionAnswering(transformers.BertConfig(**CONFIGS["erf"])).eval()
+    hf.save_pretrained(tmp_path / "qa")
+    arrays, config = read_checkpoint_weights(tmp_path / "qa")
+    ours = BertForQuestionAnswering(config).eval()
+    load_weights(ours, arrays, source="qa")
+    ids, seg, mask, _ = batch(hf.config)
+    with torch.no_grad():
+        start, end = ours(ids, seg, mask)
+        want = hf(input_ids=ids, token_type_ids=seg, attention_mask=mask)
+    close(start.numpy(), want.start_logits.numpy())
+    close(end.numpy(), want.end_logits.numpy())
+    out = write_hf_folder(tmp_path / "back", export_weights(ours), config)
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForQuestionAnswering"]
+    again, info = transformers.BertForQuestionAnswering.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    # a pretraining checkpoint starts a span model: encoder loaded, span head fresh, pooler dropped
+    pre = BertForPreTraining(config)
+    fresh = BertForQuestionAnswering(config)
+    load_weights(fresh, export_weights(pre), source="pretrained")
+    np.testing.assert_array_equal(fresh.layers[0].query.weight.detach().numpy(),
+                                  pre.layers[0].query.weight.detach().numpy())

@@ -38,3 +38,25 @@ def test_a_transformers_checkpoint_gives_the_same_logits_in_tensorflow(tmp_path,
     want_mlm, want_nsp = hf_logits(model, ids, seg, mask, pos)
     close(np.asarray(mlm)[..., : config.vocab_size], want_mlm)
     close(np.asarray(nsp), want_nsp)
+
+
+def test_a_transformers_squad_model_gives_the_same_span_logits_in_tensorflow(tmp_path):
+    import torch
+    import transformers
+
+    from hvd_bert.tf.models.bert import BertForQuestionAnswering, export_weights
+
+    torch.manual_seed(6)
+    hf = transformers.BertForQuestionAnswering(transformers.BertConfig(**CONFIGS["tanh"])).eval()
+    hf.save_pretrained(tmp_path / "qa")
+    arrays, config = read_checkpoint_weights(tmp_path / "qa")
+    ids, seg, mask, _ = batch(hf.config)
+    ours = build_model(BertForQuestionAnswering(config), ids.shape[1])
+    load_weights(ours, arrays, source="qa")
+    start, end = ours({"input_ids": tf.constant(ids.numpy()), "segment_ids": tf.constant(seg.numpy()),
+                       "input_mask": tf.constant(mask.numpy())}, training=False)
+    with torch.no_grad():
+        want = hf(input_ids=ids, token_type_ids=seg, attention_mask=mask)
+    close(np.asarray(start), want.start_logits.numpy())
+    close(np.asarray(end), want.end_logits.numpy())
+    assert "pooler.weight" not in export_weights(ours) and "qa_outputs.weight" in export_weights(ours)
