@@ -5,7 +5,8 @@ The sandbox is a folder of symlinks to this checkout (so `make demo`, `.venv/bin
 afresh under it and relative outputs (`runs/`, `data/`) land in the sandbox. The venv is
 active and root may run OpenMPI, as the README says. The files the README calls the user's
 (`train.tsv`, `dev.tsv`, `a.txt`, `b.txt`, a Hugging Face checkpoint in
-`~/models/bert-base-uncased`, MovieLens' `ml-1m/ratings.dat` and `ml-20m/ratings.csv`) are
+`~/models/bert-base-uncased`, SQuAD's `train-v1.1.json` and `dev-v1.1.json`, MovieLens'
+`ml-1m/ratings.dat` and `ml-20m/ratings.csv`) are
 written by the fixture in those formats, small. A Python block is saved under the file name
 its first line gives and run with the command that line gives. A `text` block is a listing,
 not code. Only `make test` is not run: it is the suite this test belongs to.
@@ -121,6 +122,11 @@ def sandbox(tmp_path_factory):
     for name, part in (("a.txt", docs[0::2]), ("b.txt", docs[1::2])):
         (work / name).write_text("\n\n".join("\n".join(d) for d in part) + "\n")
     _hf_checkpoint(home / "models" / "bert-base-uncased")
+    import sys
+    sys.path.insert(0, str(ROOT / "tests"))
+    import squad_task
+    squad_task.write(work / "train-v1.1.json", 60, 0)
+    squad_task.write(work / "dev-v1.1.json", 20, 1)
     (work / "ml-1m").mkdir()
     (work / "ml-1m" / "ratings.dat").write_text(
         "".join(f"{u}::{i}::{r}::{t}\n" for u, i, r, t in _ratings(300, 400, 20, 3)))
@@ -153,6 +159,8 @@ def test_readme_block_runs_as_written(sandbox, line, lang, code):
     out = res.stdout + res.stderr
     assert res.returncode == 0, f"README line {line} failed ({res.returncode}):\n{code}\n---\n{out[-6000:]}"
     assert "<stderr>:Traceback" not in out and "\nTraceback" not in out, out[-6000:]
+    if "finetune --task squad" in code:  # the predictions file is scored as the official script does
+        assert re.search(r'\{"exact_match": [0-9.]+, "f1": [0-9.]+\}', out), out[-3000:]
     if "--set train.optim.lr=1e-3 --set epochs=10" in code:  # the fine-tuning example learns
         acc = [float(a) for a in re.findall(r"eval at step \d+: accuracy ([0-9.]+)", out)]
         assert acc and acc[-1] > 0.8, out[-3000:]
