@@ -64,6 +64,7 @@ def prepare(task: str, root: Path, examples: int) -> Path:
     articles, at = [], 0
     for q in range(examples):
         n = rng.randint(60, 250)
+        at = 0 if at + n > len(words) else at  # a small corpus is read again
         para = words[at:at + n]
         at += n
         ask = rng.randrange(len(para) - 8)

@@ -21,7 +21,7 @@ from bert_jobs import TINY
 from hvd_bert import launch
 
 FAULTS = ["kill -9 rank 1", "kill -9 every rank", "SIGTERM rank 1", "SIGTERM every rank", "SIGTERM launcher",
-          "kill -9 rank 0 mid-checkpoint", "kill -9 rank 0 mid-checkpoint", "kill -9 rank 0"]
+          "kill -9 rank 0 mid-checkpoint", "kill -9 rank 0"]
 END_LIMIT_S = 120
 
 
