@@ -1,8 +1,9 @@
 """NCF training and evaluation, framework-free: the job's config, each rank's share of an
 epoch, the evaluation users of each rank, and HR@K / NDCG@K from scores (vectorised numpy).
 
-Evaluation (He et al. 2017, NVIDIA's NCF): every user's held-out item is ranked among its
-100 sampled negatives by the model's score. The item's rank is the number of negatives that
+Evaluation (He et al. 2017, NVIDIA's NCF; MLPerf): every user's held-out item is ranked among
+its sampled negatives (100, or MLPerf's 999: chosen when the data is prepared) by the model's
+score. The item's rank is the number of negatives that
 score at least as high (ties count against the model, so a constant model scores 0, not 1).
 HR@K is the fraction of users whose item ranks below K; NDCG@K adds ``1 / log2(rank + 2)``
 for those. Rank ``r`` of ``P`` scores users ``r, r + P, ...``; the sums and the user count
@@ -19,7 +20,7 @@ import numpy as np
 
 from hvd_bert.common.config import (BatchConfig, ConfigError, OptimConfig, ScheduleConfig, TrainConfig,
                                     _require, doc)
-from hvd_bert.common.ncf_data import NCFData, _positive_lookup, sample_train_negatives
+from hvd_bert.common.ncf_data import NCFData, _positive_lookup, epoch_keys, epoch_pairs
 
 __all__ = ["NCFConfig", "ModelConfig", "rank_of_positive", "hit_rate_ndcg", "eval_users", "eval_candidates",
            "EpochData", "EpochEvaluation", "popularity_scores", "evaluate"]
@@ -89,7 +90,7 @@ def eval_users(n_users: int, rank: int, world_size: int) -> np.ndarray:
 
 
 def eval_candidates(data: NCFData, users: np.ndarray) -> np.ndarray:
-    """``[len(users), 101]`` items to score: the held-out item, then its 100 negatives."""
+    """``[len(users), 1 + negatives]`` items to score: the held-out item, then its negatives."""
     return np.concatenate([data.test_items[users, None], data.test_negatives[users]], axis=1)
 
 
@@ -119,9 +120,13 @@ def popularity_scores(data: NCFData, users: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- training data
 class EpochData:
     """Each epoch's training pairs (every positive and ``num_negatives`` fresh negatives per
-    positive), shuffled with a seed of the epoch, identically on every rank; rank ``r`` then
-    takes every ``world_size``-th pair. Every rank gets ``steps_per_epoch x k`` micro-batches
-    of ``local_batch_size``; the tail that does not fill a global batch is left out."""
+    positive) in an order shuffled with a seed of the epoch (``ncf_data.epoch_pairs``): rank
+    ``r`` takes positions ``r, r + P, ...`` of it and computes only those pairs, so every rank
+    does 1/P of the sampling, and the epoch (its pairs and their order) does not depend on the
+    number of ranks. Every rank gets ``steps_per_epoch x k`` micro-batches of
+    ``local_batch_size``; the tail that does not fill a global batch is left out."""
+
+    CHUNK = 1 << 20  # pairs computed at a time (memory stays bounded at any data size)
 
     def __init__(self, data: NCFData, rank: int, world_size: int, local_batch_size: int,
                  backward_passes_per_step: int, num_negatives: int = 4, seed: int = 0):
@@ -139,13 +144,16 @@ class EpochData:
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """This rank's ``(users, items, labels)`` micro-batches of ``epoch`` from ``start`` on."""
-        rng = np.random.default_rng([self.seed, epoch])
-        u, i, y = sample_train_negatives(self.data.train_users, self.data.train_items, self.data.n_items,
-                                         self.num_negatives, rng, self.lookup)
-        u, i, y = u[self.rank::self.world_size], i[self.rank::self.world_size], y[self.rank::self.world_size]
-        for m in range(start, self.micro_per_epoch):
-            s = slice(m * self.b, (m + 1) * self.b)
-            yield u[s], i[s], y[s]
+        keys, b, d = epoch_keys(self.seed, epoch), self.b, self.data
+        per_chunk = max(1, self.CHUNK // b)
+        for m0 in range(start, self.micro_per_epoch, per_chunk):
+            m1 = min(m0 + per_chunk, self.micro_per_epoch)
+            positions = self.rank + self.world_size * np.arange(m0 * b, m1 * b, dtype=np.int64)
+            u, i, y = epoch_pairs(d.train_users, d.train_items, d.n_items, self.num_negatives, positions,
+                                  keys, self.lookup)
+            for m in range(m1 - m0):
+                s = slice(m * b, (m + 1) * b)
+                yield u[s], i[s], y[s]
 
     def stream(self, start_micro: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         epoch, start = divmod(start_micro, self.micro_per_epoch)

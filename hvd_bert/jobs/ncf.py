@@ -3,8 +3,9 @@
     horovodrun -np 2 -H localhost:2 --gloo hvd-bert ncf --framework pt \\
         --set data=runs/ml-1m --set target_hr=0.6
 
-Each epoch every rank builds the same shuffled training pairs (positives and fresh sampled
-negatives, ``common.ncf.EpochData``) and takes every ``world_size``-th; binary cross-entropy
+Each epoch's training pairs (positives and fresh sampled negatives, shuffled) are the same
+for any number of ranks; each rank computes only its own every ``world_size``-th pair
+(``common.ncf.EpochData``); binary cross-entropy
 on the logits; any optimizer and schedule of the toolkit through the shared loop. After every
 ``eval_every`` epochs HR@K and NDCG@K are computed on all users, split across the ranks and
 summed with an allreduce (``common.ncf.evaluate``); the run stops early once HR@K reaches

@@ -52,3 +52,22 @@ def test_convert_explains_what_it_cannot_convert(tmp_path):
     (tmp_path / "ckpt-00000001.pt").write_bytes(b"")
     p = hvd_bert("convert", str(tmp_path / "ckpt-00000001.pt"), "--framework", "tf", "--output", "w.npz")
     assert p.returncode == 2 and "is a PyTorch checkpoint; use --framework pt" in p.stderr
+
+
+def test_prepare_ncf_reads_ml_100k_with_the_mlperf_protocol_and_names_a_bad_line(tmp_path):
+    rows = "".join(f"{u}\t{(u * 37 + j * 53) % 1500 + 1}\t{1 + (u + j) % 5}\t{880000000 + 100 * u + j}\n"
+                   for u in range(1, 41) for j in range(40))
+    (tmp_path / "ml-100k").mkdir()
+    (tmp_path / "ml-100k" / "u.data").write_text(rows)
+    p = hvd_bert("prepare-ncf", "--movielens", str(tmp_path / "ml-100k"), "--eval-negatives", "999",
+                 "--output", str(tmp_path / "d"))
+    assert p.returncode == 0, p.stderr
+    assert "40 users" in p.stdout and "999 negatives per user" in p.stdout
+    (tmp_path / "bad.data").write_text(rows + "41\t7\n")
+    p = hvd_bert("prepare-ncf", "--movielens", str(tmp_path / "bad.data"), "--output", str(tmp_path / "e"))
+    assert p.returncode == 2 and f"line {rows.count(chr(10)) + 1}" in p.stderr, p.stderr
+    assert "--skip-bad-lines" in p.stderr
+    assert not (tmp_path / "e").exists()
+    p = hvd_bert("prepare-ncf", "--movielens", str(tmp_path / "bad.data"), "--skip-bad-lines",
+                 "--output", str(tmp_path / "e"))
+    assert p.returncode == 0 and "skipped 1 malformed line(s)" in p.stderr, p.stderr

@@ -25,8 +25,54 @@ def test_movielens_errors(tmp_path):
     with pytest.raises(DatasetError, match="no MovieLens ratings"):
         N.load_movielens(tmp_path)
     (tmp_path / "ratings.csv").write_text("user,item\n1,2\n")
-    with pytest.raises(DatasetError, match="is not MovieLens'"):
+    with pytest.raises(DatasetError, match="is not a MovieLens ratings file: its first line 'user,item'"):
         N.load_movielens(tmp_path / "ratings.csv")
+
+
+def test_every_published_layout_is_told_apart_by_content(tmp_path):
+    """ml-100k's u.data (tabs), ml-latest's ratings.csv (a header, half stars), ml-10m's
+    ratings.dat: the same ratings whatever the file is called."""
+    rows = [(196, 242, 3, 881250949), (186, 302, 3, 891717742), (196, 377, 1, 878887116),
+            (186, 346, 1, 886397596)]
+    files = {"u.data": "".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows),
+             "ratings.csv": "userId,movieId,rating,timestamp\n" + "".join(
+                 f"{u},{i},{r - 0.5},{t}\n" for u, i, r, t in rows),
+             "ratings.dat": "".join(f"{u}::{i}::{r}::{t}\n" for u, i, r, t in rows)}
+    want = ([196, 186, 196, 186], [242, 302, 377, 346], [881250949, 891717742, 878887116, 886397596])
+    for name, text in files.items():
+        for where in (tmp_path / name, tmp_path / f"{name}.renamed.txt"):
+            where.write_text(text)
+            assert [list(c) for c in N.load_movielens(where)] == [*want[:2], want[2]], where
+        (tmp_path / name.replace(".", "_")).mkdir()
+        (tmp_path / name.replace(".", "_") / name).write_text(text)
+        assert list(N.load_movielens(tmp_path / name.replace(".", "_"))[1]) == want[1]  # the folder
+
+
+def test_a_malformed_line_is_named_and_skipped_only_when_asked(tmp_path):
+    f = tmp_path / "u.data"
+    f.write_text("1\t10\t3\t100\n1\t20\t4\n2\t10\t5\t70\n2\tx\t1\t80\n2\t30\t2\t90\n")
+    with pytest.raises(DatasetError, match=r"u.data line 2: '1\\t20\\t4' is not 4 numbers separated by '\\t' "
+                                           r"\(ml-100k u.data\); fix the file, or pass --skip-bad-lines"):
+        N.load_movielens(f)
+    said = []
+    users, items, _ = N.load_movielens(f, skip_bad_lines=True, report=said.append)
+    assert list(items) == [10, 10, 30] and said == [f"{f}: skipped 2 malformed line(s), the first at line 2"]
+    with pytest.raises(DatasetError, match="u.data line 2"):
+        N.prepare_ncf(tmp_path / "out", movielens=f)
+    assert not (tmp_path / "out").exists()  # a failed check writes nothing
+
+
+def test_mlperf_protocol_ranks_among_999_negatives_that_are_never_positives(tmp_path):
+    meta = N.prepare_ncf(tmp_path / "d", synthetic="ml-1m", synthetic_scale=0.02, seed=1, eval_negatives=999)
+    d = N.load_ncf(tmp_path / "d")
+    assert meta["test_negatives"] == 999 and d.test_negatives.shape == (d.n_users, 999)
+    positives = (set(zip(d.train_users.tolist(), d.train_items.tolist()))
+                 | set(enumerate(d.test_items.tolist())))
+    for u in range(d.n_users):
+        row = d.test_negatives[u].tolist()
+        assert len(set(row)) == 999 and not any((u, i) in positives for i in row)
+    with pytest.raises(DatasetError, match="100 .* or 999"):
+        N.prepare_ncf(tmp_path / "e", synthetic="ml-1m", synthetic_scale=0.02, eval_negatives=50)
 
 
 

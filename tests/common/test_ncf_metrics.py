@@ -99,3 +99,45 @@ def test_popularity_baseline_is_well_below_the_planted_model():
     users = eval_users(data.n_users, 0, 1)
     hr_pop = hit_rate_ndcg(popularity_scores(data, users), 10)[0] / len(users)
     assert 0.2 < hr_pop < 0.6
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 1000, 12345])
+def test_the_epoch_order_is_a_permutation(n):
+    keys = N.epoch_keys(3, 1)
+    out = N.permuted(np.arange(n), n, keys)
+    assert sorted(out.tolist()) == list(range(n))
+    if n > 100:  # shuffled, and another epoch shuffles otherwise
+        assert (out != np.arange(n)).mean() > 0.9
+        assert (N.permuted(np.arange(n), n, N.epoch_keys(3, 2)) != out).mean() > 0.9
+
+
+def test_a_whole_epoch_is_every_positive_once_and_k_negatives_per_positive():
+    data = small_data()
+    lookup = N._positive_lookup(data.train_users, data.train_items, data.n_items)
+    n_pos, k = len(data.train_users), 4
+    u, i, y = N.epoch_pairs(data.train_users, data.train_items, data.n_items, k,
+                            np.arange(n_pos * (1 + k)), N.epoch_keys(0, 0), lookup)
+    pos = y == 1
+    assert pos.sum() == n_pos
+    assert sorted(zip(u[pos].tolist(), i[pos].tolist())) == sorted(zip(data.train_users.tolist(),
+                                                                       data.train_items.tolist()))
+    np.testing.assert_array_equal(np.bincount(u[~pos], minlength=data.n_users),
+                                  k * np.bincount(data.train_users, minlength=data.n_users))
+    assert not N._is_positive(lookup, u[~pos], i[~pos], data.n_items).any()  # never a positive
+    assert len(np.unique(i[~pos])) > 0.9 * data.n_items  # drawn from the whole catalogue
+
+
+def test_a_ranks_share_does_not_depend_on_how_it_is_computed():
+    """The pairs are a function of their position: computed in small chunks, or resumed
+    mid-epoch, they are the same."""
+    data = small_data()
+    whole = EpochData(data, 1, 2, 32, 1, 4, seed=5)
+    small = EpochData(data, 1, 2, 32, 1, 4, seed=5)
+    small.CHUNK = 100
+    a, b = list(whole.epoch(2)), list(small.epoch(2))
+    assert len(a) == len(b) == whole.micro_per_epoch
+    for x, z in zip(a, b):
+        for p, q in zip(x, z):
+            np.testing.assert_array_equal(p, q)
+    for p, q in zip(next(iter(whole.epoch(2, start=17))), a[17]):
+        np.testing.assert_array_equal(p, q)
