@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from peers import transformers_bert_config  # benchmarks/peers.py
+
 VARIANTS = ("hvd_bert", "hvd_bert-unfused", "transformers")
 
 
@@ -56,12 +58,7 @@ def run_variant(variant: str, preset: str, b: int, s: int, p: int, steps: int, w
             return pretraining_loss(model, batch)[0]
     else:
         import transformers
-        hf_cfg = transformers.BertConfig(
-            vocab_size=cfg.padded_vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
-            hidden_act="gelu_new", max_position_embeddings=cfg.max_position_embeddings,
-            hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
-            layer_norm_eps=cfg.layer_norm_eps)  # gelu_new: the tanh GELU, as ours
+        hf_cfg = transformers_bert_config(cfg)
         model = transformers.BertForPreTraining(hf_cfg).to(device)
         labels = torch.full((b, s), -100, dtype=torch.long, device=device)
         labels.scatter_(1, batch["masked_lm_positions"], batch["masked_lm_ids"])

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from peers import transformers_bert_config  # benchmarks/peers.py
+
 VARIANTS = ("hvd_bert", "hvd_bert-fixed-padding", "transformers")
 
 
@@ -114,12 +116,7 @@ def run_variant(variant: str, folder: str, preset: str, b: int, steps: int, warm
             return loss_of(model, batch)[0]
     else:
         import transformers
-        hf_cfg = transformers.BertConfig(
-            vocab_size=cfg.padded_vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
-            hidden_act="gelu_new", max_position_embeddings=cfg.max_position_embeddings,
-            hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
-            layer_norm_eps=cfg.layer_norm_eps, num_labels=2)  # gelu_new: the tanh GELU, as ours
+        hf_cfg = transformers_bert_config(cfg, num_labels=2)
         model = (transformers.BertForQuestionAnswering if squad else
                  transformers.BertForSequenceClassification)(hf_cfg)
 
