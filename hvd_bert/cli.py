@@ -153,7 +153,8 @@ def _cmd_prepare_bert(args: argparse.Namespace) -> int:
             dupe_factor=args.dupe_factor, do_lower_case=lower, seed=args.seed)
         meta = prepare_bert(inputs, args.output, vocab_file=vocab, vocab_size=args.vocab_size,
                             num_shards=args.num_shards, settings=settings, rank=rank, world_size=size,
-                            comm=comm, overwrite=args.overwrite)
+                            comm=comm, overwrite=args.overwrite, input_format=args.input_format,
+                            progress=args.progress, unit_bytes=max(1, int(args.split_mb * 2**20)))
     except (DatasetError, ValueError) as e:  # raised on every rank (prepare_bert agrees on errors)
         print(f"hvd-bert prepare-bert: {e}", file=sys.stderr)
         return 2
@@ -488,9 +489,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare-bert", help="text files -> BERT pretraining TFRecord shards "
                                             "(under mpirun -np P: shards split across ranks)")
-    p.add_argument("--input", nargs="*", default=[], metavar="TXT",
-                   help="text files: one sentence per line, blank line between documents "
-                        "(default: the built-in Python-docstring corpus)")
+    p.add_argument("--input", nargs="*", default=[], metavar="PATH",
+                   help="files, folders or globs, any mix, compressed (.gz, .bz2, .xz) or not: "
+                        "Wikipedia pages-articles XML dumps, Google's format (a sentence per line, a "
+                        "blank line between documents), one document per line, or prose (one "
+                        "document per file); each told apart by its content (default: the built-in "
+                        "Python-docstring corpus)")
+    p.add_argument("--input-format", choices=["auto", "wiki", "google", "doc-per-line", "prose"],
+                   default="auto", help="the inputs' format (default auto: each file's own, by content)")
+    p.add_argument("--split-mb", type=float, default=64,
+                   help="read an uncompressed file larger than this (MiB) in byte ranges of this size, "
+                        "cut at document starts and dealt to the ranks (default 64)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="a progress bar on rank 0 when its stderr is a terminal (default on)")
     p.add_argument("--output", required=True, help="output folder")
     p.add_argument("--vocab", help="the WordPiece vocabulary: a vocab.txt, a tokenizer.json, or a "
                                    "checkpoint folder (Hugging Face, Google) holding one (default: train "
@@ -500,7 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="phase 2: the text, vocab and case of this phase-1 data folder (or of a run "
                         "folder's data); --input, --vocab, --cased/--uncased still override")
     _add_case_args(p)
-    p.add_argument("--num-shards", type=int, default=8)
+    p.add_argument("--num-shards", type=int, default=None,
+                   help="output shards (default: 8, or about one per 32 MiB of input text)")
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--max-predictions-per-seq", type=int, default=20)
     p.add_argument("--masked-lm-prob", type=float, default=0.15)

@@ -2,12 +2,16 @@
 BERT's ``create_pretraining_data.py`` algorithm) -> TFRecord shards in Google's feature format,
 plus sentence(-pair) classification data from TSV/CSV.
 
-Input text: one sentence per line, a blank line between documents (Google BERT's format).
-Documents are dealt to the N output shards round-robin (document d to shard d mod N) and each
-shard is built with its own ``random.Random(f"{seed}-{shard}")``, so the output depends on the
-input, the settings and the seed only, not on how many processes prepared it. Random next
-sentences are drawn from documents of the same shard (as NVIDIA's sharded preparation does).
-Under ``mpirun -np P`` shard j is prepared by rank j mod P.
+Input text: any of ``text_input``'s formats (Wikipedia XML dumps, Google's sentence-per-line
+format, one document per line, prose; compressed or not; files, folders, globs). The documents
+of the whole input, in order, are dealt to the N output shards round-robin (document d to
+shard d mod N) and each shard is built with its own ``random.Random(f"{seed}-{shard}")``, so
+the output depends on the input, the settings and the seed only, not on how many processes
+prepared it, nor on the input's format: the same text as a dump, in Google's format or one
+document per line gives the same shards. Random next sentences are drawn from documents of the
+same shard (as NVIDIA's sharded preparation does). Under ``mpirun -np P`` the input's units
+(files, or byte ranges of a large file) are read by rank u mod P and shard j is built by
+rank j mod P; memory holds one shard at a time, not the corpus.
 
 Tokenization uses the ``tokenizers`` library (an existing ``vocab.txt``, or one trained on
 the input); the vocabulary is copied into the output folder and recorded in the sidecar.
@@ -16,14 +20,16 @@ the input); the vocabulary is copied into the output folder and recorded in the 
 from __future__ import annotations
 
 import csv
+import json
 import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from hvd_bert.common import text_input
 from hvd_bert.common.records import (SIDECAR, DatasetError, file_sha256, read_sidecar, shard_name,
                                      write_examples, write_sidecar)
 
@@ -121,37 +127,31 @@ def read_text(path: str | Path, what: str = "input text file") -> str:
             f"iconv -f latin1 -t utf-8 {p} > {p.name}.utf8, and give that file") from None
 
 
-def read_documents(files: Sequence[str | Path]) -> list[list[str]]:
-    """Documents (lists of non-empty lines) from UTF-8 text files; a blank line ends a
-    document."""
-    if not files:
-        raise DatasetError("no input text files given")
-    docs: list[list[str]] = []
-    for f in files:
-        cur: list[str] = []
-        for line in read_text(f).splitlines():
-            line = line.strip()
-            if line:
-                cur.append(line)
-            elif cur:
-                docs.append(cur)
-                cur = []
-        if cur:
-            docs.append(cur)
+def read_documents(inputs: Sequence[str | Path], input_format: str = "auto") -> list[list[str]]:
+    """Every document (a list of sentences) of ``inputs`` in memory, in order (small inputs;
+    ``prepare_bert`` streams)."""
+    srcs = text_input.sources(text_input.expand_inputs(inputs), input_format)
+    docs = [sents for u in text_input.plan_units(srcs)
+            for _, sents in text_input.read_unit(srcs[u.source], u)]
     if not docs:
-        raise DatasetError(f"the input files {[str(f) for f in files]} hold no text: give text files, "
-                           f"one sentence per line, a blank line between documents")
+        raise DatasetError(f"the inputs {[Path(s.path).name for s in srcs][:5]} hold no documents: "
+                           f"give text files or a pages-articles dump")
     return docs
 
 
 def train_vocab(files: Sequence[str | Path], out_dir: str | Path, vocab_size: int = 8192,
-                do_lower_case: bool = True) -> Path:
-    """Train a WordPiece vocabulary on ``files`` with ``tokenizers``; writes ``vocab.txt``."""
+                do_lower_case: bool = True, sentences: Iterable[str] | None = None) -> Path:
+    """Train a WordPiece vocabulary with ``tokenizers`` on text files, or on ``sentences`` when
+    given; writes ``vocab.txt``."""
     from tokenizers import BertWordPieceTokenizer
 
     tok = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=do_lower_case)
-    tok.train([str(f) for f in files], vocab_size=vocab_size, min_frequency=2,
-              special_tokens=SPECIAL_TOKENS, show_progress=False)
+    if sentences is not None:
+        tok.train_from_iterator(sentences, vocab_size=vocab_size, min_frequency=2,
+                                special_tokens=SPECIAL_TOKENS, show_progress=False)
+    else:
+        tok.train([str(f) for f in files], vocab_size=vocab_size, min_frequency=2,
+                  special_tokens=SPECIAL_TOKENS, show_progress=False)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok.save_model(str(out))
@@ -312,56 +312,255 @@ def _prepare_output(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+SHARD_TEXT_BYTES = 32 << 20   # auto num_shards: about this much input text per shard
+_SPILL_BYTES = 32 << 20       # documents buffered per rank before they are appended to the spills
+
+
+def _auto_shards(srcs: Sequence[text_input.Source]) -> int:
+    """At least 8 shards, more for a large input (about SHARD_TEXT_BYTES of text each), so that
+    preparing one shard (which holds its documents and instances in memory, as Google's
+    algorithm does) takes memory bounded by the shard, not by the corpus."""
+    text = sum(s.size * (4 if s.compression else 1) * (0.3 if s.kind == "wiki" else 1) for s in srcs)
+    return max(8, -(-int(text) // SHARD_TEXT_BYTES))
+
+
+class _Progress:
+    """Rank 0's reading progress: a bar with bytes/s and documents/s on a terminal."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar, self.done, self.docs = None, 0, 0
+        if enabled:
+            import sys
+
+            from tqdm import tqdm
+            if sys.stderr.isatty():
+                self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                                desc="reading", dynamic_ncols=True, mininterval=0.5)
+
+    def unit(self, base: int):
+        def at(nbytes: int) -> None:
+            if self.bar is not None:
+                self.bar.n = base + nbytes
+                rate = self.docs / max(self.bar.format_dict["elapsed"], 1e-9)
+                self.bar.set_postfix_str(f"{self.docs} docs, {rate:.0f} docs/s", refresh=False)
+                self.bar.update(0)
+        return at
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _spill_units(units: list[tuple[int, text_input.Unit]], srcs, tmp: Path, progress: _Progress,
+                 counts: text_input.WikiCounts) -> dict:
+    """Read this rank's units; write each unit's documents, as JSON lines ``[unit, index,
+    sentences]``, to ``tmp/u<unit>.jsonl``. Returns each unit's number of documents and the
+    bytes read."""
+    per_unit, raw = {}, 0
+    for ui, u in units:
+        src = srcs[u.source]
+        n = 0
+        with open(tmp / f"u{ui:06d}.jsonl", "w", encoding="utf-8") as f:
+            for i, (_, sentences) in enumerate(text_input.read_unit(src, u, counts, progress.unit(raw))):
+                f.write(json.dumps([ui, i, sentences], ensure_ascii=False) + "\n")
+                n += 1
+                progress.docs += 1
+        per_unit[ui] = n
+        raw += _unit_bytes(src, u)
+    return {"units": per_unit, "documents": sum(per_unit.values()), "raw_bytes": raw}
+
+
+def _unit_bytes(src: text_input.Source, u: text_input.Unit) -> int:
+    if src.compression is not None:
+        return src.size
+    return (u.end if u.end is not None else src.size) - u.start
+
+
+def _route(units: list[int], first: dict[int, int], num_shards: int, tmp: Path, rank: int) -> None:
+    """Deal the documents of this rank's unit spills to the shards round-robin by their index
+    in the whole input (document d to shard d mod N), appending to ``tmp/s<shard>-r<rank>.jsonl``."""
+    buf: dict[int, list[str]] = {}
+    held = 0
+
+    def flush():
+        for shard, lines in buf.items():
+            with open(tmp / f"s{shard:05d}-r{rank:05d}.jsonl", "a", encoding="utf-8") as f:
+                f.write("".join(lines))
+        buf.clear()
+
+    for ui in units:
+        spill = tmp / f"u{ui:06d}.jsonl"
+        with open(spill, encoding="utf-8") as f:
+            for i, line in enumerate(f):
+                buf.setdefault((first[ui] + i) % num_shards, []).append(line)
+                held += len(line)
+                if held > _SPILL_BYTES:
+                    flush()
+                    held = 0
+        flush()
+        held = 0
+        spill.unlink()
+
+
+def _shard_docs(tmp: Path, shard: int) -> list[list[str]]:
+    """Shard ``shard``'s documents from every rank's spill, in input order."""
+    rows = []
+    for f in sorted(tmp.glob(f"s{shard:05d}-r*.jsonl")):
+        with open(f, encoding="utf-8") as fh:
+            rows.extend(json.loads(line) for line in fh)
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return [r[2] for r in rows]
+
+
+def _all_sentences(tmp: Path, num_shards: int) -> Iterator[str]:
+    for shard in range(num_shards):
+        for doc in _shard_docs(tmp, shard):
+            yield from doc
+
+
+def _bcast(comm, value):
+    return comm.bcast(value, root=0) if comm is not None else value
+
+
 def prepare_bert(input_files: Sequence[str | Path], output_dir: str | Path, *,
-                 vocab_file: str | Path | None = None, vocab_size: int = 8192, num_shards: int = 8,
+                 vocab_file: str | Path | None = None, vocab_size: int = 8192, num_shards: int | None = None,
                  settings: PretrainingSettings = PretrainingSettings(), rank: int = 0,
-                 world_size: int = 1, comm=None, overwrite: bool = False, log=print) -> dict | None:
-    """Prepare pretraining shards in ``output_dir``. With ``comm`` (an mpi4py communicator),
-    rank r prepares shards r, r+P, ...; rank 0 writes the sidecar. Returns the sidecar on
-    rank 0."""
+                 world_size: int = 1, comm=None, overwrite: bool = False, log=print,
+                 input_format: str = "auto", unit_bytes: int = text_input.UNIT_BYTES,
+                 progress: bool = False) -> dict | None:
+    """Prepare pretraining shards in ``output_dir`` from text in any of ``text_input``'s
+    formats (files, folders, globs; compressed or not).
+
+    Three passes, each split across the ranks of ``comm`` (an mpi4py communicator): the input
+    is cut into units (files, or byte ranges of a large file) and each rank reads its own,
+    dealing each unit's documents round-robin to the shards (spilled as JSON lines to a
+    temporary folder beside ``output_dir``); rank 0 trains or copies the vocab; rank r builds shards
+    r, r+P, ... from their documents in input order, each with its own seeded RNG. The output
+    is byte-identical for any number of ranks. Nothing is moved into ``output_dir`` until every
+    shard is written; a failure leaves it as it was. Returns the sidecar on rank 0."""
+    import uuid
+
     out = Path(output_dir)
-    files = sorted(str(f) for f in input_files)
-    if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    # Every rank reads (and so checks) the input before anything is written.
-    docs, err = None, None
-    try:
-        docs = read_documents(files)
-    except DatasetError as e:
-        err = str(e)
-    _agree(comm, err)
+    plan, err = None, None
     if rank == 0:
         try:
-            _prepare_output(out, overwrite)
-            if vocab_file is None:
-                vocab_path = train_vocab(files, out, vocab_size, settings.do_lower_case)
-            else:
-                vocab_path = out / "vocab.txt"
-                if Path(vocab_file).resolve() != vocab_path.resolve():
-                    load_tokenizer(vocab_file, settings.do_lower_case)  # validates it
-                    shutil.copyfile(vocab_file, vocab_path)
-        except (DatasetError, ValueError, OSError) as e:
+            if num_shards is not None and num_shards < 1:
+                raise DatasetError(f"--num-shards must be >= 1, got {num_shards}")
+            if (out / SIDECAR).exists() and not overwrite:
+                raise DatasetError(f"{out} already holds prepared data; pass --overwrite to replace it "
+                                   f"or choose another output folder")
+            files = text_input.expand_inputs(input_files)
+            srcs = text_input.sources(files, input_format)
+            units = text_input.plan_units(srcs, unit_bytes)
+            shards_n = num_shards or _auto_shards(srcs)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.parent / f".{out.name}.prepare-{uuid.uuid4().hex[:12]}"
+            tmp.mkdir()
+            plan = (srcs, units, shards_n, str(tmp))
+            kinds: dict[str, int] = {}
+            for s in srcs:
+                name = text_input.KIND_NAMES[s.kind] + (f", {s.compression}" if s.compression else "")
+                kinds[name] = kinds.get(name, 0) + 1
+            log(f"input: {len(srcs)} file(s) ({'; '.join(f'{n} {k}' for k, n in kinds.items())}) in "
+                f"{len(units)} unit(s) over {world_size} process(es); {shards_n} shards")
+        except (DatasetError, OSError) as e:
             err = str(e)
-    if comm is not None:
-        err = comm.bcast(err, root=0)
+    plan, err = _bcast(comm, (plan, err))
     if err:
         raise DatasetError(err)
-    vocab_path = out / "vocab.txt"
+    srcs, units, num_shards, tmp = plan
+    tmp = Path(tmp)
+    try:
+        return _prepare(srcs, units, num_shards, tmp, out, vocab_file, vocab_size, settings, rank,
+                        world_size, comm, log, progress)
+    finally:
+        if comm is not None:
+            comm.Barrier()
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _prepare(srcs, units, num_shards, tmp, out, vocab_file, vocab_size, settings, rank, world_size,
+             comm, log, progress) -> dict | None:
+    import time
+
+    # 1. read: each rank its units
+    mine = [(ui, u) for ui, u in enumerate(units) if ui % world_size == rank]
+    total = sum(((u.end if u.end is not None else srcs[u.source].size) - u.start)
+                if srcs[u.source].compression is None else srcs[u.source].size for _, u in mine)
+    counts, stats, err = text_input.WikiCounts(), {}, None
+    bar = _Progress(total, progress and rank == 0)
+    t0 = time.perf_counter()
+    try:
+        stats = _spill_units(mine, srcs, tmp, bar, counts)
+    except (DatasetError, OSError) as e:
+        err = str(e) if isinstance(e, DatasetError) else f"cannot spill documents to {tmp}: {e}"
+    finally:
+        bar.close()
+    dt = time.perf_counter() - t0
+    _agree(comm, err)
+    if rank == 0:
+        log(f"[rank 0] read {stats['documents']} documents, {stats['raw_bytes'] / 2**20:.1f} MiB in "
+            f"{dt:.1f} s ({stats['documents'] / max(dt, 1e-9):.0f} documents/s, "
+            f"{stats['raw_bytes'] / 2**20 / max(dt, 1e-9):.1f} MiB/s)")
+    every = comm.allgather((stats, counts)) if comm is not None else [(stats, counts)]
+    per_unit = {ui: n for s, _ in every for ui, n in s["units"].items()}
+    first, docs = {}, 0
+    for ui in range(len(units)):
+        first[ui] = docs
+        docs += per_unit[ui]
+    wiki = text_input.WikiCounts()
+    for _, c in every:
+        wiki.add(c)
+    if docs == 0:
+        dropped = ""
+        if wiki.pages:
+            dropped = (f" ({wiki.pages} Wikipedia pages: {wiki.disambiguation} disambiguation and "
+                       f"{wiki.pages - wiki.articles - wiki.disambiguation} redirects, other "
+                       f"namespaces or empty articles dropped)")
+        raise DatasetError(f"the inputs {[Path(s.path).name for s in srcs][:5]} hold no documents"
+                           f"{dropped}: give text files (a sentence per line, a blank line between "
+                           f"documents; one document per line; prose) or a pages-articles dump")
+    err = None
+    try:
+        _route([ui for ui, _ in mine], first, num_shards, tmp, rank)
+    except OSError as e:
+        err = f"cannot spill documents to {tmp}: {e}"
+    _agree(comm, err)
+    # 2. the vocab, on rank 0
+    err = None
+    if rank == 0:
+        try:
+            if vocab_file is None:
+                train_vocab([], tmp, vocab_size, settings.do_lower_case,
+                            sentences=_all_sentences(tmp, num_shards))
+            else:
+                load_tokenizer(vocab_file, settings.do_lower_case)  # validates it
+                shutil.copyfile(vocab_file, tmp / "vocab.txt")
+        except (DatasetError, OSError) as e:
+            err = str(e)
+    err = _bcast(comm, err)
+    if err:
+        raise DatasetError(err)
+    # 3. the shards
+    vocab_path = tmp / "vocab.txt"
     tok = load_tokenizer(vocab_path, settings.do_lower_case)
     ids = _special_ids(tok)
     vsize = tok.get_vocab_size()
     shards, err = [], None
     try:
         for shard in range(rank, num_shards, world_size):
-            mine = docs[shard::num_shards]
-            tokenized = [[e.ids for e in tok.encode_batch(d, add_special_tokens=False)] for d in mine]
-            tokenized = [[s for s in d if s] for d in tokenized]
+            mine_docs = _shard_docs(tmp, shard)
+            flat = [s for d in mine_docs for s in d]
+            encoded = iter(e.ids for e in tok.encode_batch(flat, add_special_tokens=False))
+            tokenized = [[t for t in (next(encoded) for _ in d) if t] for d in mine_docs]
             rng = random.Random(f"{settings.seed}-{shard}")
             instances = create_instances(tokenized, settings, ids, vsize, rng)
             name = shard_name(shard, num_shards)
-            n = write_examples(out / name, (_feature(i, settings) for i in instances))
-            shards.append({"file": name, "records": n, "documents": len(mine)})
-            log(f"[rank {rank}] {name}: {n} instances from {len(mine)} documents")
+            n = write_examples(tmp / name, (_feature(i, settings) for i in instances))
+            shards.append({"file": name, "records": n, "documents": len(mine_docs)})
+            log(f"[rank {rank}] {name}: {n} instances from {len(mine_docs)} documents")
+            del mine_docs, flat, tokenized, instances
     except OSError as e:
         err = (f"cannot write shards to {out}: {e.strerror or e} (check the folder's permissions "
                f"and free space)")
@@ -374,25 +573,41 @@ def prepare_bert(input_files: Sequence[str | Path], output_dir: str | Path, *,
         shards.sort(key=lambda s: s["file"])
         empty = [s["file"] for s in shards if s["records"] == 0]
         if empty:
-            err = (f"shards {empty} got no instances: too few documents ({len(docs)}) for "
+            err = (f"shards {empty} got no instances: too few documents ({docs}) for "
                    f"{num_shards} shards; use fewer shards (--num-shards) or more text")
-    if comm is not None:
-        err = comm.bcast(err, root=0)
+    err = _bcast(comm, err)
     if err:
         raise DatasetError(err)
     if rank != 0:
         return None
+    files = [s.path for s in srcs]
     meta = {"kind": KIND_PRETRAIN, "format": 1, "vocab_file": "vocab.txt",
             "vocab_sha256": file_sha256(vocab_path), "vocab_size": vsize,
             "do_lower_case": settings.do_lower_case, "max_seq_length": settings.max_seq_length,
             "max_predictions_per_seq": settings.max_predictions_per_seq,
             "masked_lm_prob": settings.masked_lm_prob, "short_seq_prob": settings.short_seq_prob,
             "dupe_factor": settings.dupe_factor, "seed": settings.seed, "num_shards": num_shards,
-            "documents": len(docs), "input_files": [Path(f).name for f in files],
-            "input_paths": [str(Path(f).resolve()) for f in files], "shards": shards,
+            "documents": docs, "input_files": [Path(f).name for f in files],
+            "input_paths": [str(Path(f).resolve()) for f in files],
+            "input_formats": [s.kind for s in srcs], "shards": shards,
             "total_records": sum(s["records"] for s in shards)}
+    if wiki.pages:
+        meta["wikipedia"] = {"pages": wiki.pages, "articles": wiki.articles,
+                             "disambiguation": wiki.disambiguation}
+    _commit(tmp, out, [s["file"] for s in shards])
     write_sidecar(out, meta)
     return meta
+
+
+def _commit(tmp: Path, out: Path, names: list[str]) -> None:
+    """Move the new shards and vocab into ``out``: the old sidecar goes first (a reader never
+    sees new shards under an old sidecar), then the old shards, then the new files."""
+    out.mkdir(exist_ok=True)
+    (out / SIDECAR).unlink(missing_ok=True)
+    for old in out.glob("part-*-of-*.tfrecord"):
+        old.unlink()
+    for name in [*names, "vocab.txt"]:
+        (tmp / name).replace(out / name)
 
 
 def phase_one_data(src: str | Path) -> tuple[Path, dict]:

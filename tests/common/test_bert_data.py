@@ -128,7 +128,7 @@ def test_bad_inputs_name_the_fix(prepared, corpus, tmp_path):
     with pytest.raises(DatasetError, match="does not exist"):
         read_documents([tmp_path / "missing.txt"])
     (tmp_path / "empty.txt").write_text("\n\n")
-    with pytest.raises(DatasetError, match="hold no text"):
+    with pytest.raises(DatasetError, match="hold no documents"):
         read_documents([tmp_path / "empty.txt"])
     with pytest.raises(DatasetError, match="prepared with max_seq_length=64 but 128 is expected"):
         check_pretraining_data(folder, max_seq_length=128)
@@ -201,10 +201,11 @@ def test_bad_input_text_is_one_clear_error_and_writes_nothing(tmp_path, kind):
         src.write_bytes("Un café au lait.\nDeuxième phrase.\n".encode("latin-1"))
     elif kind == "empty":
         src.write_text("\n\n  \n")
-    expect = {"missing": r"in.txt does not exist: check the path", "folder": r"is not a file",
+    expect = {"missing": r"in.txt does not exist: check the path",
+              "folder": r"input folder \S*in.txt holds no files",
               "binary": r"in.txt looks binary \(a NUL byte at offset 7\)",
               "latin1": r"in.txt is not UTF-8 \(byte 0xe9 at line 1\): convert it, e.g. iconv -f latin1",
-              "empty": r"hold no text"}[kind]
+              "empty": r"hold no documents"}[kind]
     out = tmp_path / "out"
     with pytest.raises(DatasetError, match=expect):
         prepare_bert([src], out, vocab_size=100, num_shards=1, settings=SMALL, log=lambda *_: None)

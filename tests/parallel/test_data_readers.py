@@ -132,3 +132,40 @@ def test_bad_input_under_mpirun_is_the_same_line_on_every_rank_and_writes_nothin
     assert p.returncode == 2, p.stdout + p.stderr
     assert p.stderr.count("latin.txt is not UTF-8 (byte 0xe9 at line 1)") == 2, p.stderr
     assert "Traceback" not in p.stderr and not out.exists()
+
+
+def test_mixed_inputs_split_across_ranks_equal_one_process(tmp_path):
+    """A Wikipedia dump (bz2), a large Google-format file read in byte ranges and a
+    one-document-per-line file: 1 process and mpirun -np 2 write the same bytes."""
+    from tests.common.test_text_input import google_text, make_docs
+    from tests.wiki_dump import article_pages, write_dump
+
+    docs = make_docs(120, seed=5)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "books.txt").write_text(google_text(docs[:70]))
+    (tmp_path / "in" / "web.txt").write_text("".join(" ".join(d) + "\n" for d in docs[70:95]))
+    write_dump(tmp_path / "in" / "enwiki-pages-articles1.xml.bz2", article_pages(docs[95:]))
+    args = ["prepare-bert", "--input", str(tmp_path / "in" / "*"), "--num-shards", "3", "--vocab-size", "300",
+            "--max-seq-length", "32", "--max-predictions-per-seq", "5", "--dupe-factor", "2",
+            "--split-mb", "0.004"]
+    one = subprocess.run([*HVD_BERT, *args, "--output", str(tmp_path / "one")], capture_output=True,
+                         text=True, timeout=300)
+    assert one.returncode == 0, one.stderr
+    assert ("3 file(s) (1 Google format (a sentence per line); 1 Wikipedia XML dump, bzip2; 1 one document "
+            "per line)") in one.stdout, one.stdout
+    units = int(one.stdout.split(" unit(s)")[0].rsplit(" ", 1)[1])
+    assert units > 4, one.stdout   # books.txt was cut into byte ranges
+    cmd = launch.command(["-m", "hvd_bert", *args, "--output", str(tmp_path / "two"), "--vocab",
+                          str(tmp_path / "one" / "vocab.txt")], np=2, launcher="mpi")
+    two = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=launch.mpi_env())
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert "[rank 1]" in two.stdout and "2 process(es)" in two.stdout
+    names = sorted(os.listdir(tmp_path / "one"))
+    assert names == sorted(os.listdir(tmp_path / "two")) and len(names) == 5
+    for f in names:
+        if f != "dataset.json":
+            assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
+    a, b = (json.loads((tmp_path / d / "dataset.json").read_text()) for d in ("one", "two"))
+    assert a == b and a["documents"] == 120 and a["wikipedia"] == {"pages": 25, "articles": 25,
+                                                                    "disambiguation": 0}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no spill left
