@@ -30,8 +30,8 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from hvd_bert.common import text_input
-from hvd_bert.common.records import (SIDECAR, DatasetError, file_sha256, read_sidecar, shard_name,
-                                     write_examples, write_sidecar)
+from hvd_bert.common.records import (SIDECAR, DatasetError, file_sha256, read_sidecar, serialize_rows,
+                                     shard_name, write_examples, write_records, write_sidecar)
 
 __all__ = ["PretrainingSettings", "pretraining_spec", "classification_spec", "read_documents",
            "load_tokenizer", "train_vocab", "create_instances", "prepare_bert", "prepare_classification",
@@ -193,26 +193,24 @@ def _truncate_seq_pair(a: list[int], b: list[int], max_num_tokens: int, rng: ran
             trunc.pop()
 
 
-def _masked_lm(tokens: list[int], s: PretrainingSettings, vocab_size: int, special: set[int],
+def _masked_lm(tokens: list[int], cand: list[int], s: PretrainingSettings, vocab_size: int,
                mask_id: int, rng: random.Random) -> tuple[list[int], list[int], list[int]]:
-    cand = [i for i, t in enumerate(tokens) if t not in special]
-    rng.shuffle(cand)
+    """Google's masking: ``num`` positions chosen uniformly among the non-special ones (Google
+    shuffles all candidates and takes the first ``num``; drawing ``num`` distinct ones is the
+    same distribution for fewer draws), each replaced by [MASK] (80%), kept (10%) or a random token
+    (10%). ``cand``: the positions of the tokens that are not [CLS] or [SEP]."""
+    num = min(s.max_predictions_per_seq, max(1, int(round(len(tokens) * s.masked_lm_prob))), len(cand))
+    picked: set[int] = set()
+    while len(picked) < num:  # uniform without replacement, by rejection (cheaper than sample)
+        picked.add(int(rng.random() * len(cand)))
+    positions = sorted(cand[i] for i in picked)
     out = list(tokens)
-    num = min(s.max_predictions_per_seq, max(1, int(round(len(tokens) * s.masked_lm_prob))))
-    picked = []
-    for idx in cand:
-        if len(picked) >= num:
-            break
+    for idx in positions:
         if rng.random() < 0.8:
-            new = mask_id                      # 80%: [MASK]
-        elif rng.random() < 0.5:
-            new = tokens[idx]                  # 10%: keep
-        else:
-            new = rng.randint(0, vocab_size - 1)  # 10%: a random token
-        out[idx] = new
-        picked.append((idx, tokens[idx]))
-    picked.sort()
-    return out, [i for i, _ in picked], [t for _, t in picked]
+            out[idx] = mask_id                        # 80%: [MASK]
+        elif rng.random() >= 0.5:
+            out[idx] = rng.randint(0, vocab_size - 1)  # 10%: a random token (10%: kept)
+    return out, positions, [tokens[i] for i in positions]
 
 
 def _instances_from_document(docs: list[list[list[int]]], di: int, s: PretrainingSettings,
@@ -222,7 +220,6 @@ def _instances_from_document(docs: list[list[list[int]]], di: int, s: Pretrainin
     target = max_num_tokens
     if rng.random() < s.short_seq_prob:
         target = rng.randint(2, max_num_tokens)
-    special = {ids["[CLS]"], ids["[SEP]"]}
     instances, chunk, length, i = [], [], 0, 0
     while i < len(document):
         seg = document[i]
@@ -256,7 +253,8 @@ def _instances_from_document(docs: list[list[list[int]]], di: int, s: Pretrainin
                 if a and b:
                     tokens = [ids["[CLS]"], *a, ids["[SEP]"], *b, ids["[SEP]"]]
                     segs = [0] * (len(a) + 2) + [1] * (len(b) + 1)
-                    out, pos, labels = _masked_lm(tokens, s, vocab_size, special, ids["[MASK]"], rng)
+                    cand = [*range(1, len(a) + 1), *range(len(a) + 2, len(tokens) - 1)]
+                    out, pos, labels = _masked_lm(tokens, cand, s, vocab_size, ids["[MASK]"], rng)
                     instances.append(Instance(out, segs, pos, labels, random_next))
             chunk, length = [], 0
         i += 1
@@ -276,19 +274,29 @@ def create_instances(docs: list[list[list[int]]], s: PretrainingSettings, ids: d
     return instances
 
 
-def _feature(inst: Instance, s: PretrainingSettings) -> dict:
-    pad = s.max_seq_length - len(inst.tokens)
-    npred = len(inst.masked_lm_positions)
-    ppad = s.max_predictions_per_seq - npred
-    return {
-        "input_ids": (inst.tokens + [0] * pad, "int"),
-        "input_mask": ([1] * len(inst.tokens) + [0] * pad, "int"),
-        "segment_ids": (inst.segment_ids + [0] * pad, "int"),
-        "masked_lm_positions": (inst.masked_lm_positions + [0] * ppad, "int"),
-        "masked_lm_ids": (inst.masked_lm_labels + [0] * ppad, "int"),
-        "masked_lm_weights": ([1.0] * npred + [0.0] * ppad, "float"),
-        "next_sentence_labels": ([1 if inst.is_random_next else 0], "int"),
-    }
+def _records(instances: list[Instance], s: PretrainingSettings, chunk: int = 2048) -> Iterator[bytes]:
+    """The instances as ``tf.train.Example`` records in Google's features, padded with zeros,
+    serialized a chunk at a time."""
+    seq, pred = s.max_seq_length, s.max_predictions_per_seq
+    for c in range(0, len(instances), chunk):
+        part = instances[c:c + chunk]
+        n = len(part)
+        ids, mask, segs = (np.zeros((n, seq), np.int64) for _ in range(3))
+        pos, lab = np.zeros((n, pred), np.int64), np.zeros((n, pred), np.int64)
+        weights, nsp = np.zeros((n, pred), np.float32), np.zeros((n, 1), np.int64)
+        for r, inst in enumerate(part):
+            t, k = len(inst.tokens), len(inst.masked_lm_positions)
+            ids[r, :t] = inst.tokens
+            mask[r, :t] = 1
+            segs[r, :t] = inst.segment_ids
+            pos[r, :k] = inst.masked_lm_positions
+            lab[r, :k] = inst.masked_lm_labels
+            weights[r, :k] = 1.0
+            nsp[r, 0] = inst.is_random_next
+        yield from serialize_rows({"input_ids": (ids, "int"), "input_mask": (mask, "int"),
+                                   "segment_ids": (segs, "int"), "masked_lm_positions": (pos, "int"),
+                                   "masked_lm_ids": (lab, "int"), "masked_lm_weights": (weights, "float"),
+                                   "next_sentence_labels": (nsp, "int")})
 
 
 def _special_ids(tok) -> dict:
@@ -557,7 +565,7 @@ def _prepare(srcs, units, num_shards, tmp, out, vocab_file, vocab_size, settings
             rng = random.Random(f"{settings.seed}-{shard}")
             instances = create_instances(tokenized, settings, ids, vsize, rng)
             name = shard_name(shard, num_shards)
-            n = write_examples(tmp / name, (_feature(i, settings) for i in instances))
+            n = write_records(tmp / name, _records(instances, settings))
             shards.append({"file": name, "records": n, "documents": len(mine_docs)})
             log(f"[rank {rank}] {name}: {n} instances from {len(mine_docs)} documents")
             del mine_docs, flat, tokenized, instances

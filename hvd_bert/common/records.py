@@ -23,7 +23,8 @@ import numpy as np
 
 from hvd_bert.common.checkpoint import atomic_write
 
-__all__ = ["CorruptRecordError", "DatasetError", "write_examples", "iter_records", "decode_example",
+__all__ = ["CorruptRecordError", "DatasetError", "write_examples", "write_records", "serialize_rows",
+           "iter_records", "decode_example",
            "decode_batch",
            "SIDECAR", "write_sidecar", "read_sidecar", "file_sha256", "shard_name"]
 
@@ -59,6 +60,12 @@ def shard_name(index: int, total: int, prefix: str = "part") -> str:
 # bytes equal TensorFlow's ``Example.SerializeToString(deterministic=True)`` (tested in tests/tf).
 
 def _varint(n: int) -> bytes:
+    if 0 <= n < 16384:
+        return _SMALL_VARINTS[n]
+    return _varint_of(n)
+
+
+def _varint_of(n: int) -> bytes:
     n &= 0xFFFFFFFFFFFFFFFF  # negative int64: ten bytes of two's complement, as protobuf
     out = bytearray()
     while n >= 0x80:
@@ -66,6 +73,9 @@ def _varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+_SMALL_VARINTS = [_varint_of(i) for i in range(16384)]
 
 
 def _field(number: int, payload: bytes) -> bytes:
@@ -78,9 +88,69 @@ def _varints(values: np.ndarray) -> bytes:
     v = np.asarray(values, dtype=np.int64).astype(np.uint64)
     if v.size == 0:
         return b""
-    if int(v.max()) < 0x80:  # token ids of a small vocab, labels, weights: one byte each
+    top = int(v.max())
+    if top < 0x80:  # token ids of a small vocab, labels, weights: one byte each
         return v.astype(np.uint8).tobytes()
-    return b"".join(_varint(int(x)) for x in v)
+    # each value's 7-bit groups, low first; the continuation bit on all but its last group
+    groups = max(1, (top.bit_length() + 6) // 7)
+    shifts = np.arange(groups, dtype=np.uint64) * np.uint64(7)
+    g = ((v[:, None] >> shifts[None, :]) & np.uint64(0x7F)).astype(np.uint8)
+    n = np.ones(v.size, dtype=np.int64)
+    for k in range(1, groups):
+        n += v >= np.uint64(1 << (7 * k))
+    keep = np.arange(groups)[None, :] < n[:, None]
+    g[np.arange(groups)[None, :] < (n - 1)[:, None]] |= 0x80
+    return g[keep].tobytes()
+
+
+def _varint_rows(m: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """The packed varints of each row of an int matrix, at once: ``(bytes, row offsets)``."""
+    v = np.ascontiguousarray(m, dtype=np.int64).astype(np.uint64).reshape(m.shape[0], -1)
+    rows, cols = v.shape
+    top = int(v.max()) if v.size else 0
+    groups = max(1, (top.bit_length() + 6) // 7)
+    n = np.ones(v.shape, dtype=np.int64)
+    for k in range(1, groups):
+        n += v >= np.uint64(1 << (7 * k))
+    flat, nf = v.ravel(), n.ravel()
+    shifts = np.arange(groups, dtype=np.uint64) * np.uint64(7)
+    g = ((flat[:, None] >> shifts[None, :]) & np.uint64(0x7F)).astype(np.uint8)
+    k = np.arange(groups)[None, :]
+    g[k < (nf - 1)[:, None]] |= 0x80
+    data = g[k < nf[:, None]].tobytes()
+    offsets = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(n.sum(axis=1), out=offsets[1:])
+    return data, offsets
+
+
+def serialize_rows(features: Mapping[str, tuple[np.ndarray, str]]) -> list[bytes]:
+    """``tf.train.Example`` records of a batch: ``{name: (matrix, "int"|"float")}``, row i of
+    every matrix being record i (the bytes ``_serialize`` gives each row, much faster)."""
+    names = sorted(features)
+    rows = len(features[names[0]][0])
+    parts = []
+    for name in names:
+        m, kind = features[name]
+        key = _field(1, name.encode())
+        if kind == "int":
+            data, off = _varint_rows(m)
+            tag = 3
+        elif kind == "float":
+            data = np.ascontiguousarray(m, dtype="<f4").reshape(rows, -1).tobytes()
+            off = np.arange(rows + 1, dtype=np.int64) * (4 * (np.asarray(m).size // max(rows, 1)))
+            tag = 2
+        else:
+            raise ValueError(f"feature {name!r}: serialize_rows takes int or float, got {kind!r}")
+        parts.append((key, tag, data, off.tolist()))
+    out = []
+    for i in range(rows):
+        entries = []
+        for key, tag, data, off in parts:
+            payload = data[off[i]:off[i + 1]]
+            feat = _field(tag, _field(1, payload) if payload else b"")
+            entries.append(_field(1, key + _field(2, feat)))
+        out.append(_field(1, b"".join(entries)))
+    return out
 
 
 def _serialize(ex: Mapping[str, tuple[Any, str]]) -> bytes:
@@ -203,18 +273,20 @@ def _read_len(buf: bytes, pos: int) -> tuple[int, int]:
 def write_examples(path: str | Path, examples: Iterable[Mapping[str, tuple[Any, str]]]) -> int:
     """Write ``{feature: (values, "int"|"float"|"byte")}`` examples as ``tf.train.Example``
     records to ``path`` atomically. Returns the number of records."""
+    return write_records(path, (_serialize(ex) for ex in examples))
+
+
+def write_records(path: str | Path, records: Iterable[bytes]) -> int:
+    """Write serialized records to ``path`` as a TFRecord file, atomically. Returns their number."""
     count = 0
 
     def write(tmp: Path) -> None:
         nonlocal count
         with open(tmp, "wb") as f:
-            for ex in examples:
-                data = _serialize(ex)
+            for data in records:
                 length = struct.pack("<Q", len(data))
-                f.write(length)
-                f.write(struct.pack("<I", _masked_crc(length)))
-                f.write(data)
-                f.write(struct.pack("<I", _masked_crc(data)))
+                f.write(b"".join((length, struct.pack("<I", _masked_crc(length)), data,
+                                  struct.pack("<I", _masked_crc(data)))))
                 count += 1
 
     atomic_write(path, write)

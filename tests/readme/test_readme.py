@@ -4,7 +4,8 @@ The sandbox is a folder of symlinks to this checkout (so `make demo`, `.venv/bin
 `examples/` resolve as in the repository) with its own HOME: the built-in data is prepared
 afresh under it and relative outputs (`runs/`, `data/`) land in the sandbox. The venv is
 active and root may run OpenMPI, as the README says. The files the README calls the user's
-(`train.tsv`, `dev.tsv`, `a.txt`, `b.txt`, a Hugging Face checkpoint in
+(`train.tsv`, `dev.tsv`, `a.txt`, `b.txt`, a Wikipedia dump, `books/`, `web/*.txt.gz`, a
+Hugging Face checkpoint in
 `~/models/bert-base-uncased`, SQuAD's `train-v1.1.json` and `dev-v1.1.json`, MovieLens'
 `ml-1m/ratings.dat` and `ml-20m/ratings.csv`) are
 written by the fixture in those formats, small. A Python block is saved under the file name
@@ -125,6 +126,18 @@ def sandbox(tmp_path_factory):
     import sys
     sys.path.insert(0, str(ROOT / "tests"))
     import squad_task
+    import wiki_dump
+    wiki_dump.write_dump(work / "enwiki-latest-pages-articles1.xml-p1p41242.bz2",
+                         wiki_dump.SAMPLE_PAGES + wiki_dump.article_pages(docs[:40]))
+    (work / "books").mkdir()
+    (work / "web").mkdir()
+    for i, d in enumerate(docs[40:50]):
+        (work / "books" / f"book-{i}.txt").write_text(" ".join(d[: len(d) // 2]) + "\n\n"
+                                                       + " ".join(d[len(d) // 2:]) + "\n")
+    import gzip
+    for k in range(2):
+        with gzip.open(work / "web" / f"part-{k}.txt.gz", "wt") as f:
+            f.writelines(" ".join(d) + "\n" for d in docs[50 + 10 * k:60 + 10 * k])
     squad_task.write(work / "train-v1.1.json", 60, 0)
     squad_task.write(work / "dev-v1.1.json", 20, 1)
     (work / "ml-1m").mkdir()
