@@ -333,34 +333,47 @@ def _auto_shards(srcs: Sequence[text_input.Source]) -> int:
 
 
 class _Progress:
-    """Rank 0's reading progress: a bar with bytes/s and documents/s on a terminal."""
+    """Rank 0's reading progress on a terminal: one line, redrawn twice a second, with the
+    bytes read, MiB/s, documents and documents/s."""
 
     def __init__(self, total: int, enabled: bool):
-        self.bar, self.done, self.docs = None, 0, 0
-        if enabled:
-            import sys
+        import sys
+        import time
 
-            from tqdm import tqdm
-            if sys.stderr.isatty():
-                self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                                desc="reading", dynamic_ncols=True, mininterval=0.5)
+        self.total, self.docs, self.done = total, 0, 0
+        self.out = sys.stderr if enabled and sys.stderr.isatty() else None
+        self.t0 = self.shown = time.perf_counter()
 
     def unit(self, base: int):
         def at(nbytes: int) -> None:
-            if self.bar is not None:
-                self.bar.n = base + nbytes
-                rate = self.docs / max(self.bar.format_dict["elapsed"], 1e-9)
-                self.bar.set_postfix_str(f"{self.docs} docs, {rate:.0f} docs/s", refresh=False)
-                self.bar.update(0)
+            self.done = base + nbytes
+            if self.out is not None:
+                import time
+
+                now = time.perf_counter()
+                if now - self.shown >= 0.5:
+                    self.shown = now
+                    self._draw(now)
         return at
 
+    def _draw(self, now: float) -> None:
+        dt = max(now - self.t0, 1e-9)
+        mib, total = self.done / 2**20, self.total / 2**20
+        self.out.write(f"\rreading {mib:.1f}/{total:.1f} MiB ({100 * self.done / max(self.total, 1):.0f}%), "
+                       f"{mib / dt:.1f} MiB/s, {self.docs} documents, {self.docs / dt:.0f} documents/s ")
+        self.out.flush()
+
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        if self.out is not None:
+            import time
+
+            self._draw(time.perf_counter())
+            self.out.write("\n")
+            self.out.flush()
 
 
 def _spill_units(units: list[tuple[int, text_input.Unit]], srcs, tmp: Path, progress: _Progress,
-                 counts: text_input.WikiCounts) -> dict:
+                 counts: text_input.WikiCounts, splitter: str) -> dict:
     """Read this rank's units; write each unit's documents, as JSON lines ``[unit, index,
     sentences]``, to ``tmp/u<unit>.jsonl``. Returns each unit's number of documents and the
     bytes read."""
@@ -369,7 +382,8 @@ def _spill_units(units: list[tuple[int, text_input.Unit]], srcs, tmp: Path, prog
         src = srcs[u.source]
         n = 0
         with open(tmp / f"u{ui:06d}.jsonl", "w", encoding="utf-8") as f:
-            for i, (_, sentences) in enumerate(text_input.read_unit(src, u, counts, progress.unit(raw))):
+            docs = text_input.read_unit(src, u, counts, progress.unit(raw), splitter)
+            for i, (_, sentences) in enumerate(docs):
                 f.write(json.dumps([ui, i, sentences], ensure_ascii=False) + "\n")
                 n += 1
                 progress.docs += 1
@@ -435,7 +449,7 @@ def prepare_bert(input_files: Sequence[str | Path], output_dir: str | Path, *,
                  settings: PretrainingSettings = PretrainingSettings(), rank: int = 0,
                  world_size: int = 1, comm=None, overwrite: bool = False, log=print,
                  input_format: str = "auto", unit_bytes: int = text_input.UNIT_BYTES,
-                 progress: bool = False) -> dict | None:
+                 progress: bool = False, sentence_splitter: str = "syntok") -> dict | None:
     """Prepare pretraining shards in ``output_dir`` from text in any of ``text_input``'s
     formats (files, folders, globs; compressed or not).
 
@@ -452,6 +466,9 @@ def prepare_bert(input_files: Sequence[str | Path], output_dir: str | Path, *,
     plan, err = None, None
     if rank == 0:
         try:
+            if sentence_splitter not in text_input.SPLITTERS:
+                raise DatasetError(f"unknown sentence splitter {sentence_splitter!r}; choose "
+                                   f"{' or '.join(text_input.SPLITTERS)}")
             if num_shards is not None and num_shards < 1:
                 raise DatasetError(f"--num-shards must be >= 1, got {num_shards}")
             if (out / SIDECAR).exists() and not overwrite:
@@ -480,7 +497,7 @@ def prepare_bert(input_files: Sequence[str | Path], output_dir: str | Path, *,
     tmp = Path(tmp)
     try:
         return _prepare(srcs, units, num_shards, tmp, out, vocab_file, vocab_size, settings, rank,
-                        world_size, comm, log, progress)
+                        world_size, comm, log, progress, sentence_splitter)
     finally:
         if comm is not None:
             comm.Barrier()
@@ -489,7 +506,7 @@ def prepare_bert(input_files: Sequence[str | Path], output_dir: str | Path, *,
 
 
 def _prepare(srcs, units, num_shards, tmp, out, vocab_file, vocab_size, settings, rank, world_size,
-             comm, log, progress) -> dict | None:
+             comm, log, progress, splitter) -> dict | None:
     import time
 
     # 1. read: each rank its units
@@ -500,7 +517,7 @@ def _prepare(srcs, units, num_shards, tmp, out, vocab_file, vocab_size, settings
     bar = _Progress(total, progress and rank == 0)
     t0 = time.perf_counter()
     try:
-        stats = _spill_units(mine, srcs, tmp, bar, counts)
+        stats = _spill_units(mine, srcs, tmp, bar, counts, splitter)
     except (DatasetError, OSError) as e:
         err = str(e) if isinstance(e, DatasetError) else f"cannot spill documents to {tmp}: {e}"
     finally:
@@ -598,6 +615,7 @@ def _prepare(srcs, units, num_shards, tmp, out, vocab_file, vocab_size, settings
             "documents": docs, "input_files": [Path(f).name for f in files],
             "input_paths": [str(Path(f).resolve()) for f in files],
             "input_formats": [s.kind for s in srcs], "shards": shards,
+            **({"sentence_splitter": splitter} if {s.kind for s in srcs} - {"google"} else {}),
             "total_records": sum(s["records"] for s in shards)}
     if wiki.pages:
         meta["wikipedia"] = {"pages": wiki.pages, "articles": wiki.articles,

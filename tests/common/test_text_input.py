@@ -231,3 +231,20 @@ def test_a_failed_overwrite_keeps_the_old_data(tmp_path):
                          settings=SMALL, overwrite=True, log=lambda *_: None)
     assert sorted(p.name for p in out.glob("*.tfrecord")) == [s["file"] for s in again["shards"]]
     assert meta["documents"] == again["documents"] == 30
+
+
+def test_the_sentence_splitters(tmp_path):
+    text = "It seeks to abolish coercion. Dr. Smith wrote about it in 1890. Was it read? Yes!"
+    first = "It seeks to abolish coercion."
+    assert text_input.split_sentences(text) == [first, "Dr. Smith wrote about it in 1890.", "Was it read?",
+                                                "Yes!"]
+    assert text_input.split_sentences(text, "blingfire") == [first, "Dr.", "Smith wrote about it in 1890.",
+                                                             "Was it read?", "Yes!"]
+    docs = make_docs(20, seed=4)
+    (tmp_path / "d.txt").write_text("".join(" ".join(d) + "\n" for d in docs))
+    a = prepare_bert([tmp_path / "d.txt"], tmp_path / "a", vocab_size=200, num_shards=2, settings=SMALL,
+                     log=lambda *_: None)
+    b = prepare_bert([tmp_path / "d.txt"], tmp_path / "b", vocab_file=tmp_path / "a" / "vocab.txt",
+                     num_shards=2, settings=SMALL, sentence_splitter="blingfire", log=lambda *_: None)
+    assert (a["sentence_splitter"], b["sentence_splitter"]) == ("syntok", "blingfire")
+    assert a["documents"] == b["documents"] == 20   # plain sentences: the same split by both
