@@ -64,7 +64,28 @@ def horovod_env(hcfg, env=None) -> dict[str, str]:
         want["HOROVOD_FUSION_THRESHOLD"] = str(int(hcfg.fusion_threshold_mb * 1024 * 1024))
     if hcfg.cycle_time_ms is not None:
         want["HOROVOD_CYCLE_TIME"] = f"{hcfg.cycle_time_ms:g}"
+    if hcfg.cpu_operations is not None:
+        want["HOROVOD_CPU_OPERATIONS"] = hcfg.cpu_operations
+    if hcfg.hierarchical_allreduce is not None:
+        want["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if hcfg.hierarchical_allreduce else "0"
+    if hcfg.autotune:
+        want["HOROVOD_AUTOTUNE"] = "1"
+        if hcfg.autotune_log:
+            want["HOROVOD_AUTOTUNE_LOG"] = os.path.abspath(os.path.expanduser(hcfg.autotune_log))
+    if hcfg.timeline:
+        want["HOROVOD_TIMELINE"] = os.path.abspath(os.path.expanduser(hcfg.timeline))
     return {k: v for k, v in want.items() if k not in env}
+
+
+def check_cpu_operations(hcfg, env=None) -> None:
+    """MPI CPU operations need an MPI launch: under horovodrun --gloo (which exports
+    HOROVOD_CPU_OPERATIONS=gloo itself) the setting could not take effect."""
+    env = os.environ if env is None else env
+    want = getattr(hcfg, "cpu_operations", None) or env.get("HOROVOD_CPU_OPERATIONS", "")
+    if want.lower() == "mpi" and "HOROVOD_GLOO_RENDEZVOUS_ADDR" in env:
+        raise LaunchError("horovod.cpu_operations=mpi (HOROVOD_CPU_OPERATIONS=mpi) needs an MPI launch, but "
+                          "this job was started by horovodrun with Gloo: launch it with mpirun (or "
+                          "horovodrun --mpi), or set horovod.cpu_operations=gloo")
 
 
 def apply_horovod_env(hcfg) -> dict[str, str]:
@@ -81,12 +102,17 @@ def init_horovod(hvd, horovod_cfg=None) -> None:
     if not hvd.is_initialized():
         check_launch()  # plain `srun` without --mpi=pmix: say so before MPI aborts
         apply_horovod_env(horovod_cfg)
+        check_cpu_operations(horovod_cfg)
+        for path in (os.environ.get("HOROVOD_TIMELINE"), os.environ.get("HOROVOD_AUTOTUNE_LOG")):
+            if path:
+                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         hvd.init()  # Horovod:
         check_world(hvd.size())
 
 
 HOROVOD_KNOBS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_OPERATIONS",
-                 "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_AUTOTUNE", "HOROVOD_TIMELINE")
+                 "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_LOG",
+                 "HOROVOD_TIMELINE")
 
 
 def horovod_settings_line(env=None) -> str:

@@ -486,10 +486,22 @@ class HorovodConfig:
         None, "HOROVOD_FUSION_THRESHOLD in MiB (Horovod's default 128); null = leave as is")
     cycle_time_ms: Optional[float] = doc(
         None, "HOROVOD_CYCLE_TIME in ms (Horovod's default 1); null = leave as is")
+    cpu_operations: Optional[Literal["gloo", "mpi"]] = doc(
+        None, "HOROVOD_CPU_OPERATIONS: the CPU allreduce library, gloo or mpi (mpi needs mpirun); "
+              "null = Horovod's choice for the launcher")
+    hierarchical_allreduce: Optional[bool] = doc(
+        None, "HOROVOD_HIERARCHICAL_ALLREDUCE: reduce within each node, then across nodes; "
+              "null = leave as is")
+    autotune: bool = doc(False, "HOROVOD_AUTOTUNE: let Horovod tune fusion and cycle time while training")
+    autotune_log: str = doc("", "HOROVOD_AUTOTUNE_LOG: the CSV file where rank 0 logs what autotune tried")
+    timeline: str = doc("", "HOROVOD_TIMELINE: the file where rank 0 writes Horovod's timeline of the run "
+                            "(chrome://tracing); empty = none")
 
     def __post_init__(self) -> None:
         _require(self.gradient_predivide_factor > 0,
                  f"horovod.gradient_predivide_factor must be > 0, got {self.gradient_predivide_factor}")
+        _require(not self.autotune_log or self.autotune,
+                 "horovod.autotune_log is set but horovod.autotune is false: set horovod.autotune=true")
 
 
 @dataclass(frozen=True)

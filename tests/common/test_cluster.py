@@ -38,3 +38,23 @@ def test_horovod_env_from_the_config_and_the_users_own_variables_win():
     assert horovod_env(cfg, env={"HOROVOD_CYCLE_TIME": "3"}) == {"HOROVOD_FUSION_THRESHOLD": str(64 << 20)}
     assert horovod_env(HorovodConfig(), env={}) == {}
     assert horovod_settings_line({"HOROVOD_CYCLE_TIME": "3"}) == "horovod: HOROVOD_CYCLE_TIME=3"
+
+
+def test_every_horovod_knob_is_a_setting(tmp_path):
+    from hvd_bert.cluster import LaunchError, check_cpu_operations, horovod_env
+    from hvd_bert.common.config import HorovodConfig
+
+    tune, tl = str(tmp_path / "tune.csv"), str(tmp_path / "tl.json")
+    cfg = HorovodConfig(cpu_operations="mpi", hierarchical_allreduce=True, autotune=True, autotune_log=tune,
+                        timeline=tl)
+    assert horovod_env(cfg, env={}) == {"HOROVOD_CPU_OPERATIONS": "mpi",
+                                        "HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_AUTOTUNE": "1",
+                                        "HOROVOD_AUTOTUNE_LOG": tune, "HOROVOD_TIMELINE": tl}
+    off = HorovodConfig(hierarchical_allreduce=False)
+    assert horovod_env(off, env={}) == {"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}
+    gloo = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_CPU_OPERATIONS": "gloo"}
+    with pytest.raises(LaunchError, match="needs an MPI launch, but this job was started by horovodrun"):
+        check_cpu_operations(cfg, gloo)
+    check_cpu_operations(cfg, {"OMPI_COMM_WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match="horovod.autotune_log is set but horovod.autotune is false"):
+        HorovodConfig(autotune_log="x.csv")

@@ -6,6 +6,7 @@ same checkpoint metadata. (Horovod's own suite has no test of gradient accumulat
 
 import functools
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -67,7 +68,35 @@ def test_the_horovod_knobs_reach_horovod_before_init(run_ranks, framework):
     ranks = run_ranks("engine_contract.py", framework, "train", "sgd", 1, 2, "horovod.fusion_threshold_mb=4",
                       "horovod.cycle_time_ms=2.5")
     assert [r["env"] for r in ranks] == [{"HOROVOD_FUSION_THRESHOLD": str(4 * 1024 * 1024),
-                                          "HOROVOD_CYCLE_TIME": "2.5"}] * 2
+                                          "HOROVOD_CYCLE_TIME": "2.5",
+                                          "HOROVOD_CPU_OPERATIONS": "gloo"}] * 2  # (horovodrun's own)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_timeline_and_autotune_take_effect(run_ranks, tmp_path, framework):
+    """horovod.timeline: rank 0 writes Horovod's timeline naming the gradients it reduced;
+    horovod.autotune with a log: the log gets autotune's samples."""
+    timeline, tune = tmp_path / "t" / "timeline.json", tmp_path / "t" / "autotune.csv"
+    ranks = run_ranks("engine_contract.py", framework, "train", "sgd", 1, 40, f"horovod.timeline={timeline}",
+                      "horovod.autotune=true", f"horovod.autotune_log={tune}",
+                      "horovod.hierarchical_allreduce=false",
+                      env={"HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "1", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "1"})
+    assert ranks[0]["env"] == {"HOROVOD_TIMELINE": str(timeline), "HOROVOD_AUTOTUNE": "1",
+                               "HOROVOD_AUTOTUNE_LOG": str(tune), "HOROVOD_HIERARCHICAL_ALLREDUCE": "0",
+                               "HOROVOD_CPU_OPERATIONS": "gloo"}
+    text = timeline.read_text()
+    assert '"ph"' in text and "ALLREDUCE" in text, text[:500]
+    names = set(re.findall(r'"name": "([^"]+)"', text))
+    assert any("weight" in n or "kernel" in n or "dense" in n for n in names), sorted(names)[:20]
+    rows = tune.read_text().splitlines()
+    assert len(rows) >= 2 and "tensor_fusion_threshold" in rows[0], rows[:3]
+
+
+def test_mpi_cpu_operations_under_gloo_is_one_clear_line(run_ranks):
+    res = run_ranks("engine_contract.py", "pt", "train", "sgd", 1, 2, "horovod.cpu_operations=mpi",
+                    expect_ok=False)
+    assert not res.ok
+    assert "horovod.cpu_operations=mpi (HOROVOD_CPU_OPERATIONS=mpi) needs an MPI launch" in res.stderr
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

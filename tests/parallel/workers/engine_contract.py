@@ -34,8 +34,8 @@ def main():
     r, n = backend.init(cfg)
     backend.set_precision(cfg.precision.mode)
     x, y = D.dataset()
-    knobs = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
-    result = {"rank": r, "size": n, "env": {v: os.environ.get(v) for v in knobs}}
+    from hvd_bert.cluster import HOROVOD_KNOBS
+    result = {"rank": r, "size": n, "env": {v: os.environ[v] for v in HOROVOD_KNOBS if v in os.environ}}
 
     def batches_from(micro):
         while True:
