@@ -177,40 +177,28 @@ def load_tokenizer(vocab_file: str | Path, do_lower_case: bool = True):
 # ----------------------------------------------------------------------------- instances
 @dataclass
 class Instance:
+    """[CLS] a [SEP] b [SEP] before masking (``_records`` masks a chunk of them at once)."""
     tokens: list[int]
-    segment_ids: list[int]
-    masked_lm_positions: list[int]
-    masked_lm_labels: list[int]
+    len_a: int
     is_random_next: bool
 
 
 def _truncate_seq_pair(a: list[int], b: list[int], max_num_tokens: int, rng: random.Random) -> None:
-    while len(a) + len(b) > max_num_tokens:
-        trunc = a if len(a) > len(b) else b
-        if rng.random() < 0.5:
-            del trunc[0]
+    """Google's truncation (the longer side loses a token at its front or back, at random,
+    until the pair fits), counted first and cut once."""
+    a0, a1, b0, b1 = 0, len(a), 0, len(b)
+    while (a1 - a0) + (b1 - b0) > max_num_tokens:
+        if a1 - a0 > b1 - b0:
+            if rng.random() < 0.5:
+                a0 += 1
+            else:
+                a1 -= 1
+        elif rng.random() < 0.5:
+            b0 += 1
         else:
-            trunc.pop()
-
-
-def _masked_lm(tokens: list[int], cand: list[int], s: PretrainingSettings, vocab_size: int,
-               mask_id: int, rng: random.Random) -> tuple[list[int], list[int], list[int]]:
-    """Google's masking: ``num`` positions chosen uniformly among the non-special ones (Google
-    shuffles all candidates and takes the first ``num``; drawing ``num`` distinct ones is the
-    same distribution for fewer draws), each replaced by [MASK] (80%), kept (10%) or a random token
-    (10%). ``cand``: the positions of the tokens that are not [CLS] or [SEP]."""
-    num = min(s.max_predictions_per_seq, max(1, int(round(len(tokens) * s.masked_lm_prob))), len(cand))
-    picked: set[int] = set()
-    while len(picked) < num:  # uniform without replacement, by rejection (cheaper than sample)
-        picked.add(int(rng.random() * len(cand)))
-    positions = sorted(cand[i] for i in picked)
-    out = list(tokens)
-    for idx in positions:
-        if rng.random() < 0.8:
-            out[idx] = mask_id                        # 80%: [MASK]
-        elif rng.random() >= 0.5:
-            out[idx] = rng.randint(0, vocab_size - 1)  # 10%: a random token (10%: kept)
-    return out, positions, [tokens[i] for i in positions]
+            b1 -= 1
+    a[:] = a[a0:a1]
+    b[:] = b[b0:b1]
 
 
 def _instances_from_document(docs: list[list[list[int]]], di: int, s: PretrainingSettings,
@@ -251,11 +239,8 @@ def _instances_from_document(docs: list[list[list[int]]], di: int, s: Pretrainin
                         b.extend(c)
                 _truncate_seq_pair(a, b, max_num_tokens, rng)
                 if a and b:
-                    tokens = [ids["[CLS]"], *a, ids["[SEP]"], *b, ids["[SEP]"]]
-                    segs = [0] * (len(a) + 2) + [1] * (len(b) + 1)
-                    cand = [*range(1, len(a) + 1), *range(len(a) + 2, len(tokens) - 1)]
-                    out, pos, labels = _masked_lm(tokens, cand, s, vocab_size, ids["[MASK]"], rng)
-                    instances.append(Instance(out, segs, pos, labels, random_next))
+                    instances.append(Instance([ids["[CLS]"], *a, ids["[SEP]"], *b, ids["[SEP]"]], len(a),
+                                              random_next))
             chunk, length = [], 0
         i += 1
     return instances
@@ -274,28 +259,46 @@ def create_instances(docs: list[list[list[int]]], s: PretrainingSettings, ids: d
     return instances
 
 
-def _records(instances: list[Instance], s: PretrainingSettings, chunk: int = 2048) -> Iterator[bytes]:
-    """The instances as ``tf.train.Example`` records in Google's features, padded with zeros,
-    serialized a chunk at a time."""
+def _records(instances: list[Instance], s: PretrainingSettings, vocab_size: int, mask_id: int,
+             gen: np.random.Generator, chunk: int = 2048) -> Iterator[bytes]:
+    """The instances, masked, as ``tf.train.Example`` records in Google's features (padded
+    with zeros), a chunk at a time.
+
+    Google's masking, drawn with numpy for a chunk at once: ``num = min(max_predictions,
+    max(1, round(len * masked_lm_prob)))`` positions uniformly among the tokens that are not
+    [CLS] or [SEP] (Google shuffles them and takes the first ``num``: the same distribution),
+    each replaced by [MASK] (80%), kept (10%) or a random token (10%)."""
     seq, pred = s.max_seq_length, s.max_predictions_per_seq
+    col = np.arange(seq)[None, :]
     for c in range(0, len(instances), chunk):
         part = instances[c:c + chunk]
         n = len(part)
-        ids, mask, segs = (np.zeros((n, seq), np.int64) for _ in range(3))
-        pos, lab = np.zeros((n, pred), np.int64), np.zeros((n, pred), np.int64)
-        weights, nsp = np.zeros((n, pred), np.float32), np.zeros((n, 1), np.int64)
+        ids = np.zeros((n, seq), np.int64)
         for r, inst in enumerate(part):
-            t, k = len(inst.tokens), len(inst.masked_lm_positions)
-            ids[r, :t] = inst.tokens
-            mask[r, :t] = 1
-            segs[r, :t] = inst.segment_ids
-            pos[r, :k] = inst.masked_lm_positions
-            lab[r, :k] = inst.masked_lm_labels
-            weights[r, :k] = 1.0
-            nsp[r, 0] = inst.is_random_next
-        yield from serialize_rows({"input_ids": (ids, "int"), "input_mask": (mask, "int"),
+            ids[r, :len(inst.tokens)] = inst.tokens
+        t = np.array([len(i.tokens) for i in part])[:, None]
+        la = np.array([i.len_a for i in part])[:, None]
+        real = col < t
+        segs = ((col >= la + 2) & real).astype(np.int64)
+        cand = ((col >= 1) & (col <= la)) | ((col >= la + 2) & (col <= t - 2))
+        want = np.maximum(1, np.round(t[:, 0] * s.masked_lm_prob).astype(np.int64))
+        num = np.minimum(np.minimum(pred, want), cand.sum(axis=1))
+        keys = np.where(cand, gen.random((n, seq)), 2.0)
+        first = np.argsort(keys, axis=1, kind="stable")[:, :pred]
+        valid = np.arange(pred)[None, :] < num[:, None]
+        pos = np.sort(np.where(valid, first, seq), axis=1)   # chosen positions, ascending, then pads
+        pos = np.where(valid, pos, 0)
+        rows = np.arange(n)[:, None]
+        labels = np.where(valid, ids[rows, pos], 0)
+        r1, r2 = gen.random((n, pred)), gen.random((n, pred))
+        new = np.where(r1 < 0.8, mask_id, np.where(r2 < 0.5, labels, gen.integers(0, vocab_size, (n, pred))))
+        masked = ids.copy()
+        masked[np.broadcast_to(rows, pos.shape)[valid], pos[valid]] = new[valid]
+        nsp = np.array([[i.is_random_next] for i in part], np.int64)
+        yield from serialize_rows({"input_ids": (masked, "int"), "input_mask": (real.astype(np.int64), "int"),
                                    "segment_ids": (segs, "int"), "masked_lm_positions": (pos, "int"),
-                                   "masked_lm_ids": (lab, "int"), "masked_lm_weights": (weights, "float"),
+                                   "masked_lm_ids": (labels, "int"),
+                                   "masked_lm_weights": (valid.astype(np.float32), "float"),
                                    "next_sentence_labels": (nsp, "int")})
 
 
@@ -577,12 +580,14 @@ def _prepare(srcs, units, num_shards, tmp, out, vocab_file, vocab_size, settings
         for shard in range(rank, num_shards, world_size):
             mine_docs = _shard_docs(tmp, shard)
             flat = [s for d in mine_docs for s in d]
-            encoded = iter(e.ids for e in tok.encode_batch(flat, add_special_tokens=False))
+            fast = getattr(tok._tokenizer, "encode_batch_fast", tok._tokenizer.encode_batch)  # no offsets
+            encoded = iter(e.ids for e in fast(flat, add_special_tokens=False))
             tokenized = [[t for t in (next(encoded) for _ in d) if t] for d in mine_docs]
             rng = random.Random(f"{settings.seed}-{shard}")
+            gen = np.random.default_rng([settings.seed % (1 << 63), shard])   # the masking's
             instances = create_instances(tokenized, settings, ids, vsize, rng)
             name = shard_name(shard, num_shards)
-            n = write_records(tmp / name, _records(instances, settings))
+            n = write_records(tmp / name, _records(instances, settings, vsize, ids["[MASK]"], gen))
             shards.append({"file": name, "records": n, "documents": len(mine_docs)})
             log(f"[rank {rank}] {name}: {n} instances from {len(mine_docs)} documents")
             del mine_docs, flat, tokenized, instances

@@ -41,6 +41,14 @@ def _fill_state(opt: torch.optim.Optimizer, buffers: Sequence[str]) -> None:
                     st[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
+def _closure_loss(closure):
+    """``step(closure)``'s loss: the closure re-evaluated with gradients on (None without one)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def _group_tensors(group, state, names: Sequence[str]):
     params = [p for p in group["params"] if p.grad is not None]
     grads = [p.grad for p in params]
@@ -115,6 +123,7 @@ class Lamb(torch.optim.Optimizer):
                         max_grad_norm=max_grad_norm, **extra)
         super().__init__(params, defaults)
         self.last_grad_norm: torch.Tensor | None = None
+        self._host_steps: dict[int, int] = {}
 
     def _adapt(self, group) -> bool:
         return bool(group["adapt"])
@@ -139,13 +148,10 @@ class Lamb(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         self.init_state()
         clip = self._clip_factor()
-        for group in self.param_groups:
+        for gi, group in enumerate(self.param_groups):
             params, grads, (steps, m, v) = _group_tensors(
                 group, self.state, ("step", "exp_avg", "exp_avg_sq"))
             if not params:
@@ -154,17 +160,29 @@ class Lamb(torch.optim.Optimizer):
                 raise RuntimeError("Lamb does not support sparse gradients")
             beta1, beta2 = group["betas"]
             torch._foreach_add_(steps, 1.0)
-            t = steps[0].item()  # every tensor of a group steps together
+            t = self._step_of(gi, steps)
             c1 = 1.0 - beta1 ** t if group["bias_correction"] else 1.0
             c2 = 1.0 - beta2 ** t if group["bias_correction"] else 1.0
-            c = 1.0 if clip is None else float(clip)  # global-norm clip, folded into the scalars
-            self._update(group, params, grads, m, v, c, c1, c2)
+            self._update(group, params, grads, m, v, clip, c1, c2)
         return loss
 
-    def _update(self, group, params, grads, m, v, c, c1, c2) -> None:
+    def _step_of(self, gi: int, steps: list[torch.Tensor]) -> int:
+        """The group's step number, counted on the host: the step tensors (kept for
+        checkpoints) are read once, after a start or a load, not every step (a device sync)."""
+        t = self._host_steps.get(gi)
+        t = int(steps[0].item()) if t is None else t + 1  # every tensor of a group steps together
+        self._host_steps[gi] = t
+        return t
+
+    def load_state_dict(self, state_dict) -> None:
+        super().load_state_dict(state_dict)
+        self._host_steps = {}
+
+    def _update(self, group, params, grads, m, v, clip, c1, c2) -> None:
         """Two passes over cache-sized slices: (1) moments, the update u and the squared
         norms of w and u; (2) recompute u and apply w -= lr * ratio * u. Recomputing u costs
-        arithmetic but no full-size temporary (and no extra trip through memory)."""
+        arithmetic but no full-size temporary (and no extra trip through memory). ``clip``
+        (a 0-d tensor or None) scales the gradient slices on the device: no host sync."""
         beta1, beta2 = group["betas"]
         wd, eps, adapt = group["weight_decay"], group["eps"], self._adapt(group)
         sqrt_c2 = math.sqrt(c2)
@@ -189,14 +207,12 @@ class Lamb(torch.optim.Optimizer):
         u_sq = torch.zeros_like(w_sq)
         for chunk in plan:
             w, g, mm, vv = (_views(t, chunk) for t in (params, grads, m, v))
-            # m = b1 m + (1 - b1) c g ; v = b2 v + (1 - b2) c^2 g^2
-            if c == 1.0:
-                torch._foreach_lerp_(mm, g, 1.0 - beta1)
-            else:
-                torch._foreach_mul_(mm, beta1)
-                torch._foreach_add_(mm, g, alpha=(1.0 - beta1) * c)
+            if clip is not None:  # the clipped gradient c g, a cache-sized temporary
+                g = torch._foreach_mul(g, clip.to(g[0].dtype))
+            # m = b1 m + (1 - b1) g ; v = b2 v + (1 - b2) g^2
+            torch._foreach_lerp_(mm, g, 1.0 - beta1)
             torch._foreach_mul_(vv, beta2)
-            torch._foreach_addcmul_(vv, g, g, value=(1.0 - beta2) * c * c)
+            torch._foreach_addcmul_(vv, g, g, value=1.0 - beta2)
             if adapt:
                 u = update_of(w, mm, vv)
                 idx = torch.tensor([i for i, _ in chunk], device=w_sq.device)
@@ -262,10 +278,7 @@ class Lars(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         self.init_state()
         for group in self.param_groups:
             params, grads, (steps, bufs) = _group_tensors(group, self.state, ("step", "momentum_buffer"))
@@ -273,19 +286,25 @@ class Lars(torch.optim.Optimizer):
                 continue
             torch._foreach_add_(steps, 1.0)
             lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
-            torch._foreach_mul_(bufs, mu)
-            if not group["adapt"]:
-                torch._foreach_add_(bufs, grads, alpha=lr)
-            else:
+            scales = None
+            if group["adapt"]:  # one pass over w and g for the norms
                 w = torch.stack(torch._foreach_norm(params))
                 g = torch.stack(torch._foreach_norm(grads))
                 ok = (w > 0) & (g > 0)
                 trust = torch.where(ok, group["eta"] * w / (g + wd * w + group["eps"]).clamp_min(1e-38),
                                     torch.ones_like(w))
-                d = torch._foreach_add(grads, params, alpha=wd) if wd else list(grads)
-                torch._foreach_mul_(d, list((lr * trust).unbind()))
-                torch._foreach_add_(bufs, d)
-            torch._foreach_sub_(params, bufs)
+                scales = (lr * trust).to(params[0].dtype).unbind()
+            # then one pass over cache-sized slices: d = (g + wd w) lr trust; v = mu v + d; w -= v
+            for chunk in _plan_slices(params):
+                ws, gs, vs = (_views(t, chunk) for t in (params, grads, bufs))
+                torch._foreach_mul_(vs, mu)
+                if scales is None:
+                    torch._foreach_add_(vs, gs, alpha=lr)
+                else:
+                    d = torch._foreach_add(gs, ws, alpha=wd) if wd else torch._foreach_mul(gs, 1.0)
+                    torch._foreach_mul_(d, [scales[i] for i, _ in chunk])
+                    torch._foreach_add_(vs, d)
+                torch._foreach_sub_(ws, vs)
         return loss
 
 
