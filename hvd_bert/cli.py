@@ -115,7 +115,12 @@ def _like_phase_one(args: argparse.Namespace, rank: int) -> None:
     from hvd_bert.common.bert_data import phase_one_data
 
     folder, meta = phase_one_data(args.like)
-    args.input = args.input or meta["input_paths"]
+    if not args.input:  # phase 1's files, read as phase 1 read them
+        args.input = meta["input_paths"]
+        formats = set(meta.get("input_formats", []))
+        if args.input_format == "auto" and len(formats) == 1:
+            args.input_format = formats.pop()
+    args.sentence_splitter = args.sentence_splitter or meta.get("sentence_splitter")
     args.vocab = args.vocab or str(folder / meta.get("vocab_file", "vocab.txt"))
     if not (args.cased or args.uncased):
         args.uncased, args.cased = bool(meta["do_lower_case"]), not meta["do_lower_case"]
@@ -155,7 +160,7 @@ def _cmd_prepare_bert(args: argparse.Namespace) -> int:
                             num_shards=args.num_shards, settings=settings, rank=rank, world_size=size,
                             comm=comm, overwrite=args.overwrite, input_format=args.input_format,
                             progress=args.progress, unit_bytes=max(1, int(args.split_mb * 2**20)),
-                            sentence_splitter=args.sentence_splitter)
+                            sentence_splitter=args.sentence_splitter or "syntok")
     except (DatasetError, ValueError) as e:  # raised on every rank (prepare_bert agrees on errors)
         print(f"hvd-bert prepare-bert: {e}", file=sys.stderr)
         return 2
@@ -498,10 +503,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "Python-docstring corpus)")
     p.add_argument("--input-format", choices=["auto", "wiki", "google", "doc-per-line", "prose"],
                    default="auto", help="the inputs' format (default auto: each file's own, by content)")
-    p.add_argument("--sentence-splitter", choices=["syntok", "blingfire"], default="syntok",
+    p.add_argument("--sentence-splitter", choices=["syntok", "blingfire"], default=None,
                    help="splits prose, one-document-per-line text and Wikipedia articles into sentences: "
-                        "syntok (default), or blingfire (about 27x faster, but it ends a sentence after "
-                        "a title such as 'Dr.' in running text; pip install blingfire)")
+                        "syntok (default; with --like, phase 1's), or blingfire (about 27x faster, but it "
+                        "ends a sentence after a title such as 'Dr.' in running text)")
     p.add_argument("--split-mb", type=float, default=64,
                    help="read an uncompressed file larger than this (MiB) in byte ranges of this size, "
                         "cut at document starts and dealt to the ranks (default 64)")

@@ -5,6 +5,7 @@ same text in Google's format; bad input."""
 from __future__ import annotations
 
 import bz2
+import json
 import gzip
 import lzma
 import random
@@ -248,3 +249,23 @@ def test_the_sentence_splitters(tmp_path):
                      num_shards=2, settings=SMALL, sentence_splitter="blingfire", log=lambda *_: None)
     assert (a["sentence_splitter"], b["sentence_splitter"]) == ("syntok", "blingfire")
     assert a["documents"] == b["documents"] == 20   # plain sentences: the same split by both
+
+
+def test_like_reads_phase_one_files_as_phase_one_did(tmp_path):
+    """prepare-bert --like: phase 1's forced input format and sentence splitter carry over."""
+    docs = make_docs(24, seed=6)
+    (tmp_path / "g.txt").write_text(google_text(docs))   # Google's format, read as a document per line
+    common = ["--num-shards", "2", "--max-seq-length", "32", "--max-predictions-per-seq", "5",
+              "--dupe-factor", "1"]
+    p1 = subprocess.run([sys.executable, "-m", "hvd_bert", "prepare-bert", "--input", str(tmp_path / "g.txt"),
+                         "--input-format", "doc-per-line", "--sentence-splitter", "blingfire", "--vocab-size",
+                         "200", "--output", str(tmp_path / "p1"), *common], capture_output=True, text=True,
+                        timeout=120)
+    assert p1.returncode == 0, p1.stderr
+    p2 = subprocess.run([sys.executable, "-m", "hvd_bert", "prepare-bert", "--like", str(tmp_path / "p1"),
+                         "--output", str(tmp_path / "p2"), *common, "--max-seq-length", "64"],
+                        capture_output=True, text=True, timeout=120)
+    assert p2.returncode == 0, p2.stderr
+    a, b = (json.loads((tmp_path / d / "dataset.json").read_text()) for d in ("p1", "p2"))
+    assert a["documents"] == b["documents"] == sum(len(d) for d in docs)  # a sentence a document
+    assert b["input_formats"] == ["doc-per-line"] and b["sentence_splitter"] == "blingfire"
