@@ -316,10 +316,14 @@ def _agree(comm, err: str | None) -> None:
         raise DatasetError(err)
 
 
-def _prepare_output(out: Path, overwrite: bool) -> None:
+def _refuse_existing(out: Path, overwrite: bool) -> None:
     if (out / SIDECAR).exists() and not overwrite:
         raise DatasetError(f"{out} already holds prepared data; pass --overwrite to replace it or "
                            f"choose another output folder")
+
+
+def _prepare_output(out: Path, overwrite: bool) -> None:
+    _refuse_existing(out, overwrite)
     out.mkdir(parents=True, exist_ok=True)
 
 
@@ -474,9 +478,7 @@ def prepare_bert(input_files: Sequence[str | Path], output_dir: str | Path, *,
                                    f"{' or '.join(text_input.SPLITTERS)}")
             if num_shards is not None and num_shards < 1:
                 raise DatasetError(f"--num-shards must be >= 1, got {num_shards}")
-            if (out / SIDECAR).exists() and not overwrite:
-                raise DatasetError(f"{out} already holds prepared data; pass --overwrite to replace it "
-                                   f"or choose another output folder")
+            _refuse_existing(out, overwrite)
             files = text_input.expand_inputs(input_files)
             srcs = text_input.sources(files, input_format)
             units = text_input.plan_units(srcs, unit_bytes)
