@@ -108,6 +108,13 @@ def init_horovod(hvd, horovod_cfg=None) -> None:
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         hvd.init()  # Horovod:
         check_world(hvd.size())
+        global _NO_HIERARCHICAL
+        # Horovod 0.28 reduces hierarchically only through NCCL (or DDL): on a CPU build it
+        # forces the setting off at init, silently (horovod/common/operations.cc)
+        _NO_HIERARCHICAL = not hvd.nccl_built()
+
+
+_NO_HIERARCHICAL = False
 
 
 HOROVOD_KNOBS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_OPERATIONS",
@@ -120,4 +127,8 @@ def horovod_settings_line(env=None) -> str:
     (from the config or the environment), printed once at the start of a job."""
     env = os.environ if env is None else env
     set_ = [f"{k}={env[k]}" for k in HOROVOD_KNOBS if k in env]
-    return "horovod: " + (" ".join(set_) if set_ else "Horovod's defaults (fusion 128 MiB, cycle 1 ms)")
+    line = "horovod: " + (" ".join(set_) if set_ else "Horovod's defaults (fusion 128 MiB, cycle 1 ms)")
+    if _NO_HIERARCHICAL and env.get("HOROVOD_HIERARCHICAL_ALLREDUCE", "0") not in ("", "0"):
+        line += (" (hierarchical allreduce ignored: Horovod has it only with NCCL, and this build has "
+                 "none, so allreduce stays flat)")
+    return line

@@ -1,8 +1,12 @@
-"""Start a Python program on N local Horovod processes (standard library only).
+"""Start a Python program on N Horovod processes (standard library only).
 
 Used by ``hvd-bert doctor``, the benchmarks and ``tests/parallel``. Two launchers:
     ``gloo``  ``horovodrun -np N -H localhost:N --gloo python ...``
     ``mpi``   ``mpirun -np N python ...`` (OpenMPI; as root it adds --allow-run-as-root)
+On several hosts (``hosts="node1:2,node2:2"``, reached over ssh) ``nic`` names the network
+interface both launchers must use (``--network-interface`` / ``btl_tcp_if_include`` and
+``oob_tcp_if_include``), and ``prefix`` is put before the launcher (for example
+``scripts/fake_cluster.sh exec node1``: the launch must start where the nodes can reach it).
 A run that outlives ``timeout`` is killed with its whole process group, so a rank stuck in a
 collective after its peer died cannot hang the caller.
 """
@@ -75,27 +79,36 @@ def mpi_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def command(argv: Sequence[str], np: int = 2, launcher: Launcher = "gloo",
-            python: str | None = None, extra_env: Sequence[str] = ()) -> list[str]:
-    """The launch command for ``python argv...`` on ``np`` local processes."""
+            python: str | None = None, extra_env: Sequence[str] = (), hosts: str | None = None,
+            nic: str | None = None, prefix: Sequence[str] = ()) -> list[str]:
+    """The launch command for ``python argv...`` on ``np`` processes (on this host by default)."""
     if np < 1:
         raise ValueError(f"np must be >= 1, got {np}")
     py = python or sys.executable
     if launcher == "gloo":
-        return [tool_path("horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", py, *argv]
+        cmd = [tool_path("horovodrun"), "-np", str(np), "-H", hosts or f"localhost:{np}", "--gloo"]
+        if nic:
+            cmd += ["--network-interface", nic]
+        return [*prefix, *cmd, py, *argv]
     if launcher == "mpi":
         cmd = [tool_path("mpirun"), "-np", str(np), "--oversubscribe", "--bind-to", "none",
                "--mca", "btl", "self,vader,tcp"]
+        if hosts:
+            cmd += ["-H", hosts]
+        if nic:
+            cmd += ["--mca", "btl_tcp_if_include", nic, "--mca", "oob_tcp_if_include", nic]
         if is_root():
             cmd.append("--allow-run-as-root")
         for var in (*_FORWARD, *extra_env):
             if var in os.environ or var in extra_env:
                 cmd += ["-x", var]
-        return cmd + [py, *argv]
+        return [*prefix, *cmd, py, *argv]
     raise ValueError(f"launcher must be 'gloo' or 'mpi', got {launcher!r}")
 
 
 def run(argv: Sequence[str], np: int = 2, launcher: Launcher = "gloo", timeout: float = 300,
-        env: Mapping[str, str] | None = None, cwd: str | None = None) -> RunResult:
+        env: Mapping[str, str] | None = None, cwd: str | None = None, hosts: str | None = None,
+        nic: str | None = None, prefix: Sequence[str] = ()) -> RunResult:
     """Run ``python argv...`` on ``np`` processes and wait at most ``timeout`` seconds."""
     full_env = mpi_env(env)
     # Each run gets its own OpenMPI session folder: concurrent jobs on one machine otherwise
@@ -106,7 +119,7 @@ def run(argv: Sequence[str], np: int = 2, launcher: Launcher = "gloo", timeout: 
     # every variable as -x NAME makes mpirun fail silently on some environments)
     extra = [k for k, v in (env or {}).items() if k not in _FORWARD and os.environ.get(k) != v]
     extra.append("OMPI_MCA_orte_tmpdir_base")
-    cmd = command(argv, np, launcher, extra_env=extra)
+    cmd = command(argv, np, launcher, extra_env=extra, hosts=hosts, nic=nic, prefix=prefix)
     try:
         return _run(cmd, full_env, cwd, timeout)
     finally:
