@@ -17,6 +17,7 @@ lint: setup
 # every README code block as written (alone: pytest -m readme tests/readme).
 test: lint
 	-bash scripts/slurm_local.sh install   # for tests/parallel/test_slurm.py (skips without it)
+	-bash scripts/fake_cluster.sh install  # sshd, for tests/parallel/test_multinode.py
 	$(PY) -m pytest -q -p no:cacheprovider --durations=40 tests/common tests/pt tests/tf tests/parallel \
 	    tests/readme
 

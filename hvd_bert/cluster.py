@@ -122,6 +122,21 @@ HOROVOD_KNOBS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_
                  "HOROVOD_TIMELINE")
 
 
+def placement_line(hosts: list[str]) -> str:
+    """``world: 4 ranks on 2 hosts: node1 ranks 0-1, node2 ranks 2-3`` from every rank's host
+    name in rank order (printed once at the start of a job)."""
+    groups: list[list] = []  # [host, first, last] runs of consecutive ranks
+    for r, h in enumerate(hosts):
+        if groups and groups[-1][0] == h and groups[-1][2] == r - 1:
+            groups[-1][2] = r
+        else:
+            groups.append([h, r, r])
+    names = list(dict.fromkeys(hosts))
+    parts = [f"{h} rank{'s' if b > a else ''} {a}{f'-{b}' if b > a else ''}" for h, a, b in groups]
+    return (f"world: {len(hosts)} rank{'s' if len(hosts) != 1 else ''} on {len(names)} "
+            f"host{'s' if len(names) != 1 else ''}: {', '.join(parts)}")
+
+
 def horovod_settings_line(env=None) -> str:
     """``horovod: HOROVOD_FUSION_THRESHOLD=... HOROVOD_CYCLE_TIME=...`` for the knobs in effect
     (from the config or the environment), printed once at the start of a job."""

@@ -2,7 +2,7 @@
 # A cluster of N "nodes" on this one machine, for the multi-node tests and for trying multi-node
 # launches by hand (root only). Each node is a network namespace with its own host name (a UTS
 # namespace per process started in it), one `eth0` on a private subnet, its own sshd, and its
-# own /etc/hosts and /etc/ssh (bind-mounted by `ip netns exec` from /etc/netns/<ns>/). The
+# own /etc/hosts and /etc/ssh (bind-mounted from /etc/netns/<ns>/, as `ip netns exec` would). The
 # nodes' eth0 links meet on a bridge inside one more namespace (the hub); nothing is added to
 # this machine's own network namespace, and no address outside the subnet is reachable.
 #
@@ -29,8 +29,12 @@ need_root() { [[ $(id -u) == 0 ]] || die "$1 needs root (network namespaces, ssh
 nodes() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$P-node[0-9]+$" | sed "s/^$P-//" | sort -V; }
 
 in_node() {  # in_node NODE CMD...: CMD in NODE's network namespace, with NODE as its host name
+    # and NODE's /etc/hosts and /etc/ssh bound over this machine's (in a mount namespace of its
+    # own). Not `ip netns exec`: that also remounts /sys, which hides the cgroup mounts slurmd needs.
     local node=$1; shift
-    ip netns exec "$P-$node" unshare --uts -- sh -c 'hostname "$0" && exec "$@"' "$node" "$@"
+    nsenter --net="/run/netns/$P-$node" unshare --mount --uts -- sh -c '
+        hostname "$0" && mount --bind "$1/hosts" /etc/hosts && mount --bind "$1/ssh" /etc/ssh &&
+        shift && exec "$@"' "$node" "/etc/netns/$P-$node" "$@"
 }
 
 shape() {  # shape RATE|off: token bucket on every node's outgoing eth0 (and the hub's ports)

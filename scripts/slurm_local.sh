@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# A one-node SLURM cluster on this machine, in a folder of its own (for the tests and for
-# trying the job scripts): Debian's slurmctld, slurmd and munge, no cgroups, root as
-# SlurmUser, the node at 127.0.0.1 with this machine's CPUs.
+# A SLURM cluster on this machine, in a folder of its own (for the tests and for trying the job
+# scripts): Debian's slurmctld, slurmd and munge, no cgroups, root as SlurmUser.
 #   scripts/slurm_local.sh install          # apt packages (root), once
-#   scripts/slurm_local.sh start DIR        # prints: export SLURM_CONF=DIR/slurm.conf
+#   scripts/slurm_local.sh start DIR        # one node at 127.0.0.1 with this machine's CPUs;
+#                                           # prints: export SLURM_CONF=DIR/slurm.conf
+#   scripts/slurm_local.sh start DIR --fake-cluster
+#       one slurmd per node of a running scripts/fake_cluster.sh cluster (node1..nodeN, each
+#       with this machine's CPUs), slurmctld on node1; submit from a node, e.g.
+#       scripts/fake_cluster.sh exec node1 env SLURM_CONF=DIR/slurm.conf sbatch -N 2 ...
 #   scripts/slurm_local.sh stop DIR
 set -euo pipefail
 cmd=${1:-}
@@ -17,17 +21,34 @@ install)
     ;;
 start)
     d=$(realpath -m "${2:?folder}")
+    fake=${3:-}
+    [[ -z $fake || $fake == --fake-cluster ]] || { echo "slurm_local: unknown option '$fake'" >&2; exit 2; }
     mkdir -p "$d/state" "$d/spool" "$d/munge"
     chmod 700 "$d/munge"
     [[ -f $d/munge/munge.key ]] || { dd if=/dev/urandom of="$d/munge/munge.key" bs=1 count=1024 2>/dev/null
                                     chmod 400 "$d/munge/munge.key"; }
     munged --force -S "$d/munge/munge.sock" --key-file="$d/munge/munge.key" \
         --pid-file="$d/munge/munged.pid" --log-file="$d/munge/munged.log" --seed-file="$d/munge/munged.seed"
-    host=$(hostname)
+    host=$(hostname) ctld_addr=127.0.0.1
     port=${SLURM_LOCAL_PORT:-$((17000 + RANDOM % 2000 * 2))}
+    here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+    if [[ -n $fake ]]; then
+        fc="$here/fake_cluster.sh"
+        state=${FAKE_CLUSTER_STATE:-/run/hvd_bert_cluster}
+        [[ -f $state/nodes ]] || { echo "slurm_local: no fake cluster is up (scripts/fake_cluster.sh up N)" >&2; exit 1; }
+        n=$(cat "$state/nodes")
+        net=${FAKE_CLUSTER_NET:-10.213.7}
+        host=node1 ctld_addr=$net.1
+        nodes="NodeName=DEFAULT CPUs=$(nproc --all) State=UNKNOWN"
+        for i in $(seq "$n"); do nodes+=$'\n'"NodeName=node$i NodeAddr=$net.$i"; done
+        partition="PartitionName=debug Nodes=node[1-$n] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+    else
+        nodes="NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc --all) State=UNKNOWN"
+        partition="PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+    fi
     cat >"$d/slurm.conf" <<CONF
 ClusterName=hvdbert
-SlurmctldHost=$host(127.0.0.1)
+SlurmctldHost=$host($ctld_addr)
 AuthType=auth/munge
 AuthInfo=socket=$d/munge/munge.sock
 CredType=cred/munge
@@ -36,11 +57,11 @@ SlurmdUser=root
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
 StateSaveLocation=$d/state
-SlurmdSpoolDir=$d/spool
+SlurmdSpoolDir=$d/spool/%n
 SlurmctldPidFile=$d/slurmctld.pid
-SlurmdPidFile=$d/slurmd.pid
+SlurmdPidFile=$d/slurmd-%n.pid
 SlurmctldLogFile=$d/slurmctld.log
-SlurmdLogFile=$d/slurmd.log
+SlurmdLogFile=$d/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -50,22 +71,40 @@ ReturnToService=2
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc --all) State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+$nodes
+$partition
 CONF
     export SLURM_CONF=$d/slurm.conf
-    slurmctld -f "$SLURM_CONF"
-    slurmd -f "$SLURM_CONF"
+    if [[ -n $fake ]]; then
+        # The nodes share this machine's /tmp, where PMIx would put every node's files for a
+        # step under the same name: each node's slurmd sees its own folder at $d/pmix instead.
+        echo "PMIxCliTmpDirBase=$d/pmix" >"$d/mpi.conf"
+        mkdir -p "$d/pmix"
+        bash "$fc" exec node1 slurmctld -f "$SLURM_CONF"
+        for i in $(seq "$n"); do
+            mkdir -p "$d/spool/node$i" "$d/pmix-node$i"
+            bash "$fc" exec "node$i" sh -c 'mount --bind "$1" "$2" && exec slurmd -f "$3" -N "$4"' \
+                sh "$d/pmix-node$i" "$d/pmix" "$SLURM_CONF" "node$i"
+        done
+        want=$n
+        ask=(bash "$fc" exec node1 sinfo -h -N -o %T)
+    else
+        mkdir -p "$d/spool/$host"
+        slurmctld -f "$SLURM_CONF"
+        slurmd -f "$SLURM_CONF"
+        want=1
+        ask=(sinfo -h -N -o %T)
+    fi
     for _ in $(seq 60); do
-        if sinfo -h -o %T 2>/dev/null | grep -q idle; then echo "export SLURM_CONF=$SLURM_CONF"; exit 0; fi
+        if [[ $("${ask[@]}" 2>/dev/null | grep -c idle) -ge $want ]]; then echo "export SLURM_CONF=$SLURM_CONF"; exit 0; fi
         sleep 0.5
     done
-    echo "slurm_local: the node did not become idle; see $d/slurmctld.log and $d/slurmd.log" >&2
+    echo "slurm_local: the nodes did not become idle; see $d/slurmctld.log and $d/slurmd-*.log" >&2
     exit 1
     ;;
 stop)
     d=$(realpath -m "${2:?folder}")
-    for pid in "$d/slurmd.pid" "$d/slurmctld.pid" "$d/munge/munged.pid"; do
+    for pid in "$d"/slurmd-*.pid "$d/slurmctld.pid" "$d/munge/munged.pid"; do
         [[ -f $pid ]] && kill "$(cat "$pid")" 2>/dev/null || true
     done
     ;;

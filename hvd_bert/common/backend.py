@@ -36,6 +36,9 @@ class Backend(Protocol):
 
     def broadcast_object(self, obj: Any, name: str) -> Any: ...
 
+    def allgather_object(self, obj: Any, name: str) -> list:
+        """Every rank's ``obj``, in rank order, on every rank."""
+
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray: ...
 
     def summary_writer(self, logdir: Path) -> Any:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from dataclasses import replace
 from pathlib import Path
 
-from hvd_bert.cluster import horovod_settings_line
+from hvd_bert.cluster import horovod_settings_line, placement_line
 from hvd_bert.common.bert_weights import write_run_bert_config
 from hvd_bert.common.checkpoint import RunFolderBusy, atomic_write, list_checkpoints, lock_run_folder
 from hvd_bert.common.config import ConfigError, to_dict
@@ -62,6 +63,7 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
                  writer=backend.summary_writer(out / "tensorboard") if rank == 0 else None,
                  line_keys=line_keys)
     log.print(horovod_settings_line())  # the Horovod knobs in effect, once
+    log.print(placement_line(backend.allgather_object(socket.gethostname(), "hvd_bert.hosts")))
     return log
 
 

@@ -41,6 +41,9 @@ class PyTorchBackend(ModelFunctions):
     def broadcast_object(self, obj: Any, name: str) -> Any:
         return hvd.broadcast_object(obj, root_rank=0, name=name)  # Horovod:
 
+    def allgather_object(self, obj: Any, name: str) -> list:
+        return hvd.allgather_object(obj, name=name)  # Horovod:
+
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
         t = torch.from_numpy(np.asarray(values, dtype=np.float64))
         return hvd.allreduce(t, op=hvd.Sum, name=name).numpy()  # Horovod:

@@ -58,3 +58,12 @@ def test_every_horovod_knob_is_a_setting(tmp_path):
     check_cpu_operations(cfg, {"OMPI_COMM_WORLD_SIZE": "2"})
     with pytest.raises(ValueError, match="horovod.autotune_log is set but horovod.autotune is false"):
         HorovodConfig(autotune_log="x.csv")
+
+
+def test_the_placement_line_groups_consecutive_ranks_by_host():
+    from hvd_bert.cluster import placement_line
+
+    assert placement_line(["node1", "node1", "node2", "node2"]) == \
+        "world: 4 ranks on 2 hosts: node1 ranks 0-1, node2 ranks 2-3"
+    assert placement_line(["a"]) == "world: 1 rank on 1 host: a rank 0"
+    assert placement_line(["a", "b", "a"]) == "world: 3 ranks on 2 hosts: a rank 0, b rank 1, a rank 2"

@@ -55,6 +55,10 @@ def _check_folder(out):
     return names, steps
 
 
+def _check_folder_steps(out) -> list[int]:
+    return [_strict_json(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+
+
 def _last_logged(out) -> int:
     """The newest complete metrics line's step while the job runs (0 before any)."""
     try:
@@ -141,3 +145,46 @@ def test_faults_at_random_moments_lose_nothing(bert_data, tmp_path):
           f"logged once")
     for fault, ended, rc, step, n in figures:
         print(f"  {fault:20s} ended in {ended:5.1f} s (exit {rc}), logged up to step {step}, {n} checkpoints")
+
+
+def test_kill_9_of_one_tensorflow_rank_ends_the_job_and_the_rerun_resumes(bert_data, tmp_path):
+    """Without elastic training a lost rank must end the whole job in bounded time (the other
+    rank is stuck in a collective; Horovod's launcher kills it), the newest checkpoint stays
+    whole, and the same command resumes from it. (PyTorch: the test above.)"""
+    from hvd_bert.common.checkpoint import list_checkpoints
+
+    out = tmp_path / "run"
+    job = ["-m", "hvd_bert", "pretrain", "--framework", "tf", "--set", f"data={bert_data}",
+           "--set", f"train.output_dir={out}", *TINY, "--set", "train.log_every=1",
+           "--set", "train.checkpoint_every=2", "--set", "train.schedule.total_steps=100000"]
+    proc = _start(launch.command(job, np=2))
+    try:
+        deadline = time.monotonic() + 300
+        ckpts = lambda: list_checkpoints(out, "tf")  # noqa: E731
+        while not (ckpts() and _last_logged(out) > ckpts()[-1][0]):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
+            time.sleep(0.2)
+        ranks = sorted(_ranks(proc), key=_rank_of)
+        assert len(ranks) == 2, [p.cmdline() for p in ranks]
+        t0 = time.monotonic()
+        ranks[1].send_signal(signal.SIGKILL)
+        try:
+            proc.communicate(timeout=END_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the job did not end within {END_LIMIT_S} s of kill -9 of rank 1") \
+                from None
+        assert psutil.wait_procs(ranks, timeout=30)[1] == [], "a rank outlived the job"
+        ended = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    newest = list_checkpoints(out, "tf")[-1][0]
+    killed_at = _last_logged(out)
+    rerun = [a if "total_steps" not in a else f"train.schedule.total_steps={newest + 2}" for a in job]
+    res = launch.run(rerun, np=2, timeout=300)
+    assert res.ok and f"resumed from step {newest}" in res.stdout, res.explain()
+    steps = _check_folder_steps(out)
+    assert steps == list(range(1, newest + 3)), steps  # every step logged once, none lost
+    print(f"\nTensorFlow, kill -9 of rank 1 at step {killed_at}: the job ended in {ended:.1f} s "
+          f"(exit {proc.returncode}); the rerun resumed from step {newest}")

@@ -5,7 +5,10 @@ Horovod, Gloo and OpenMPI. Run alone with ``pytest -m multinode tests/parallel``
 
 import json
 import os
+import re
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +106,91 @@ def test_pretrain_across_two_nodes_matches_the_same_run_on_one_node(cluster, ber
     for a, b in zip(two_m, one_m):
         # the same ranks in the same ring order: the same sums; only the host placement differs
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6), (a, b)
+
+
+# ----------------------------------------------------------------------------- SLURM on two nodes
+SLURM_LOCAL = REPO / "scripts" / "slurm_local.sh"
+
+
+@pytest.fixture(scope="module")
+def slurm2(cluster, tmp_path_factory):
+    """One slurmd per fake node (slurmctld on node1); commands are given from node1."""
+    inst = subprocess.run(["bash", str(SLURM_LOCAL), "install"], capture_output=True, text=True, timeout=600)
+    assert inst.returncode == 0, inst.stderr
+    d = tmp_path_factory.mktemp("slurm2")
+    start = subprocess.run(["bash", str(SLURM_LOCAL), "start", str(d), "--fake-cluster"], env=cluster,
+                           capture_output=True, text=True, timeout=120)
+    try:
+        assert start.returncode == 0, start.stdout + start.stderr
+        yield dict(cluster, SLURM_CONF=str(d / "slurm.conf"))
+    finally:
+        subprocess.run(["bash", str(SLURM_LOCAL), "stop", str(d)], timeout=60)
+
+
+def from_node1(env, cmd, timeout, cwd=None):
+    return subprocess.run([*on_node1(env), *cmd], capture_output=True, text=True, env=env, timeout=timeout,
+                          cwd=cwd)
+
+
+def wait_queue_empty(env, timeout=900):
+    end, q = time.time() + timeout, ""
+    while time.time() < end:
+        res = from_node1(env, ["squeue", "-h", "-o", "%i %T %r"], 60)
+        q = res.stdout.strip() if res.returncode == 0 else f"squeue failed: {res.stderr.strip()}"
+        if not q:
+            return
+        if "DependencyNeverSatisfied" in q:
+            pytest.fail(f"a job failed and its dependent waits forever: {q}")
+        time.sleep(2)
+    pytest.fail(f"jobs still queued after {timeout} s (id, state, reason): {q}")
+
+
+def test_slurm_job_scripts_on_two_nodes(slurm2, bert_data, tmp_path):
+    """slurm/pretrain.sbatch phase 1 then 2 and a resubmission, and slurm/ncf.sbatch, each with
+    -N 2 --ntasks-per-node=2: four ranks over PMIx, two on each node."""
+    results = tmp_path / "results"
+    env = dict(slurm2, HVD_BERT_DIR=str(REPO), RESULTS=str(results), PYTHON=sys.executable, MODEL="tiny",
+               DATA=str(bert_data), SEQ="64", MAX_PRED="10", GLOBAL_BATCH="32", LOCAL_BATCH="8", STEPS="10",
+               CHECKPOINT_EVERY="5", LR="1e-2", EXTRA_ARGS="--set train.log_every=5")
+    two_nodes = ["-N", "2", "--ntasks-per-node=2"]
+    sub = from_node1(env, ["bash", str(REPO / "slurm" / "submit_pretrain.sh"), *two_nodes,
+                           f"--output={tmp_path}/slurm-%j.out"], 60, cwd=tmp_path)
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    p1_id, p2_id = re.findall(r"job (\d+)", sub.stdout)
+    wait_queue_empty(env)
+    outs = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    p1, p2 = results / "bert-tiny-phase1", results / "bert-tiny-phase2"
+    rank0 = (p1 / "jobs" / p1_id / "rank-0.log").read_text()
+    assert "world: 4 ranks on 2 hosts: node1 ranks 0-1, node2 ranks 2-3" in rank0, (rank0, outs)
+    assert "global batch 32 = local batch 8 x backward_passes_per_step 1 x world size 4" in rank0
+    assert "2 node(s), 4 task(s)" in outs
+    logs = sorted(p.name for p in (p1 / "jobs" / p1_id).glob("rank-*.log"))
+    assert logs == [f"rank-{i}.log" for i in range(4)]
+    assert [m["step"] for m in metrics_of(p1)] == [5, 10]
+    rank0_p2 = (p2 / "jobs" / p2_id / "rank-0.log").read_text()
+    assert "resumed" not in rank0_p2 and (p2 / "ckpt-00000010.pt").exists(), (rank0_p2, outs)
+    assert metrics_of(p2)[0]["loss"] < metrics_of(p1)[0]["loss"]  # phase 2 from phase 1's weights
+
+    # a resubmission of phase 1 with a longer horizon resumes from its newest checkpoint
+    again = from_node1(dict(env, STEPS="15", PHASE="1"),
+                       ["sbatch", "-W", *two_nodes, f"--output={tmp_path}/again-%j.out",
+                        str(REPO / "slurm" / "pretrain.sbatch")], 900, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr + "".join(
+        p.read_text() for p in tmp_path.glob("again-*"))
+    job = re.search(r"(\d+)", again.stdout).group(1)
+    assert "resumed from step 10" in (p1 / "jobs" / job / "rank-0.log").read_text()
+    assert [m["step"] for m in metrics_of(p1)] == [5, 10, 15]
+
+    # NCF: the data prepared once by one task, then four ranks on two nodes
+    ncf_env = dict(slurm2, HVD_BERT_DIR=str(REPO), RESULTS=str(results), PYTHON=sys.executable,
+                   SCALE="0.05", GLOBAL_BATCH="8192", EPOCHS="1", FACTORS="16", LAYERS="[32, 16]",
+                   LR="0.01", EXTRA_ARGS="--set train.log_every=10")
+    ncf = from_node1(ncf_env, ["sbatch", "-W", *two_nodes, f"--output={tmp_path}/ncf-%j.out",
+                               str(REPO / "slurm" / "ncf.sbatch")], 900, cwd=tmp_path)
+    assert ncf.returncode == 0, ncf.stdout + ncf.stderr + "".join(
+        p.read_text() for p in tmp_path.glob("ncf-*"))
+    job = re.search(r"(\d+)", ncf.stdout).group(1)
+    rank0 = (results / "ncf-pt" / "jobs" / job / "rank-0.log").read_text()
+    assert "world: 4 ranks on 2 hosts: node1 ranks 0-1, node2 ranks 2-3" in rank0, rank0
+    assert "global batch 8192 = local batch 2048 x backward_passes_per_step 1 x world size 4" in rank0, rank0
+    assert [e["epoch"] for e in metrics_of(results / "ncf-pt") if "hr@10" in e] == [1]
