@@ -414,7 +414,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     net = S.INTERCONNECTS[args.interconnect]
     if args.calibrate:
         from hvd_bert import launch
-        res = launch.run(["-m", "hvd_bert._allreduce_probe"], np=args.calibrate_np, timeout=600)
+        np_ = args.calibrate_np
+        if args.calibrate_hosts and np_ is None:  # every slot of the hosts
+            np_ = sum(int(h.rpartition(":")[2] or 1) if ":" in h else 1
+                      for h in args.calibrate_hosts.split(","))
+        res = launch.run(["-m", "hvd_bert._allreduce_probe"], np=np_ or 2, timeout=600,
+                         hosts=args.calibrate_hosts, nic=args.calibrate_nic)
         if not res.ok:
             print(res.explain(), file=sys.stderr)
             return 1
@@ -643,7 +648,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also project NVIDIA's BERT-Large LAMB recipe (both phases) on the last --gpus")
     p.add_argument("--calibrate", action="store_true",
                    help="fit alpha and bandwidth from allreduces measured here (flat network)")
-    p.add_argument("--calibrate-np", type=int, default=2)
+    p.add_argument("--calibrate-np", type=int, help="ranks to measure with (2; with --calibrate-hosts: "
+                                                    "every slot)")
+    p.add_argument("--calibrate-hosts", help="measure across these hosts (horovodrun -H syntax, e.g. "
+                                             "node1:2,node2:2; run it on the first of them)")
+    p.add_argument("--calibrate-nic", help="with --calibrate-hosts: the network interface (e.g. eth0)")
     p.set_defaults(func=_cmd_simulate)
     return parser
 
