@@ -426,7 +426,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         probe = json.loads(next(ln for ln in res.stdout.splitlines() if "PROBE " in ln).split("PROBE ", 1)[1])
         sizes, times = zip(*probe["points"])
         alpha, bw = S.fit_alpha_beta(list(sizes), list(times), probe["size"])
-        print(f"measured {probe['size']}-rank allreduce on this machine:")
+        where = f"across {args.calibrate_hosts}" if args.calibrate_hosts else "on this machine"
+        print(f"measured {probe['size']}-rank allreduce {where}:")
         fitted = S.Interconnect(alpha, bw)
         for sz, t in probe["points"]:
             model = S.allreduce_time(sz, probe["size"], fitted)

@@ -194,3 +194,23 @@ def test_slurm_job_scripts_on_two_nodes(slurm2, bert_data, tmp_path):
     assert "world: 4 ranks on 2 hosts: node1 ranks 0-1, node2 ranks 2-3" in rank0, rank0
     assert "global batch 8192 = local batch 2048 x backward_passes_per_step 1 x world size 4" in rank0, rank0
     assert [e["epoch"] for e in metrics_of(results / "ncf-pt") if "hr@10" in e] == [1]
+
+
+def test_a_shaped_link_is_what_simulate_calibrate_measures(cluster):
+    """tc tbf at 200 Mbit/s on every node's link: the allreduce probe across the two nodes fits a
+    bandwidth below the link's 25 MB/s (and far below the unshaped veth's GB/s)."""
+    script = ["bash", str(SCRIPT)]
+    shaped = subprocess.run([*script, "shape", "200mbit"], env=cluster, capture_output=True, text=True,
+                            timeout=60)
+    assert shaped.returncode == 0, shaped.stderr
+    try:
+        res = subprocess.run([*on_node1(cluster), sys.executable, "-m", "hvd_bert", "simulate", "--calibrate",
+                              "--calibrate-hosts", HOSTS, "--calibrate-nic", "eth0", "--workload", "ncf",
+                              "--algorithm", "ring", "--gpus", "4"], env=cluster, capture_output=True,
+                             text=True, timeout=600)
+    finally:
+        subprocess.run([*script, "shape", "off"], env=cluster, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"4-rank allreduce across {HOSTS}" in res.stdout
+    bw = float(re.search(r"bandwidth ([\d.]+) GB/s per rank", res.stdout).group(1))
+    assert bw <= 0.025, res.stdout
