@@ -67,9 +67,28 @@ def is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
+# What an MPI process's own wiring puts into its environment: OpenMPI's singleton start (a
+# process that calls MPI_Init without a launcher, as ``hvd.init()`` does in a plain ``python``)
+# sets these with putenv, so every child process inherits them, and an ``mpirun`` started
+# with them believes it runs inside that job and exits 1 without a word. A new launch must not
+# carry them.
+_MPI_WIRING = ("OMPI_MCA_ess", "OMPI_MCA_orte_launch", "OMPI_MCA_orte_precondition_transports",
+               "OMPI_MCA_pmix", "OMPI_MCA_orte_ess_num_procs", "OMPI_MCA_orte_hnp_uri",
+               "OMPI_MCA_orte_ess_jobid",
+               "OMPI_MCA_orte_ess_vpid", "OMPI_MCA_orte_num_nodes", "ORTE_SCHIZO_DETECTION",
+               "OMPI_APP_CTX_NUM_PROCS", "OMPI_NUM_APP_CTX", "OMPI_FIRST_RANKS", "OMPI_UNIVERSE_SIZE")
+_MPI_WIRING_PREFIXES = ("PMIX_", "OMPI_COMM_WORLD_", "OMPI_MCA_ess_base_")
+
+
+def without_mpi_wiring(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` less the variables of an enclosing MPI job or singleton (see ``_MPI_WIRING``)."""
+    return {k: v for k, v in env.items() if k not in _MPI_WIRING and not k.startswith(_MPI_WIRING_PREFIXES)}
+
+
 def mpi_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for ``mpirun``: OpenMPI refuses to run as root without these."""
-    out = dict(os.environ if env is None else env)
+    """The environment for a launcher (``mpirun`` or ``horovodrun``): no enclosing MPI job's
+    wiring, and, as root, what OpenMPI refuses to run without."""
+    out = without_mpi_wiring(os.environ if env is None else env)
     if is_root():
         out.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         out.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

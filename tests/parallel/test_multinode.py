@@ -214,3 +214,13 @@ def test_a_shaped_link_is_what_simulate_calibrate_measures(cluster):
     assert f"4-rank allreduce across {HOSTS}" in res.stdout
     bw = float(re.search(r"bandwidth ([\d.]+) GB/s per rank", res.stdout).group(1))
     assert bw <= 0.025, res.stdout
+
+
+def test_doctor_checks_both_hosts_and_reduces_across_them(cluster):
+    res = subprocess.run([*on_node1(cluster), sys.executable, "-m", "hvd_bert", "doctor", "--hosts", HOSTS],
+                         env=cluster, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for needle in ("node1                  ssh OK; node1", "node2                  ssh OK; node2",
+                   "10.213.9.0/24 on every host (interface eth0)", "OK: 4 ranks on 2 hosts agree",
+                   "the hosts are ready: 4 ranks"):
+        assert needle in res.stdout, res.stdout
