@@ -24,11 +24,16 @@ __all__ = ["BACKEND", "PyTorchBackend"]
 class PyTorchBackend(ModelFunctions):
     models = "hvd_bert.pt.models"
     name, label = "pt", "PyTorch"
+    device = torch.device("cpu")  # after init(), on a machine with GPUs: cuda:<local rank>
 
     # ------------------------------------------------------------------ process
     def init(self, train: TrainConfig) -> tuple[int, int]:
         """Horovod (with the ``horovod.*`` settings) and one share of the cores per local rank."""
         init_horovod(train.horovod)
+        if torch.cuda.is_available():
+            # Horovod: one GPU per process, chosen by its local rank
+            torch.cuda.set_device(hvd.local_rank())
+            self.device = torch.device("cuda", hvd.local_rank())
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
         return hvd.rank(), hvd.size()
 
@@ -65,19 +70,19 @@ class PyTorchBackend(ModelFunctions):
     # ------------------------------------------------------------------ models
     def bert_pretraining(self, config: BertConfig, max_seq_length: int, max_predictions: int):
         from hvd_bert.pt.models.bert import BertForPreTraining
-        return BertForPreTraining(config)
+        return BertForPreTraining(config).to(self.device)
 
     def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int):
         from hvd_bert.pt.models.bert import BertForSequenceClassification
-        return BertForSequenceClassification(config, num_labels)
+        return BertForSequenceClassification(config, num_labels).to(self.device)
 
     def bert_span(self, config: BertConfig, max_seq_length: int):
         from hvd_bert.pt.models.bert import BertForQuestionAnswering
-        return BertForQuestionAnswering(config)
+        return BertForQuestionAnswering(config).to(self.device)
 
     def neumf(self, n_users: int, n_items: int, m):
         from hvd_bert.pt.models.ncf import NeuMF
-        return NeuMF(n_users, n_items, m.factors, m.layers, m.dropout)
+        return NeuMF(n_users, n_items, m.factors, m.layers, m.dropout).to(self.device)
 
     def param_count(self, model) -> int:
         return sum(p.numel() for p in model.parameters())
@@ -91,13 +96,21 @@ class PyTorchBackend(ModelFunctions):
                        seed: int, shuffle_buffer: int, record_striding: bool,
                        start: int, length_grouping: int = 0) -> Iterator[dict]:
         from hvd_bert.pt.data import ShardedDataset
-        return ShardedDataset(folder, kind, rank, size, local_batch_size, seed=seed,
-                              shuffle_buffer=shuffle_buffer, record_striding=record_striding,
-                              length_grouping=length_grouping).stream(start)
+        stream = ShardedDataset(folder, kind, rank, size, local_batch_size, seed=seed,
+                                shuffle_buffer=shuffle_buffer, record_striding=record_striding,
+                                length_grouping=length_grouping).stream(start)
+        if self.device.type == "cpu":
+            return stream
+        return ({k: self._on(v) for k, v in b.items()} for b in stream)
+
+    def _on(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on this process's device (the model's)."""
+        return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
 
     def ncf_batch(self, users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> dict:
-        return {"users": torch.from_numpy(users.astype(np.int64)),
-                "items": torch.from_numpy(items.astype(np.int64)), "labels": torch.from_numpy(labels)}
+        return {"users": self._on(torch.from_numpy(users.astype(np.int64))),
+                "items": self._on(torch.from_numpy(items.astype(np.int64))),
+                "labels": self._on(torch.from_numpy(labels))}
 
     # ------------------------------------------------------------------ scoring (evaluation)
     def scorer(self, model, precision: str = "fp32"):
@@ -107,13 +120,16 @@ class PyTorchBackend(ModelFunctions):
 
         @torch.no_grad()
         def score(b: dict):
-            ids, segs, mask = (torch.from_numpy(b[k]) for k in ("input_ids", "segment_ids", "input_mask"))
+            ids, segs, mask = (self._on(torch.from_numpy(b[k]))
+                               for k in ("input_ids", "segment_ids", "input_mask"))
             was = model.training
             model.eval()
             with autocast(precision, next(model.parameters()).device.type):
                 out = model(ids, segs, mask)
             model.train(was)
-            return tuple(o.float().numpy() for o in out) if isinstance(out, tuple) else out.float().numpy()
+            if isinstance(out, tuple):
+                return tuple(o.float().cpu().numpy() for o in out)
+            return out.float().cpu().numpy()
         return score
 
     def pretraining_scorer(self, model, precision: str = "fp32"):
@@ -122,13 +138,13 @@ class PyTorchBackend(ModelFunctions):
 
         @torch.no_grad()
         def score(b: dict):
-            t = {k: torch.from_numpy(v) for k, v in b.items()}
+            t = {k: self._on(torch.from_numpy(v)) for k, v in b.items()}
             was = model.training
             model.eval()
             with autocast(precision, next(model.parameters()).device.type):
                 mlm, nsp = model(t["input_ids"], t["segment_ids"], t["input_mask"], t["masked_lm_positions"])
             model.train(was)
-            return mlm.float().numpy(), nsp.float().numpy()
+            return mlm.float().cpu().numpy(), nsp.float().cpu().numpy()
         return score
 
     def ncf_scorer(self, model):
@@ -136,7 +152,8 @@ class PyTorchBackend(ModelFunctions):
         def score(users: np.ndarray, items: np.ndarray) -> np.ndarray:
             was = model.training
             model.eval()
-            out = model(torch.from_numpy(users), torch.from_numpy(items)).float().numpy()
+            out = model(self._on(torch.from_numpy(users)), self._on(torch.from_numpy(items)))
+            out = out.float().cpu().numpy()
             model.train(was)
             return out
         return score

@@ -53,6 +53,11 @@ class TensorFlowBackend(ModelFunctions):
     # ------------------------------------------------------------------ process
     def init(self, train: TrainConfig) -> tuple[int, int]:
         init_horovod(train.horovod)
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:  # Horovod: one GPU per process, chosen by its local rank, memory grown as needed
+            gpu = gpus[hvd.local_rank() % len(gpus)]
+            tf.config.experimental.set_memory_growth(gpu, True)
+            tf.config.set_visible_devices(gpu, "GPU")
         set_threads(hvd.local_size())
         return hvd.rank(), hvd.size()
 

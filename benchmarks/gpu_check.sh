@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The GPU figures in one run (under 10 minutes), on a machine with an NVIDIA GPU and this
+# project's set-up (`make setup` with HVD_BERT_GPU=1) or its GPU image (docker/Dockerfile.gpu):
+#   1. BERT-Base and BERT-Large pretraining steps, phase 1 (seq 128, 20 predictions) and
+#      phase 2 (seq 512, 80 predictions), in bf16 where the GPU has it (else fp16 with loss
+#      scaling): hvd_bert's PyTorch BERT against Hugging Face transformers' BertForPreTraining
+#      built from the same config, same batch, optimizer and precision, each in its own
+#      process, in the same run (benchmarks/bert_train.py);
+#   2. the NCF ladder's fastest rung (rung 5 of benchmarks/ncf_ladder.py: batch 196,608, LARS,
+#      warmup, bf16) on one GPU through `hvd-bert ncf`, to HR@10 0.78 on synthetic ml-1m data.
+# Results: $OUT (default benchmarks/results/gpu/): one JSON per measurement and summary.txt.
+#
+#   bash benchmarks/gpu_check.sh            # on the GPU machine
+#   bash benchmarks/gpu_check.sh --smoke    # the same plumbing on the CPU, tiny sizes (a check
+#                                           # of this script, not a measurement)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY=${PYTHON:-.venv/bin/python}
+OUT=${OUT:-benchmarks/results/gpu}
+SMOKE=0
+[[ ${1:-} == --smoke ]] && SMOKE=1
+export TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=3
+mkdir -p "$OUT"
+summary=$OUT/summary.txt
+: >"$summary"
+say() { echo "$*" | tee -a "$summary"; }
+
+if [[ $SMOKE == 1 ]]; then
+    device=cpu precision=bf16
+    # preset, phase, seq, predictions, batch
+    configs=("tiny 1 128 20 8" "tiny 2 512 80 2")
+    ncf_batch=16384 ncf_limit=60
+    say "gpu_check --smoke: CPU, tiny sizes (plumbing only, not a measurement)"
+else
+    command -v nvidia-smi >/dev/null || { echo "gpu_check: no nvidia-smi: this needs an NVIDIA GPU" >&2; exit 2; }
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$summary"
+    "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" ||
+        { echo "gpu_check: torch sees no CUDA device (a CPU build of torch? set up with HVD_BERT_GPU=1)" >&2; exit 2; }
+    device=cuda
+    precision=$("$PY" -c "import torch; print('bf16' if torch.cuda.is_bf16_supported() else 'fp16')")
+    # NVIDIA's per-GPU batches for an 80 GB GPU (phase 1 / phase 2)
+    configs=("base 1 128 20 128" "base 2 512 80 32" "large 1 128 20 64" "large 2 512 80 16")
+    ncf_batch=196608 ncf_limit=150
+fi
+say "device $device, precision $precision, $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+
+say ""
+say "BERT pretraining step (forward, MLM + NSP loss, backward, AdamW), sequences/s:"
+say "$(printf '%-6s %-6s %5s %6s %12s %14s %7s' model phase seq batch hvd_bert transformers ratio)"
+for c in "${configs[@]}"; do
+    read -r preset phase seq pred batch <<<"$c"
+    json=$OUT/bert-$preset-phase$phase.json
+    if timeout 150 "$PY" benchmarks/bert_train.py --device "$device" --precision "$precision" \
+        --preset "$preset" --seq "$seq" --predictions "$pred" --batch "$batch" --steps 8 --warmup 3 \
+        --repeats 1 --variants hvd_bert transformers --json "$json" >"$OUT/bert-$preset-phase$phase.log" 2>&1; then
+        say "$("$PY" - "$json" "$preset" "$phase" "$seq" "$batch" <<'PYEOF'
+import json, sys
+path, preset, phase, seq, batch = sys.argv[1:]
+rows = {r["variant"]: r for r in json.load(open(path))["rows"]}
+ours, peer = rows["hvd_bert"]["sequences_per_s"], rows["transformers"]["sequences_per_s"]
+print(f"{preset:<6} {phase:<6} {seq:>5} {batch:>6} {ours:>12.1f} {peer:>14.1f} {ours / peer:>6.2f}x")
+PYEOF
+)"
+    else
+        say "$(printf '%-6s %-6s %5s %6s' "$preset" "$phase" "$seq" "$batch") failed or timed out: see $OUT/bert-$preset-phase$phase.log"
+    fi
+done
+
+say ""
+say "NCF, the ladder's fastest rung (LARS lr 10, warmup 25 steps, bf16, batch $ncf_batch), 1 process:"
+run=$OUT/ncf-rung5
+rm -rf "$run"
+if timeout "$ncf_limit" "$PY" -m hvd_bert ncf --framework pt --set train.output_dir="$run" \
+    --set target_hr=0.78 --set eval_every=0.25 --set train.log_every=1000 \
+    --set model.factors=32 --set "model.layers=[64, 32]" --set epochs=30 \
+    --set train.batch.local_batch_size="$ncf_batch" --set train.optim.name=lars --set train.optim.lr=10 \
+    --set train.optim.weight_decay=0 --set train.precision.mode=bf16 \
+    --set train.schedule.name=linear_warmup --set train.schedule.warmup_steps=25 >"$run.log" 2>&1; then
+    say "$("$PY" - "$run/metrics.jsonl" <<'PYEOF'
+import json, sys
+evals = [e for e in map(json.loads, open(sys.argv[1])) if "hr@10" in e]
+hit = next((e for e in evals if e["hr@10"] >= 0.78), None)
+last = evals[-1]
+if hit:
+    print(f"HR@10 {hit['hr@10']:.4f} at epoch {hit['epoch']:g}: {hit['train_s']:.1f} s of training to target")
+else:
+    print(f"target not reached: best HR@10 {max(e['hr@10'] for e in evals):.4f} in {last['train_s']:.1f} s")
+PYEOF
+)"
+else
+    say "NCF run failed or timed out after $ncf_limit s: see $run.log"
+fi
+say ""
+say "results: $OUT"
