@@ -94,12 +94,20 @@ class Backend(Protocol):
 
 class ModelFunctions:
     """What both backends take from their ``models`` package the same way (``<models>.bert``
-    and ``<models>.ncf`` define the same names in each framework), imported on first use."""
+    and ``<models>.ncf`` define the same names in each framework), imported on first use, and
+    the object collectives, which Horovod spells the same in both frameworks."""
 
     models: str  # "hvd_bert.pt.models" / "hvd_bert.tf.models"
+    horovod: str  # "horovod.torch" / "horovod.tensorflow"
 
     def _fn(self, module: str, name: str):
         return getattr(importlib.import_module(f"{self.models}.{module}"), name)
+
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        return importlib.import_module(self.horovod).broadcast_object(obj, root_rank=0, name=name)  # Horovod:
+
+    def allgather_object(self, obj: Any, name: str) -> list:
+        return importlib.import_module(self.horovod).allgather_object(obj, name=name)  # Horovod:
 
     def read_checkpoint_weights(self, path):
         return self._fn("bert", "read_checkpoint_weights")(path)

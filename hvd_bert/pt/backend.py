@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ __all__ = ["BACKEND", "PyTorchBackend"]
 
 class PyTorchBackend(ModelFunctions):
     models = "hvd_bert.pt.models"
+    horovod = "horovod.torch"
     name, label = "pt", "PyTorch"
     device = torch.device("cpu")  # after init(), on a machine with GPUs: cuda:<local rank>
 
@@ -42,12 +43,6 @@ class PyTorchBackend(ModelFunctions):
 
     def set_precision(self, mode: str) -> None:
         """PyTorch's precision is the engine's autocast: nothing to set before building."""
-
-    def broadcast_object(self, obj: Any, name: str) -> Any:
-        return hvd.broadcast_object(obj, root_rank=0, name=name)  # Horovod:
-
-    def allgather_object(self, obj: Any, name: str) -> list:
-        return hvd.allgather_object(obj, name=name)  # Horovod:
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
         t = torch.from_numpy(np.asarray(values, dtype=np.float64))

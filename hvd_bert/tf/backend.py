@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -48,6 +48,7 @@ def set_threads(local_size: int) -> None:
 
 class TensorFlowBackend(ModelFunctions):
     models = "hvd_bert.tf.models"
+    horovod = "horovod.tensorflow"
     name, label = "tf", "TensorFlow"
 
     # ------------------------------------------------------------------ process
@@ -68,12 +69,6 @@ class TensorFlowBackend(ModelFunctions):
     def set_precision(self, mode: str) -> None:
         from hvd_bert.tf.engine import set_precision_policy
         set_precision_policy(mode)  # before the model is built
-
-    def broadcast_object(self, obj: Any, name: str) -> Any:
-        return hvd.broadcast_object(obj, root_rank=0, name=name)  # Horovod:
-
-    def allgather_object(self, obj: Any, name: str) -> list:
-        return hvd.allgather_object(obj, name=name)  # Horovod:
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
         t = tf.constant(np.asarray(values, dtype=np.float64))
