@@ -70,25 +70,31 @@ say ""
 say "NCF, the ladder's fastest rung (LARS lr 10, warmup 25 steps, bf16, batch $ncf_batch), 1 process:"
 run=$OUT/ncf-rung5
 rm -rf "$run"
-if timeout "$ncf_limit" "$PY" -m hvd_bert ncf --framework pt --set train.output_dir="$run" \
+status=0
+timeout "$ncf_limit" "$PY" -m hvd_bert ncf --framework pt --set train.output_dir="$run" \
     --set target_hr=0.78 --set eval_every=0.25 --set train.log_every=1000 \
     --set model.factors=32 --set "model.layers=[64, 32]" --set epochs=30 \
     --set train.batch.local_batch_size="$ncf_batch" --set train.optim.name=lars --set train.optim.lr=10 \
     --set train.optim.weight_decay=0 --set train.precision.mode=bf16 \
-    --set train.schedule.name=linear_warmup --set train.schedule.warmup_steps=25 >"$run.log" 2>&1; then
-    say "$("$PY" - "$run/metrics.jsonl" <<'PYEOF'
+    --set train.schedule.name=linear_warmup --set train.schedule.warmup_steps=25 >"$run.log" 2>&1 || status=$?
+if [[ -s $run/metrics.jsonl ]]; then
+    say "$("$PY" - "$run/metrics.jsonl" "$status" "$ncf_limit" <<'PYEOF'
 import json, sys
 evals = [e for e in map(json.loads, open(sys.argv[1])) if "hr@10" in e]
+status, limit = int(sys.argv[2]), sys.argv[3]
 hit = next((e for e in evals if e["hr@10"] >= 0.78), None)
-last = evals[-1]
 if hit:
     print(f"HR@10 {hit['hr@10']:.4f} at epoch {hit['epoch']:g}: {hit['train_s']:.1f} s of training to target")
+elif evals:
+    why = f"stopped at the {limit} s limit" if status in (124, 3) else f"exit status {status}"
+    print(f"target not reached ({why}): best HR@10 {max(e['hr@10'] for e in evals):.4f}, "
+          f"{evals[-1]['epoch']:g} epochs in {evals[-1]['train_s']:.1f} s of training")
 else:
-    print(f"target not reached: best HR@10 {max(e['hr@10'] for e in evals):.4f} in {last['train_s']:.1f} s")
+    print(f"no evaluation recorded (exit status {status})")
 PYEOF
 )"
 else
-    say "NCF run failed or timed out after $ncf_limit s: see $run.log"
+    say "NCF run failed (exit status $status): see $run.log"
 fi
 say ""
 say "results: $OUT"
