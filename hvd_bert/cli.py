@@ -414,10 +414,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     net = S.INTERCONNECTS[args.interconnect]
     if args.calibrate:
         from hvd_bert import launch
+        from hvd_bert.doctor import parse_hosts
         np_ = args.calibrate_np
         if args.calibrate_hosts and np_ is None:  # every slot of the hosts
-            np_ = sum(int(h.rpartition(":")[2] or 1) if ":" in h else 1
-                      for h in args.calibrate_hosts.split(","))
+            try:
+                np_ = sum(slots for _, slots in parse_hosts(args.calibrate_hosts))
+            except ValueError as e:
+                print(f"hvd-bert simulate: {str(e).replace('--hosts', '--calibrate-hosts')}", file=sys.stderr)
+                return 2
         res = launch.run(["-m", "hvd_bert._allreduce_probe"], np=np_ or 2, timeout=600,
                          hosts=args.calibrate_hosts, nic=args.calibrate_nic)
         if not res.ok:

@@ -49,13 +49,12 @@ def _check_folder(out):
     for ckpt in names:
         state = load_checkpoint_file(ckpt)
         assert json.loads(state["meta"])["step"] == int(ckpt.stem.split("-")[1]), ckpt
-    steps = [_strict_json(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()
-             if ln.strip()] if (out / "metrics.jsonl").exists() else []
+    steps = _logged_steps(out) if (out / "metrics.jsonl").exists() else []
     assert steps == sorted(set(steps)), f"a step logged twice or out of order: {steps}"
     return names, steps
 
 
-def _check_folder_steps(out) -> list[int]:
+def _logged_steps(out) -> list[int]:
     return [_strict_json(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
 
 
@@ -184,7 +183,7 @@ def test_kill_9_of_one_tensorflow_rank_ends_the_job_and_the_rerun_resumes(bert_d
     rerun = [a if "total_steps" not in a else f"train.schedule.total_steps={newest + 2}" for a in job]
     res = launch.run(rerun, np=2, timeout=300)
     assert res.ok and f"resumed from step {newest}" in res.stdout, res.explain()
-    steps = _check_folder_steps(out)
+    steps = _logged_steps(out)
     assert steps == list(range(1, newest + 3)), steps  # every step logged once, none lost
     print(f"\nTensorFlow, kill -9 of rank 1 at step {killed_at}: the job ended in {ended:.1f} s "
           f"(exit {proc.returncode}); the rerun resumed from step {newest}")

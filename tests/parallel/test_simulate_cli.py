@@ -24,3 +24,10 @@ def test_calibration_fits_this_machine():
     m = re.search(r"fitted ring model: alpha ([\d.]+) us, bandwidth ([\d.]+) GB/s", out)
     assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0
     assert out.count(" KiB ") == 8  # eight measured sizes
+
+
+def test_bad_calibrate_hosts_is_one_line_and_exit_2():
+    p = subprocess.run([sys.executable, "-m", "hvd_bert", "simulate", "--calibrate", "--calibrate-hosts",
+                        "node1:x"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0, p.stderr
+    assert "--calibrate-hosts 'node1:x': give host:slots,host:slots" in p.stderr
