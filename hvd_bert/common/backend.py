@@ -68,7 +68,12 @@ class Backend(Protocol):
     ncf_loss: Callable
 
     # training and data
-    def engine(self, model, loss_fn: Callable, train: TrainConfig) -> Engine: ...
+    def engine(self, model, loss_fn: Callable, train: TrainConfig, sync: bool = True) -> Engine:
+        """The framework's Engine; ``sync``: broadcast rank 0's weights now (an elastic run
+        syncs inside ``elastic_run`` instead)."""
+
+    def elastic_run(self, fn: Callable) -> Callable:
+        """Horovod's ``elastic.run`` of the framework (re-initialises Horovod on a reset)."""
 
     def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
                        seed: int, shuffle_buffer: int, record_striding: bool, start: int,
@@ -108,6 +113,9 @@ class ModelFunctions:
 
     def allgather_object(self, obj: Any, name: str) -> list:
         return importlib.import_module(self.horovod).allgather_object(obj, name=name)  # Horovod:
+
+    def elastic_run(self, fn):
+        return importlib.import_module(f"{self.horovod}.elastic").run(fn)  # Horovod:
 
     def read_checkpoint_weights(self, path):
         return self._fn("bert", "read_checkpoint_weights")(path)

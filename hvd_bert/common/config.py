@@ -22,7 +22,7 @@ from hvd_bert.common import schedules as S
 
 __all__ = ["ConfigError", "doc", "from_dict", "to_dict", "load_config", "apply_overrides",
            "explain", "OptimConfig", "ScheduleConfig", "BatchConfig", "PrecisionConfig",
-           "HorovodConfig", "TrainConfig", "make_schedule"]
+           "HorovodConfig", "ElasticConfig", "TrainConfig", "make_schedule"]
 
 
 class ConfigError(ValueError):
@@ -475,6 +475,26 @@ class PrecisionConfig:
 
 
 @dataclass(frozen=True)
+class ElasticConfig:
+    """What a run launched by Horovod elastic (``horovodrun --min-np/--max-np
+    --host-discovery-script``) does when workers are lost or added: the global batch and the LR
+    schedule stay as configured; ``backward_passes_per_step`` (and, where needed, the local
+    batch) is recomputed from the new world size."""
+
+    uneven: Literal["nearest", "wait"] = doc(
+        "nearest", "when the new world size cannot make the global batch exactly: nearest (train on "
+                   "the nearest global batch, peak LR rescaled by optim.lr_scaling) or wait (train "
+                   "nothing until workers are added or removed)")
+    commit_every: int = doc(1, "optimizer steps between commits of the training state to memory "
+                               "(what a lost worker rolls back to)")
+    wait_poll_s: float = doc(1.0, "seconds between checks for new workers while waiting (uneven=wait)")
+
+    def __post_init__(self) -> None:
+        _require(self.commit_every > 0, f"elastic.commit_every must be > 0, got {self.commit_every}")
+        _require(self.wait_poll_s > 0, f"elastic.wait_poll_s must be > 0, got {self.wait_poll_s}")
+
+
+@dataclass(frozen=True)
 class HorovodConfig:
     """How gradients are reduced across ranks."""
 
@@ -513,6 +533,7 @@ class TrainConfig:
     batch: BatchConfig = doc(BatchConfig(), "")
     precision: PrecisionConfig = doc(PrecisionConfig(), "")
     horovod: HorovodConfig = doc(HorovodConfig(), "")
+    elastic: ElasticConfig = doc(ElasticConfig(), "")
     seed: int = doc(0, "random seed (model init, data order, masking)")
     log_every: int = doc(10, "log every this many optimizer steps (rank 0)")
     checkpoint_every: int = doc(0, "checkpoint every this many optimizer steps (0 = at the end only)")

@@ -135,18 +135,21 @@ def checkpoint_meta(engine: Engine, data_state: Any, rng_of_ranks: list) -> dict
             "backward_passes_per_step": engine.k,
             "local_batch_size": plan.local_batch_size if plan else None,
             "global_batch_size": plan.global_batch_size if plan else None,
+            # an elastic run's configured global batch (its plan may be the nearest one)
+            "target_global_batch_size": getattr(engine, "target_global_batch", None),
             "rng": rng_of_ranks}
 
 
 def check_resume(meta: dict, path: str | Path, *, world_size: int, plan: BatchPlan | None,
-                 allow_resized: bool) -> None:
+                 allow_resized: bool, target: int | None = None) -> None:
     """Refuse a checkpoint whose world size or global batch differs from this run's, naming
     the choices; ``allow_resized`` (``train.resume_resized``) accepts another world size when
     the global batch is the same."""
     if meta.get("format") != META_FORMAT:
         raise CheckpointError(f"{path} has checkpoint metadata format {meta.get('format')!r}, this "
                               f"hvd_bert reads {META_FORMAT}; start a new run (another train.output_dir)")
-    old_g, new_g = meta.get("global_batch_size"), plan.global_batch_size if plan else None
+    old_g = meta.get("target_global_batch_size") or meta.get("global_batch_size")
+    new_g = target or (plan.global_batch_size if plan else None)
     if old_g is not None and new_g is not None and old_g != new_g:
         raise ResumeError(f"{path} was written with a global batch of {old_g}, this run has {new_g}: "
                           f"resuming would change the recipe; give train.batch settings that make "
@@ -177,7 +180,7 @@ def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str, *,
             try:
                 meta = read_meta(path)
                 check_resume(meta, path, world_size=engine.world_size, plan=engine.plan,
-                             allow_resized=allow_resized)
+                             allow_resized=allow_resized, target=getattr(engine, "target_global_batch", None))
                 load(path)
                 out = {"meta": meta}
             except (CheckpointError, ResumeError) as e:

@@ -94,6 +94,25 @@ class RunLog:
             self._bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True,
                              mininterval=5.0)
 
+    def set_rank(self, rank: int, make_writer=None) -> None:
+        """Follow rank 0 after Horovod elastic renumbered the ranks: the process that is rank 0
+        now appends to ``metrics.jsonl`` (and opens a TensorBoard writer with ``make_writer``),
+        one that no longer is stops writing."""
+        active = rank == 0
+        if active == self.active:
+            return
+        self.active = active
+        if not active:
+            for f in (self._file, self.writer):
+                if f is not None:
+                    f.close()
+            self._file = self.writer = None
+            return
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.out / "metrics.jsonl", "a")
+        self.writer = make_writer() if make_writer is not None else None
+
     def print(self, msg: str) -> None:
         if self.active:
             if self._bar is not None:
@@ -198,8 +217,10 @@ class StepBook:
 
     def __init__(self, engine, log: RunLog, *, plan=None, total_steps: int, log_every: int, unit: str,
                  output_dir=None, checkpoint_every: int = 0, keep_checkpoints: int = 3, on_step=None,
-                 max_skipped_steps: int = 50):
+                 max_skipped_steps: int = 50, data_state=None):
         self.engine, self.log, self.plan, self.total = engine, log, plan, total_steps
+        # what a checkpoint records of the data position (default: the micro-batch counter)
+        self.data_state = data_state or (lambda: {"micro_step": engine.micro_step})
         self.log_every, self.unit, self.output_dir = log_every, unit, output_dir
         self.checkpoint_every, self.keep, self.on_step = checkpoint_every, keep_checkpoints, on_step
         self.saved_step, self.checkpoint = engine.step_count, None
@@ -246,7 +267,7 @@ class StepBook:
 
     def save(self) -> None:
         e = self.engine
-        self.checkpoint = e.save(self.output_dir, {"micro_step": e.micro_step}, self.keep)
+        self.checkpoint = e.save(self.output_dir, self.data_state(), self.keep)
         self.saved_step = e.step_count
 
     def finish(self) -> None:

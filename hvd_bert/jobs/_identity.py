@@ -16,7 +16,8 @@ __all__ = ["run_differences", "FREE"]
 
 # Settings a resumed run may change (dotted prefixes).
 FREE = ("train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "train.output_dir",
-        "train.resume_resized", "train.max_skipped_steps", "train.horovod", "train.schedule.total_steps",
+        "train.resume_resized", "train.max_skipped_steps", "train.horovod", "train.elastic",
+        "train.schedule.total_steps",
         "progress", "epochs", "eval_every", "eval_batch_size", "eval_batch_users", "target_hr", "eval_data")
 
 

@@ -15,7 +15,7 @@ from hvd_bert.common.config import ConfigError, to_dict
 from hvd_bert.common.runlog import RunLog
 from hvd_bert.jobs._identity import previous_config, run_differences
 
-__all__ = ["open_run", "finish_line"]
+__all__ = ["open_run", "open_elastic_run", "finish_line"]
 
 _LOCKS: list = []  # the run folders this process holds (released when it exits)
 
@@ -39,6 +39,19 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
     ``total_steps``) and ``bert_config.json`` (``bert``: a BERT job's model), and the run's
     :class:`RunLog` (bar or progress lines, ``metrics.jsonl``, TensorBoard); other ranks get a
     RunLog that does nothing."""
+    log, agree, announce = open_elastic_run(cfg, backend, rank, total_steps=total_steps, line_keys=line_keys,
+                                            bert=bert)
+    agree()
+    log.print(horovod_settings_line())  # the Horovod knobs in effect, once
+    announce()
+    return log
+
+
+def open_elastic_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str, ...], bert=None):
+    """:func:`open_run` with its collectives left for later, as an elastic run needs them (a worker
+    that joins later must not run them): ``(log, agree, announce)``. ``agree()`` makes every rank
+    raise rank 0's run-folder error, if any, then writes the config (once, at the start);
+    ``announce()`` prints where the ranks are (after every change of the world)."""
     out = Path(cfg.train.output_dir)
     # One job per run folder: rank 0 locks it before writing anything; every rank learns the outcome.
     # A rerun that would resume another run's checkpoints is refused before anything is written.
@@ -51,20 +64,24 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
         else:
             mismatch = _resume_mismatch(out, cfg)
             problem = ("config", mismatch) if mismatch else None
-    problem = backend.broadcast_object(problem, "hvd_bert.run.open")
-    if problem:
-        kind, message = problem
-        raise RunFolderBusy(message) if kind == "busy" else ConfigError(message)
-    if rank == 0:
-        atomic_write(out / "config.json", lambda t: t.write_text(json.dumps(to_dict(cfg), indent=1)))
-        if bert is not None:
-            write_run_bert_config(out, bert)
-    log = RunLog(out, rank, total_steps=total_steps, progress=cfg.progress,
-                 writer=backend.summary_writer(out / "tensorboard") if rank == 0 else None,
+    log = RunLog(out, -1 if problem else rank, total_steps=total_steps, progress=cfg.progress,  # -1: silent
+                 writer=backend.summary_writer(out / "tensorboard") if rank == 0 and not problem else None,
                  line_keys=line_keys)
-    log.print(horovod_settings_line())  # the Horovod knobs in effect, once
-    log.print(placement_line(backend.allgather_object(socket.gethostname(), "hvd_bert.hosts")))
-    return log
+
+    def agree() -> None:
+        shared = backend.broadcast_object(problem, "hvd_bert.run.open")
+        if shared:
+            kind, message = shared
+            raise RunFolderBusy(message) if kind == "busy" else ConfigError(message)
+        if rank == 0:
+            atomic_write(out / "config.json", lambda t: t.write_text(json.dumps(to_dict(cfg), indent=1)))
+            if bert is not None:
+                write_run_bert_config(out, bert)
+
+    def announce() -> None:
+        log.print(placement_line(backend.allgather_object(socket.gethostname(), "hvd_bert.hosts")))
+
+    return log, agree, announce
 
 
 def _resume_mismatch(out: Path, cfg) -> str | None:

@@ -13,16 +13,19 @@ NVIDIA does.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from hvd_bert.common.bert_config import bert_preset
 from hvd_bert.common.bert_data import check_pretraining_data
 from hvd_bert.common.bert_weights import WeightsError
-from hvd_bert.common.config import PretrainConfig
+from hvd_bert.common.config import BatchConfig, PretrainConfig, make_schedule
+from hvd_bert.common.elastic import elastic_layout, fit_elastic, launched_elastic
 from hvd_bert.common.engine import fit
 from hvd_bert.common.finetune import eval_batches, evaluate_pretraining
 from hvd_bert.common.vocab import init_vocab_error
-from hvd_bert.jobs._output import finish_line, open_run, with_run_folder
+from hvd_bert.cluster import horovod_settings_line
+from hvd_bert.jobs._output import finish_line, open_elastic_run, open_run, with_run_folder
 
 __all__ = ["run"]
 
@@ -30,6 +33,9 @@ __all__ = ["run"]
 def run(cfg: PretrainConfig, backend) -> dict:
     cfg = with_run_folder(cfg, "pretrain")
     rank, size = backend.init(cfg.train)
+    # Horovod elastic: no collective before fit_elastic (a worker that joins later would pair it
+    # with the others' state sync); each rank reads what rank 0 would have broadcast.
+    elastic = launched_elastic()
     out = Path(cfg.train.output_dir)
     meta = check_pretraining_data(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq)
     eval_meta = None
@@ -44,7 +50,7 @@ def run(cfg: PretrainConfig, backend) -> dict:
     backend.seed(cfg.train.seed + rank)  # per-rank dropout streams; the weights come from rank 0
     model = backend.bert_pretraining(bert, cfg.max_seq_length, cfg.max_predictions_per_seq)
     error = None
-    if cfg.init_checkpoint and rank == 0:  # phase 2: weights only; the engine broadcasts them
+    if cfg.init_checkpoint and (rank == 0 or elastic):  # phase 2: weights only; the engine broadcasts them
         try:
             arrays, config = backend.read_checkpoint_weights(cfg.init_checkpoint)
             if config is not None:  # before the weights: a data/vocab mismatch is the data's fault
@@ -54,30 +60,46 @@ def run(cfg: PretrainConfig, backend) -> dict:
                 backend.load_weights(model, arrays, source=f"init_checkpoint {cfg.init_checkpoint}")
         except WeightsError as e:
             error = str(e)
-    error = backend.broadcast_object(error, "hvd_bert.pretrain.init")  # every rank stops on it
+    if not elastic:
+        error = backend.broadcast_object(error, "hvd_bert.pretrain.init")  # every rank stops on it
     if error:
         raise WeightsError(error)
-    engine = backend.engine(model, backend.pretraining_loss, cfg.train)
+    train = cfg.train
+    if elastic:  # the configured global batch, laid out on this world (k recomputed on every change)
+        b = train.batch
+        target = b.global_batch_size or b.plan(size).global_batch_size
+        cap = b.local_batch_size or b.plan(size).local_batch_size
+        plan = elastic_layout(target, cap, size, train.elastic.uneven).plan
+        train = replace(train, resume_resized=True, batch=BatchConfig(
+            local_batch_size=plan.local_batch_size if plan else cap,
+            backward_passes_per_step=plan.backward_passes_per_step if plan else 1))
+    engine = backend.engine(model, backend.pretraining_loss, train, sync=not elastic)
 
     total = cfg.train.schedule.total_steps
-    log = open_run(cfg, backend, rank, total_steps=total, bert=bert,
-                   line_keys=("loss", "mlm_accuracy", "lr", "sequences_per_s"))
+    keys = ("loss", "mlm_accuracy", "lr", "sequences_per_s")
+    if elastic:
+        log, agree, announce = open_elastic_run(cfg, backend, rank, total_steps=total, bert=bert,
+                                                line_keys=keys)
+    else:
+        log = open_run(cfg, backend, rank, total_steps=total, bert=bert, line_keys=keys)
     log.print(f"model: BERT-{cfg.model} ({backend.param_count(model) / 1e6:.1f}M parameters, "
               f"{backend.label}), "
               f"data: {cfg.data} ({meta['total_records']} sequences of {cfg.max_seq_length}, "
               f"{len(meta['shards'])} shards)")
 
-    def batches_from(micro_step):
-        return backend.record_batches(cfg.data, "bert-pretraining", rank, size, engine.plan.local_batch_size,
+    def batches_from(micro_step):  # (an elastic run changes the engine's rank, size and plan)
+        return backend.record_batches(cfg.data, "bert-pretraining", engine.rank, engine.world_size,
+                                      engine.plan.local_batch_size,
                                       seed=cfg.train.seed, shuffle_buffer=cfg.shuffle_buffer,
-                                      record_striding=cfg.record_striding or len(meta["shards"]) < size,
+                                      record_striding=(cfg.record_striding
+                                                       or len(meta["shards"]) < engine.world_size),
                                       start=micro_step)
 
     score = backend.pretraining_scorer(model, cfg.train.precision.mode)
 
     def heldout(step: int) -> dict:
         """Every held-out sequence scored once across the ranks (a collective)."""
-        batches = eval_batches(cfg.eval_data, eval_meta, rank, size, cfg.eval_batch_size)
+        batches = eval_batches(cfg.eval_data, eval_meta, engine.rank, engine.world_size, cfg.eval_batch_size)
         res = evaluate_pretraining(score, batches,
                                    lambda sums: backend.allreduce_sum(sums, "hvd_bert.pretrain.eval"))
         log.print(f"eval at step {step}: masked-LM accuracy {res['eval_mlm_accuracy']:.4f} (loss "
@@ -92,12 +114,26 @@ def run(cfg: PretrainConfig, backend) -> dict:
         return False
 
     t = cfg.train
-    res = fit(engine, batches_from, total_steps=total, output_dir=out, checkpoint_every=t.checkpoint_every,
-              keep_checkpoints=t.keep_checkpoints, log_every=t.log_every, log=log, unit="sequences",
-              on_step=on_step, max_skipped_steps=t.max_skipped_steps)
+    common = dict(total_steps=total, output_dir=out, checkpoint_every=t.checkpoint_every,
+                  keep_checkpoints=t.keep_checkpoints, log_every=t.log_every, log=log, unit="sequences",
+                  on_step=on_step, max_skipped_steps=t.max_skipped_steps)
+    if elastic:
+        def first_entry() -> None:
+            agree()
+            log.print(horovod_settings_line())
+
+        res = fit_elastic(engine, batches_from, elastic_run=backend.elastic_run,
+                          bcast_object=backend.broadcast_object,
+                          target_global_batch=target, local_batch_size=cap, elastic_cfg=t.elastic,
+                          schedule_for=lambda g: make_schedule(t.schedule, t.optim.peak_lr(g)),
+                          on_first_entry=first_entry, on_world=announce,
+                          make_writer=lambda: backend.summary_writer(out / "tensorboard"), **common)
+    else:
+        res = fit(engine, batches_from, **common)
     final = heldout(res.steps) if cfg.eval_data and not res.stopped_by_signal else {}
     log.close()
-    finish_line(res, rank, f"checkpoint: {res.checkpoint or 'unchanged'}; metrics: {out / 'metrics.jsonl'}; "
-                           f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}", backend)
+    finish_line(res, engine.rank, f"checkpoint: {res.checkpoint or 'unchanged'}; "
+                                  f"metrics: {out / 'metrics.jsonl'}; "
+                                  f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}", backend)
     return {"steps": res.steps, "stopped": res.stopped_by_signal,
             "last": res.history[-1] if res.history else {}, **final}

@@ -27,6 +27,7 @@ What it does, in Horovod's order:
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import signal
@@ -89,7 +90,8 @@ class Engine:
                  gradient_predivide_factor: float = 1.0,
                  precision: str | PrecisionConfig = "fp32", max_grad_norm: float | None = None,
                  device: torch.device | str | None = None,
-                 loss_fn: Callable[[torch.nn.Module, Any], Any] | None = None, resume_resized: bool = False):
+                 loss_fn: Callable[[torch.nn.Module, Any], Any] | None = None, resume_resized: bool = False,
+                 sync: bool = True):
         _ensure_init()
         pcfg = check_engine_args(backward_passes_per_step, compression, precision)
         self.model = model
@@ -104,6 +106,7 @@ class Engine:
         self.skipped_steps = 0
         self.loss_fn, self.resume_resized = loss_fn, resume_resized
         self.plan = None
+        self.target_global_batch = None  # set by an elastic run (common.elastic)
         self.last_metrics: dict = {}
 
         # Horovod: DistributedOptimizer builds a new optimizer of a subclass of
@@ -120,20 +123,22 @@ class Engine:
             self.device.type, enabled=pcfg.mode == "fp16", init_scale=pcfg.init_scale,
             growth_factor=pcfg.growth_factor, backoff_factor=pcfg.backoff_factor,
             growth_interval=pcfg.growth_interval)
-        self.broadcast()
+        if sync:  # (an elastic run syncs inside hvd.elastic.run instead)
+            self.broadcast()
         self.stop_signal = StopSignal()
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, model: torch.nn.Module, cfg: TrainConfig,
                     device: torch.device | str | None = None,
-                    loss_fn: Callable[[torch.nn.Module, Any], Any] | None = None) -> Engine:
+                    loss_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
+                    sync: bool = True) -> Engine:
         """Optimizer, schedule (peak LR scaled to the global batch), accumulation, compression
         and precision from one :class:`TrainConfig`."""
         _ensure_init(cfg)
         plan, peak, kwargs = engine_settings(cfg, hvd.size())
         opt = build_optimizer(model.named_parameters(), cfg.optim, lr=peak)
-        engine = cls(model, opt, device=device, loss_fn=loss_fn, **kwargs)
+        engine = cls(model, opt, device=device, loss_fn=loss_fn, sync=sync, **kwargs)
         engine.plan = plan
         return engine
 
@@ -141,6 +146,36 @@ class Engine:
         """Make every rank hold rank 0's parameters and optimizer state."""
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)  # Horovod:
         hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)  # Horovod:
+
+    # ------------------------------------------------------------------ elastic (common.elastic)
+    def snapshot(self) -> dict:
+        """The training state in host memory (what an elastic commit keeps)."""
+        return {"model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
+                "optimizer": copy.deepcopy(_to_cpu(self.optimizer.state_dict())),
+                "scaler": self.scaler.state_dict()}
+
+    def restore_snapshot(self, snap: dict) -> None:
+        """Back to a :meth:`snapshot`, with no gradients pending (Horovod's load_state_dict
+        drops the handles of an allreduce that failed)."""
+        self.model.load_state_dict(snap["model"])
+        self.optimizer.load_state_dict(copy.deepcopy(snap["optimizer"]))  # (it may alias tensors)
+        self.scaler.load_state_dict(snap["scaler"])
+        for p in self._params():
+            p.grad = None
+
+    def sync(self) -> None:
+        """Rank 0's parameters, optimizer state and loss scale on every rank (a collective)."""
+        self.broadcast()
+        self.scaler.load_state_dict(hvd.broadcast_object(self.scaler.state_dict(), root_rank=0,
+                                                         name="hvd_bert.elastic.scaler"))
+
+    def resize(self, plan, schedule) -> None:
+        """Take this world's rank and size from Horovod and, given a plan, its layout: k is
+        Horovod's ``backward_passes_per_step`` from here on, and the LR comes from ``schedule``."""
+        self.rank, self.world_size = hvd.rank(), hvd.size()
+        if plan is not None:
+            self.plan, self.k, self.schedule = plan, plan.backward_passes_per_step, schedule
+            self.optimizer.set_backward_passes_per_step(self.k)  # Horovod:
 
     # ------------------------------------------------------------------ the step
     def autocast(self):
@@ -272,6 +307,17 @@ class Engine:
         if rng is not None:
             _set_rng_state(rng)
         return meta["data"]
+
+
+def _to_cpu(obj):
+    """A state dict's tensors on the CPU (nested dicts and lists kept)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to("cpu")
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    return obj
 
 
 def _rng_state() -> dict:

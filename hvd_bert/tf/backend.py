@@ -100,9 +100,29 @@ class TensorFlowBackend(ModelFunctions):
         return sum(int(tf.size(v)) for v in model.trainable_variables)
 
     # ------------------------------------------------------------------ training
-    def engine(self, model, loss_fn, train: TrainConfig):
+    def elastic_run(self, fn):
+        """Horovod's ``elastic.run``, with every TensorFlow op error that comes from a Horovod op
+        taken as a lost worker: Horovod's own wrapper only recognises an ``UnknownError`` naming
+        ``HorovodAllreduce``/``Allgather``/``Broadcast`` (not the grouped allreduce of the
+        engine's step) and returns None for others."""
+        import horovod.tensorflow.elastic as hvd_elastic
+        from horovod.common.exceptions import HorovodInternalError
+        import sys
+
+        def body(state, *args, **kwargs):
+            try:
+                return fn(state, *args, **kwargs)
+            except tf.errors.OpError as e:
+                if "Horovod" not in str(e):
+                    raise
+                print(f"elastic: a collective failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                      f"going back to the last commit", file=sys.stderr, flush=True)
+                raise HorovodInternalError(e) from e
+        return hvd_elastic.run(body)
+
+    def engine(self, model, loss_fn, train: TrainConfig, sync: bool = True):
         from hvd_bert.tf.engine import Engine
-        return Engine.from_config(model, loss_fn, train)  # broadcasts rank 0's weights
+        return Engine.from_config(model, loss_fn, train, sync=sync)  # sync: rank 0's weights
 
     def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
                        seed: int, shuffle_buffer: int, record_striding: bool,

@@ -88,7 +88,8 @@ class Engine:
     def __init__(self, model: tf.keras.Model, optimizer, loss_fn: Callable[[tf.keras.Model, Any], tf.Tensor],
                  *, schedule: Schedule, backward_passes_per_step: int = 1, compression: str = "none",
                  gradient_predivide_factor: float = 1.0, precision: str | PrecisionConfig = "fp32",
-                 max_grad_norm: float | None = None, jit_compile: bool = False, resume_resized: bool = False):
+                 max_grad_norm: float | None = None, jit_compile: bool = False, resume_resized: bool = False,
+                 sync: bool = True):
         _ensure_init()
         pcfg = check_engine_args(backward_passes_per_step, compression, precision)
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
@@ -100,6 +101,8 @@ class Engine:
         self.stop_signal = StopSignal()
         self.last_metrics: dict = {}
         self.plan, self.resume_resized = None, resume_resized
+        self.target_global_batch = None  # set by an elastic run (common.elastic)
+        self.jit_compile = jit_compile
         self.step_count = 0
         self.micro_step = 0
         self.skipped_steps = 0
@@ -113,16 +116,22 @@ class Engine:
                                       trainable=False)
         self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
         self._window_loss = tf.Variable(0.0, dtype=tf.float32, trainable=False)
+        self._trace()
+        if sync:  # (an elastic run syncs inside hvd.elastic.run instead)
+            self.broadcast()
+
+    def _trace(self) -> None:
         # reduce_retracing: batches padded to their longest sequence share one traced step
-        self._micro = tf.function(self._micro_impl, jit_compile=jit_compile, reduce_retracing=True)
-        self._apply = tf.function(self._apply_impl)
-        self.broadcast()
+        self._micro = tf.function(self._micro_impl, jit_compile=self.jit_compile, reduce_retracing=True)
+        self._apply = tf.function(self._apply_impl)  # (k and the world size are constants in it)
 
     @classmethod
-    def from_config(cls, model, loss_fn, cfg: TrainConfig, jit_compile: bool = False) -> Engine:
+    def from_config(cls, model, loss_fn, cfg: TrainConfig, jit_compile: bool = False,
+                    sync: bool = True) -> Engine:
         _ensure_init(cfg)
         plan, peak, kwargs = engine_settings(cfg, hvd.size())
-        engine = cls(model, build_optimizer(cfg.optim, lr=peak), loss_fn, jit_compile=jit_compile, **kwargs)
+        engine = cls(model, build_optimizer(cfg.optim, lr=peak), loss_fn, jit_compile=jit_compile, sync=sync,
+                     **kwargs)
         engine.plan = plan
         return engine
 
@@ -134,6 +143,34 @@ class Engine:
         hvd.broadcast_variables(weights, root_rank=0)  # Horovod:
         hvd.broadcast_variables(self.optimizer.variables(), root_rank=0)  # Horovod:
         hvd.broadcast_variables([self.loss_scale, self.good_steps], root_rank=0)  # Horovod:
+
+    # ------------------------------------------------------------------ elastic (common.elastic)
+    def _state_variables(self) -> list:
+        return [*self.model.variables, *self.optimizer.variables(), self.loss_scale, self.good_steps]
+
+    def snapshot(self) -> list:
+        """The training state in host memory (what an elastic commit keeps)."""
+        return [v.numpy() for v in self._state_variables()]
+
+    def restore_snapshot(self, snap: list) -> None:
+        """Back to a :meth:`snapshot`, with nothing accumulated."""
+        for v, value in zip(self._state_variables(), snap):
+            v.assign(value)
+        for a in self.accumulators:
+            a.assign(tf.zeros_like(a))
+        self._window_loss.assign(0.0)
+
+    def sync(self) -> None:
+        """Rank 0's variables on every rank (a collective)."""
+        self.broadcast()
+
+    def resize(self, plan, schedule) -> None:
+        """Take this world's rank and size from Horovod and, given a plan, its layout (the
+        step functions are traced again: k and the world size are constants in them)."""
+        self.rank, self.world_size = hvd.rank(), hvd.size()
+        if plan is not None:
+            self.plan, self.k, self.schedule = plan, plan.backward_passes_per_step, schedule
+        self._trace()
 
     # ------------------------------------------------------------------ the step
     def _micro_impl(self, batch):

@@ -56,3 +56,35 @@ def test_progress_lines_are_printed_at_the_end(tmp_path, capsys):
     log.close()
     out = capsys.readouterr().out
     assert "\r" not in out and "progress 3/3 (100%)" in out
+
+
+class Writer:
+    def __init__(self):
+        self.scalars, self.closed = [], False
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, value, step))
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_log_follows_rank_0_when_an_elastic_reset_renumbers_the_ranks(tmp_path):
+    """Horovod elastic can make another process rank 0: it takes over metrics.jsonl and TensorBoard,
+    the old rank 0 stops writing."""
+    old, new = RunLog(tmp_path, 0, total_steps=10, progress=False), RunLog(tmp_path, 1, total_steps=10,
+                                                                            progress=False)
+    old.record({"step": 1, "loss": 1.0}, show=False)
+    new.record({"step": 1, "loss": 1.0}, show=False)
+    writers = []
+    old.set_rank(1)
+    new.set_rank(0, lambda: writers.append(Writer()) or writers[-1])
+    new.set_step(1)
+    for log in (old, new):
+        log.record({"step": 2, "loss": 0.5}, show=False)
+    assert read(tmp_path) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}]
+    assert writers[0].scalars == [("train/loss", 0.5, 2)]
+    new.set_rank(2)
+    assert writers[0].closed
+    new.record({"step": 3, "loss": 0.25}, show=False)
+    assert [r["step"] for r in read(tmp_path)] == [1, 2]

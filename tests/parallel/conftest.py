@@ -14,6 +14,7 @@ import pytest
 from hvd_bert import launch
 
 WORKERS = Path(__file__).parent / "workers"
+FAKE_CLUSTER = Path(__file__).resolve().parents[2] / "scripts" / "fake_cluster.sh"
 LAUNCHERS = ["gloo", "mpi"]
 
 
@@ -47,3 +48,31 @@ def bert_data(tmp_path_factory):
                     "--max-predictions-per-seq", "10", "--dupe-factor", "2"],
                    check=True, capture_output=True, timeout=300)
     return root / "data"
+
+
+def fake_cluster(tmp_path_factory, nodes: int, prefix: str, net: str):
+    """A module fixture's body: ``nodes`` fake nodes of scripts/fake_cluster.sh under their own
+    prefix and subnet (a user's own fake cluster is left alone); yields the environment that
+    names them, and removes everything afterwards, passed or failed, checking nothing is left."""
+    if not launch.is_root():
+        pytest.skip("the fake cluster needs root (network namespaces)")
+    env = dict(os.environ, FAKE_CLUSTER_PREFIX=prefix, FAKE_CLUSTER_NET=net,
+               FAKE_CLUSTER_STATE=str(tmp_path_factory.mktemp("cluster") / "state"))
+    up = subprocess.run(["bash", str(FAKE_CLUSTER), "up", str(nodes)], env=env, capture_output=True,
+                        text=True, timeout=120)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield env
+    finally:
+        down = subprocess.run(["bash", str(FAKE_CLUSTER), "down"], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert down.returncode == 0, down.stderr
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert f"{prefix}-" not in left and not list(Path("/etc/netns").glob(f"{prefix}-*")), left
+        assert not Path(env["FAKE_CLUSTER_STATE"]).exists()
+
+
+def on_node1(cluster) -> list[str]:
+    """The command prefix that runs a command on the fake cluster's node1."""
+    names = ("FAKE_CLUSTER_PREFIX", "FAKE_CLUSTER_NET", "FAKE_CLUSTER_STATE")
+    return ["env", *[f"{k}={cluster[k]}" for k in names], "bash", str(FAKE_CLUSTER), "exec", "node1"]

@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 
 from bert_jobs import TINY, metrics_of
-from conftest import WORKERS
+from conftest import FAKE_CLUSTER, WORKERS, fake_cluster, on_node1
 from hvd_bert import launch
 
 pytestmark = pytest.mark.multinode
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "fake_cluster.sh"
 HOSTS = "node1:2,node2:2"
 
 
@@ -28,27 +27,7 @@ HOSTS = "node1:2,node2:2"
 def cluster(tmp_path_factory):
     """Two fake nodes, their own prefix and subnet (a user's own fake cluster is left alone),
     removed after the module, passed or failed."""
-    if not launch.is_root():
-        pytest.skip("the fake cluster needs root (network namespaces)")
-    env = dict(os.environ, FAKE_CLUSTER_PREFIX="hvdt", FAKE_CLUSTER_NET="10.213.9",
-               FAKE_CLUSTER_STATE=str(tmp_path_factory.mktemp("cluster") / "state"))
-    up = subprocess.run(["bash", str(SCRIPT), "up", "2"], env=env, capture_output=True, text=True,
-                        timeout=120)
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr
-        yield env
-    finally:
-        down = subprocess.run(["bash", str(SCRIPT), "down"], env=env, capture_output=True, text=True,
-                              timeout=120)
-        assert down.returncode == 0, down.stderr
-        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert "hvdt-" not in left and not list(Path("/etc/netns").glob("hvdt-*")), left
-        assert not Path(env["FAKE_CLUSTER_STATE"]).exists()
-
-
-def on_node1(cluster):
-    names = ("FAKE_CLUSTER_PREFIX", "FAKE_CLUSTER_NET", "FAKE_CLUSTER_STATE")
-    return ["env", *[f"{k}={cluster[k]}" for k in names], "bash", str(SCRIPT), "exec", "node1"]
+    yield from fake_cluster(tmp_path_factory, 2, "hvdt", "10.213.9")
 
 
 def run_across(cluster, argv, launcher="gloo", env=None, timeout=300):
@@ -201,7 +180,7 @@ def test_a_shaped_link_is_what_simulate_calibrate_measures(cluster):
     node2's 2, 3) one edge leaves each node, and each edge carries 2 (N-1)/N = 1.5 times the
     tensor: a 16 MiB allreduce cannot take less than 1.5 x 16.8 MB / 25 MB/s = 1.0 s (unshaped,
     the veth links do it in tens of ms)."""
-    script = ["bash", str(SCRIPT)]
+    script = ["bash", str(FAKE_CLUSTER)]
     shaped = subprocess.run([*script, "shape", "200mbit"], env=cluster, capture_output=True, text=True,
                             timeout=60)
     assert shaped.returncode == 0, shaped.stderr
