@@ -10,6 +10,8 @@
 #   scripts/fake_cluster.sh up [N] [--link-rate R]   # N nodes (2), node1..nodeN; R e.g. 200mbit
 #   scripts/fake_cluster.sh exec NODE CMD...         # run CMD on NODE (launch jobs from node1)
 #   scripts/fake_cluster.sh shape RATE|off           # reshape every node's link (tc tbf)
+#   scripts/fake_cluster.sh kill NODE PATTERN        # kill -9 NODE's processes whose command line
+#                                                    # matches PATTERN (a lost worker; sshd stays)
 #   scripts/fake_cluster.sh status
 #   scripts/fake_cluster.sh down                     # removes everything `up` made
 #
@@ -149,6 +151,19 @@ exec)
     ip netns list | awk '{print $1}' | grep -qx "$P-$node" || die "no node '$node' (is the cluster up? $0 status)"
     in_node "$node" "$@"
     ;;
+kill)
+    need_root kill
+    node=${2:?kill NODE PATTERN}; pattern=${3:?kill NODE PATTERN}
+    ip netns list | awk '{print $1}' | grep -qx "$P-$node" || die "no node '$node' (is the cluster up? $0 status)"
+    killed=""
+    for pid in $(ip netns pids "$P-$node"); do  # (the nodes share one process table: select by namespace)
+        cmd=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null) || continue
+        [[ $cmd == *sshd* ]] && continue
+        if grep -qE -- "$pattern" <<<"$cmd"; then kill -9 "$pid" 2>/dev/null && killed="$killed $pid"; fi
+    done
+    [[ -n $killed ]] || die "kill: no process on $node matches '$pattern'"
+    echo "fake_cluster: killed on $node:$killed"
+    ;;
 shape) need_root shape; [[ -d $STATE ]] || die "the cluster is not up"; shape "${2:?shape RATE|off}" ;;
 status)
     if [[ -f $STATE/nodes ]]; then
@@ -158,7 +173,7 @@ status)
     fi
     ;;
 *)
-    echo "usage: $0 install | up [N] [--link-rate R] | exec NODE CMD... | shape RATE|off | status | down" >&2
+    echo "usage: $0 install | up [N] [--link-rate R] | exec NODE CMD... | kill NODE PATTERN | shape RATE|off | status | down" >&2
     exit 2
     ;;
 esac

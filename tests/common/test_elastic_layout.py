@@ -10,7 +10,8 @@ from hvd_bert.common.elastic import elastic_layout
 def layout(target, local, world, uneven="nearest"):
     lay = elastic_layout(target, local, world, uneven)
     p = lay.plan
-    return None if p is None else (p.local_batch_size, p.backward_passes_per_step, p.global_batch_size), lay.exact
+    sizes = None if p is None else (p.local_batch_size, p.backward_passes_per_step, p.global_batch_size)
+    return sizes, lay.exact
 
 
 def test_k_is_recomputed_from_the_world_size_and_the_global_batch_kept():

@@ -59,82 +59,154 @@ def logged_steps(out: Path) -> list[int]:
         return []
 
 
-def wait_for(cond, timeout, what, proc, log):
-    end = time.time() + timeout
-    while time.time() < end:
-        if cond():
-            return
-        if proc.poll() is not None:
-            pytest.fail(f"the job ended (rc {proc.returncode}) before {what}:\n{log.read_text()[-6000:]}")
-        time.sleep(0.5)
-    pytest.fail(f"no {what} after {timeout} s:\n{log.read_text()[-6000:]}")
+LAYOUT_FROM = re.compile(r"elastic: (\d+) ranks: global batch (\d+) = .*; from step (\d+)")
+
+
+class ElasticJob:
+    """`hvd-bert pretrain` under Horovod elastic on the fake nodes: 3 slots (one per node), at
+    least 2, hosts from a file the test rewrites (the discovery script prints it)."""
+
+    def __init__(self, cluster, data, tmp_path, framework, *extra):
+        self.hosts = tmp_path / "hosts"
+        self.set_hosts("node1", "node2", "node3")
+        discover = tmp_path / "discover.sh"
+        discover.write_text(f"#!/bin/sh\ncat {self.hosts}\n")
+        discover.chmod(0o755)
+        self.out, self.log = tmp_path / "run", tmp_path / "job.log"
+        venv_bin = str(Path(sys.executable).parent)
+        cmd = [*on_node1(cluster), "env", f"PATH={venv_bin}:{os.environ['PATH']}",
+               "HOROVOD_GLOO_TIMEOUT_SECONDS=20", launch.tool_path("horovodrun"),
+               "-np", "3", "--min-np", "2", "--max-np", "3",
+               "--host-discovery-script", str(discover), "--network-interface", "eth0",
+               "--blacklist-cooldown-range", "1", "2",
+               sys.executable, "-m", "hvd_bert", "pretrain", "--framework", framework,
+               "--set", f"data={data}", *TINY, "--set", "train.batch.backward_passes_per_step=null",
+               "--set", f"train.schedule.total_steps={TOTAL}",
+               "--set", "train.log_every=1", "--set", "train.checkpoint_every=10",
+               "--set", f"train.output_dir={self.out}", *extra]
+        with open(self.log, "w") as f:
+            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                         cwd=tmp_path)
+
+    def set_hosts(self, *names):
+        self.hosts.write_text("".join(f"{h}:1\n" for h in names))
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def wait_for(self, cond, timeout, what):
+        end = time.time() + timeout
+        while time.time() < end:
+            if cond():
+                return
+            if self.proc.poll() is not None:
+                pytest.fail(f"the job ended (rc {self.proc.returncode}) before {what}:\n"
+                            f"{self.text()[-6000:]}")
+            time.sleep(0.5)
+        pytest.fail(f"no {what} after {timeout} s:\n{self.text()[-6000:]}")
+
+    def steps(self) -> list[int]:
+        return logged_steps(self.out)
+
+    def kill_rank0(self) -> tuple[str, int, float]:
+        """kill -9 rank 0's worker after 6 logged steps: ``(its host, last logged step, time)``."""
+        self.wait_for(lambda: len(self.steps()) >= 6, 400, "6 logged steps")
+        host = PLACEMENT.search(self.text()).group(1).split(",")[0].split()[0]  # "node3 rank 0" -> node3
+        pids = workers_on(host)
+        assert len(pids) == 1, (host, pids)
+        os.kill(pids[0], signal.SIGKILL)  # rank 0: its log and its broadcasts must move to another rank
+        return host, self.steps()[-1], time.time()
+
+    def finish(self, timeout=400) -> str:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        text = self.text()
+        assert self.proc.returncode == 0, text[-6000:]
+        assert f"finished step {TOTAL}" in text, text[-6000:]
+        assert logged_steps(self.out) == list(range(1, TOTAL + 1)), text[-6000:]  # every step once
+        assert not any(workers_on(h) for h in ("node1", "node2", "node3"))
+        return text
+
+
+def schedule_of(global_batch, **optim):
+    cfg = PretrainConfig().train
+    return make_schedule(replace(cfg.schedule, total_steps=TOTAL),
+                         replace(cfg.optim, lr=1e-2, **optim).peak_lr(global_batch))
+
+
+def check_loss_goes_on(records):
+    """A restart from scratch would jump back to ~8; the curve goes on where it was."""
+    losses = [r["loss"] for r in records]
+    assert max(abs(b - a) for a, b in zip(losses, losses[1:])) < 0.3, losses
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.3, losses
 
 
 @pytest.mark.parametrize("framework", ["pt", "tf"])
 def test_a_killed_worker_and_its_return_keep_the_global_batch_and_the_schedule(cluster3, bert_data, tmp_path,
                                                                                framework):
-    hosts = tmp_path / "hosts"
-    hosts.write_text("node1:1\nnode2:1\nnode3:1\n")
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
-    out, log = tmp_path / "run", tmp_path / "job.log"
-    venv_bin = str(Path(sys.executable).parent)
-    cmd = [*on_node1(cluster3), "env", f"PATH={venv_bin}:{os.environ['PATH']}",
-           "HOROVOD_GLOO_TIMEOUT_SECONDS=20", launch.tool_path("horovodrun"),
-           "-np", "3", "--min-np", "2", "--max-np", "3",
-           "--host-discovery-script", str(discover), "--network-interface", "eth0",
-           "--blacklist-cooldown-range", "1", "2",
-           sys.executable, "-m", "hvd_bert", "pretrain", "--framework", framework,
-           "--set", f"data={bert_data}", *TINY, "--set", f"train.batch.global_batch_size={GLOBAL}", "--set",
-           "train.batch.backward_passes_per_step=null", "--set", f"train.schedule.total_steps={TOTAL}",
-           "--set", "train.log_every=1", "--set", "train.checkpoint_every=10",
-           "--set", f"train.output_dir={out}"]
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path)
-    try:
-        wait_for(lambda: len(logged_steps(out)) >= 6, 400, "6 logged steps", proc, log)
-        rank0 = PLACEMENT.search(log.read_text()).group(1).split(",")[0].split()[0]  # "node3 rank 0" -> node3
-        pids = workers_on(rank0)
-        assert len(pids) == 1, (rank0, pids)
-        os.kill(pids[0], signal.SIGKILL)  # rank 0: its log and its broadcasts must move to another rank
-        killed_at, t_kill = logged_steps(out)[-1], time.time()
-        hosts.write_text("".join(f"{h}:1\n" for h in ("node1", "node2", "node3") if h != rank0))
-        wait_for(lambda: len(LAYOUT.findall(log.read_text())) >= 2, 120, "layout for 2 ranks", proc, log)
-        recovered_s = time.time() - t_kill
-        wait_for(lambda: logged_steps(out) and logged_steps(out)[-1] >= killed_at + 6, 300,
-                 "6 steps on 2 ranks", proc, log)
-        hosts.write_text("node1:1\nnode2:1\nnode3:1\n")  # the host is back
-        proc.wait(timeout=400)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    text = log.read_text()
+    job = ElasticJob(cluster3, bert_data, tmp_path, framework,
+                     "--set", f"train.batch.global_batch_size={GLOBAL}")
+    rank0, killed_at, t_kill = job.kill_rank0()
+    job.set_hosts(*(h for h in ("node1", "node2", "node3") if h != rank0))  # its host is gone
+    job.wait_for(lambda: len(LAYOUT.findall(job.text())) >= 2, 120, "layout for 2 ranks")
+    recovered_s = time.time() - t_kill
+    job.wait_for(lambda: job.steps() and job.steps()[-1] >= killed_at + 6, 300, "6 steps on 2 ranks")
+    job.set_hosts("node1", "node2", "node3")  # the host is back
+    text = job.finish()
     print(f"{framework}: rank 0 on {rank0} killed after step {killed_at}; the 2-rank layout was up "
           f"{recovered_s:.1f} s later")
-    assert proc.returncode == 0, text[-6000:]
-    assert f"finished step {TOTAL}" in text, text[-6000:]
-    # every step once, none lost
-    assert logged_steps(out) == list(range(1, TOTAL + 1)), text[-6000:]
     # the configured global batch on every world; k recomputed from the world size
     layouts = [tuple(map(int, m)) for m in LAYOUT.findall(text)]
     assert layouts == [(3, GLOBAL, LOCAL, 2), (2, GLOBAL, LOCAL, 3), (3, GLOBAL, LOCAL, 2)], layouts
     assert rank0 in PLACEMENT.findall(text)[-1]  # the host came back
     # the configured LR schedule at every step, peak LR of the configured global batch
-    cfg = PretrainConfig().train
-    schedule = make_schedule(replace(cfg.schedule, total_steps=TOTAL),
-                             replace(cfg.optim, lr=1e-2).peak_lr(GLOBAL))
-    records = metrics_of(out)
+    schedule, records = schedule_of(GLOBAL), metrics_of(job.out)
     for r in records:
         assert r["lr"] == pytest.approx(schedule(r["step"]), rel=1e-5, abs=1e-9), r
-    # the loss curve goes on where it was (a restart from scratch would jump back to ~8)
-    losses = [r["loss"] for r in records]
-    assert max(abs(b - a) for a, b in zip(losses, losses[1:])) < 0.3, losses
-    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.3, losses
+    check_loss_goes_on(records)
     # the optimizer's own step counter: every step applied once
-    assert optimizer_steps(framework, out / f"ckpt-{TOTAL:08d}.{framework}") == TOTAL
-    assert not any(workers_on(h) for h in ("node1", "node2", "node3"))
+    assert optimizer_steps(framework, job.out / f"ckpt-{TOTAL:08d}.{framework}") == TOTAL
+
+
+def test_uneven_wait_trains_nothing_until_the_world_can_make_the_global_batch(cluster3, bert_data, tmp_path):
+    """45 = 5 x 3 x 3 ranks; 2 ranks cannot make 45: the job waits until Horovod gives the host
+    back (its blacklist cooldown over, the discovery script still lists it)."""
+    job = ElasticJob(cluster3, bert_data, tmp_path, "pt", "--set", "train.batch.global_batch_size=45",
+                     "--set", "train.elastic.uneven=wait")
+    job.kill_rank0()
+    text = job.finish()
+    assert "2 ranks cannot make the global batch 45 exactly" in text and "waiting for workers" in text, text
+    froms = [tuple(map(int, m)) for m in LAYOUT_FROM.findall(text)]
+    assert [(w, g) for w, g, _ in froms] == [(3, 45), (3, 45)], froms  # no step on 2 ranks
+    schedule = schedule_of(45)
+    for r in metrics_of(job.out):
+        assert r["lr"] == pytest.approx(schedule(r["step"]), rel=1e-5, abs=1e-9), r
+
+
+def test_uneven_nearest_trains_on_the_nearest_global_batch_with_a_rescaled_lr(cluster3, bert_data, tmp_path):
+    """2 ranks cannot make 45: 44 (2 x 11 x 2 ranks), the peak LR scaled by sqrt(44/45) for
+    those steps only; back on 3 ranks, 45 and its LR again."""
+    job = ElasticJob(cluster3, bert_data, tmp_path, "tf", "--set", "train.batch.global_batch_size=45",
+                     "--set", "train.optim.lr_scaling=sqrt", "--set", "train.optim.base_batch_size=45")
+    rank0, killed_at, _ = job.kill_rank0()
+    job.set_hosts(*(h for h in ("node1", "node2", "node3") if h != rank0))
+    job.wait_for(lambda: job.steps() and job.steps()[-1] >= killed_at + 4, 300, "4 steps on 2 ranks")
+    job.set_hosts("node1", "node2", "node3")
+    text = job.finish()
+    assert "2 ranks cannot make the global batch 45 exactly, so this is the nearest one" in text, text
+    froms = [tuple(map(int, m)) for m in LAYOUT_FROM.findall(text)]
+    assert [(w, g) for w, g, _ in froms] == [(3, 45), (2, 44), (3, 45)], froms
+    records = metrics_of(job.out)
+    for r in records:
+        g = [g for _, g, start in froms if start < r["step"]][-1]  # the layout the step was trained on
+        peak = schedule_of(g, lr_scaling="sqrt", base_batch_size=45)
+        assert r["lr"] == pytest.approx(peak(r["step"]), rel=1e-5, abs=1e-9), (r, g)
+    assert froms[2][2] > froms[1][2]  # steps were trained on 2 ranks
+    check_loss_goes_on(records)
 
 
 def optimizer_steps(framework: str, ckpt: Path) -> int:
