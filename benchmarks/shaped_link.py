@@ -133,10 +133,7 @@ def main() -> int:
             return 1
     finally:
         subprocess.run(["bash", script, "down"], env=env, check=False)
-    line = next(ln for ln in probe_run.stdout.splitlines() if "PROBE " in ln)
-    probe = json.loads(line.split("PROBE ", 1)[1])
-    sizes, times = zip(*probe["points"])
-    alpha, bw = S.fit_alpha_beta(list(sizes), list(times), probe["size"])
+    probe, alpha, bw = S.fit_probe(probe_run.stdout)
     net = S.Interconnect(alpha, bw, note=f"fitted to the {args.rate} link: alpha {alpha * 1e6:.0f} us, "
                                          f"{bw / 1e6:.1f} MB/s per rank")
     wl = S.Workload("shaped-mlp", measured["params"], measured["tensors"], measured["compute_s"],

@@ -406,7 +406,6 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    import json
     from dataclasses import replace
 
     from hvd_bert.common import simulate as S
@@ -427,9 +426,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if not res.ok:
             print(res.explain(), file=sys.stderr)
             return 1
-        probe = json.loads(next(ln for ln in res.stdout.splitlines() if "PROBE " in ln).split("PROBE ", 1)[1])
-        sizes, times = zip(*probe["points"])
-        alpha, bw = S.fit_alpha_beta(list(sizes), list(times), probe["size"])
+        probe, alpha, bw = S.fit_probe(res.stdout)
         where = f"across {args.calibrate_hosts}" if args.calibrate_hosts else "on this machine"
         print(f"measured {probe['size']}-rank allreduce {where}:")
         fitted = S.Interconnect(alpha, bw)

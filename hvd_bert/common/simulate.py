@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 __all__ = ["Interconnect", "Workload", "allreduce_time", "project", "Projection", "INTERCONNECTS",
-           "WORKLOADS", "fit_alpha_beta"]
+           "WORKLOADS", "fit_alpha_beta", "fit_probe"]
 
 GB = 1e9
 MIB = 2**20
@@ -157,3 +157,17 @@ def fit_alpha_beta(sizes: list[float], times: list[float], ranks: int) -> tuple[
 def with_bandwidth(net: Interconnect, alpha: float, bandwidth: float) -> Interconnect:
     return replace(net, alpha=alpha, bandwidth=bandwidth, note=f"calibrated: alpha {alpha * 1e6:.1f} us, "
                                                                f"{bandwidth / GB:.2f} GB/s")
+
+
+def fit_probe(output: str) -> tuple[dict, float, float]:
+    """``(probe, alpha, B)`` from the output of ``hvd_bert._allreduce_probe`` (its ``PROBE {...}``
+    line: the world size and ``(bytes, seconds)`` points), fitted with :func:`fit_alpha_beta`."""
+    import json
+
+    line = next((ln for ln in output.splitlines() if "PROBE " in ln), None)
+    if line is None:
+        raise ValueError("the allreduce probe printed no PROBE line")
+    probe = json.loads(line.split("PROBE ", 1)[1])
+    sizes, times = zip(*probe["points"])
+    alpha, bw = fit_alpha_beta(list(sizes), list(times), probe["size"])
+    return probe, alpha, bw

@@ -62,3 +62,18 @@ def test_fit_recovers_alpha_and_bandwidth():
     times = [S.allreduce_time(s, 2, net) for s in sizes]
     alpha, bw = S.fit_alpha_beta(sizes, times, 2)
     assert alpha == pytest.approx(20e-6, rel=1e-6) and bw == pytest.approx(3e9, rel=1e-6)
+
+
+def test_the_probe_output_is_read_and_fitted_in_one_place():
+    """What `simulate --calibrate` and benchmarks/shaped_link.py both read: the probe's PROBE line
+    among the launcher's other output."""
+    import json
+
+    true = S.Interconnect(50e-6, 1.5e9)
+    points = [(s, S.allreduce_time(s, 4, true)) for s in (2**10, 2**14, 2**18, 2**22)]
+    out = f"[1]<stderr>:noise\n[0]<stdout>:PROBE {json.dumps({'size': 4, 'points': points})}\n"
+    probe, alpha, bw = S.fit_probe(out)
+    assert probe["size"] == 4
+    assert alpha == pytest.approx(50e-6, rel=1e-6) and bw == pytest.approx(1.5e9, rel=1e-6)
+    with pytest.raises(ValueError, match="no PROBE line"):
+        S.fit_probe("mpirun: nothing measured\n")
