@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,19 @@ def on_node1(cluster) -> list[str]:
     """The command prefix that runs a command on the fake cluster's node1."""
     names = ("FAKE_CLUSTER_PREFIX", "FAKE_CLUSTER_NET", "FAKE_CLUSTER_STATE")
     return ["env", *[f"{k}={cluster[k]}" for k in names], "bash", str(FAKE_CLUSTER), "exec", "node1"]
+
+
+def wait_queue_empty(env: dict, prefix: list[str] = (), timeout: float = 900) -> None:
+    """Wait until SLURM's queue is empty (``prefix``: where squeue runs, e.g. :func:`on_node1`);
+    a job that failed while its dependent waits forever fails the test at once."""
+    end, q = time.time() + timeout, ""
+    while time.time() < end:
+        res = subprocess.run([*prefix, "squeue", "-h", "-o", "%i %T %r"], capture_output=True, text=True,
+                             env=env, timeout=60)
+        q = res.stdout.strip() if res.returncode == 0 else f"squeue failed: {res.stderr.strip()}"
+        if not q:
+            return
+        if "DependencyNeverSatisfied" in q:
+            pytest.fail(f"a job failed and its dependent waits forever: {q}")
+        time.sleep(2)
+    pytest.fail(f"jobs still queued after {timeout} s (id, state, reason): {q}")

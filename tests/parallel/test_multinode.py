@@ -8,13 +8,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from bert_jobs import TINY, metrics_of
-from conftest import FAKE_CLUSTER, WORKERS, fake_cluster, on_node1
+from conftest import FAKE_CLUSTER, WORKERS, fake_cluster, on_node1, wait_queue_empty
 from hvd_bert import launch
 
 pytestmark = pytest.mark.multinode
@@ -111,19 +110,6 @@ def from_node1(env, cmd, timeout, cwd=None):
                           cwd=cwd)
 
 
-def wait_queue_empty(env, timeout=900):
-    end, q = time.time() + timeout, ""
-    while time.time() < end:
-        res = from_node1(env, ["squeue", "-h", "-o", "%i %T %r"], 60)
-        q = res.stdout.strip() if res.returncode == 0 else f"squeue failed: {res.stderr.strip()}"
-        if not q:
-            return
-        if "DependencyNeverSatisfied" in q:
-            pytest.fail(f"a job failed and its dependent waits forever: {q}")
-        time.sleep(2)
-    pytest.fail(f"jobs still queued after {timeout} s (id, state, reason): {q}")
-
-
 def test_slurm_job_scripts_on_two_nodes(slurm2, bert_data, tmp_path):
     """slurm/pretrain.sbatch phase 1 then 2 and a resubmission, and slurm/ncf.sbatch, each with
     -N 2 --ntasks-per-node=2: four ranks over PMIx, two on each node."""
@@ -136,7 +122,7 @@ def test_slurm_job_scripts_on_two_nodes(slurm2, bert_data, tmp_path):
                            f"--output={tmp_path}/slurm-%j.out"], 60, cwd=tmp_path)
     assert sub.returncode == 0, sub.stdout + sub.stderr
     p1_id, p2_id = re.findall(r"job (\d+)", sub.stdout)
-    wait_queue_empty(env)
+    wait_queue_empty(env, on_node1(env))
     outs = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     p1, p2 = results / "bert-tiny-phase1", results / "bert-tiny-phase2"
     rank0 = (p1 / "jobs" / p1_id / "rank-0.log").read_text()

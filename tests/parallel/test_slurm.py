@@ -8,10 +8,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from conftest import wait_queue_empty
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "scripts" / "slurm_local.sh"
@@ -49,18 +50,6 @@ def job_env(cluster, data, results, **extra):
     return {**cluster, **settings, **extra}
 
 
-def wait_idle(env, timeout=600):
-    end = time.time() + timeout
-    q = ""
-    while time.time() < end:
-        q = subprocess.run(["squeue", "-h", "-o", "%i %T %r"], capture_output=True, text=True,
-                           env=env).stdout.strip()
-        if not q:
-            return
-        time.sleep(2)
-    pytest.fail(f"jobs still queued after {timeout} s (id, state, reason): {q}")
-
-
 def test_phases_resubmission_and_plain_srun(cluster, data, tmp_path):
     results = tmp_path / "results"
     env = job_env(cluster, data, results)
@@ -69,7 +58,7 @@ def test_phases_resubmission_and_plain_srun(cluster, data, tmp_path):
                          cwd=tmp_path, timeout=60)
     assert sub.returncode == 0, sub.stderr
     p1_id, p2_id = re.findall(r"job (\d+)", sub.stdout)
-    wait_idle(env)
+    wait_queue_empty(env, timeout=600)
     outs = {p.name: p.read_text() for p in tmp_path.glob("slurm-*.out")}
     p1, p2 = results / "bert-tiny-phase1", results / "bert-tiny-phase2"
     rank0 = (p1 / "jobs" / p1_id / "rank-0.log").read_text()
