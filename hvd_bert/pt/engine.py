@@ -151,7 +151,7 @@ class Engine:
     def snapshot(self) -> dict:
         """The training state in host memory (what an elastic commit keeps)."""
         return {"model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
-                "optimizer": copy.deepcopy(_to_cpu(self.optimizer.state_dict())),
+                "optimizer": _to_cpu(self.optimizer.state_dict()),
                 "scaler": self.scaler.state_dict()}
 
     def restore_snapshot(self, snap: dict) -> None:
@@ -310,9 +310,10 @@ class Engine:
 
 
 def _to_cpu(obj):
-    """A state dict's tensors on the CPU (nested dicts and lists kept)."""
+    """A copy of a state dict with its tensors copied to the CPU (nested dicts and lists
+    rebuilt; other leaves are immutable)."""
     if isinstance(obj, torch.Tensor):
-        return obj.to("cpu")
+        return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
         return {k: _to_cpu(v) for k, v in obj.items()}
     if isinstance(obj, list):
