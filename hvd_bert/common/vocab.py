@@ -7,7 +7,9 @@ than the checkpoint's ``config.json`` / ``bert_config.json`` says, is an error n
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +40,9 @@ def _from_tokenizer_json(path: Path) -> tuple[Path, bool | None]:
     ids = sorted(vocab.values())
     if ids != list(range(len(ids))):
         raise DatasetError(f"{path}: the WordPiece ids are not 0..{len(ids) - 1}")
-    out = Path(tempfile.mkdtemp(prefix="hvd_bert-vocab-")) / "vocab.txt"
+    tmp = tempfile.mkdtemp(prefix="hvd_bert-vocab-")  # read in this process only (the data
+    atexit.register(shutil.rmtree, tmp, True)         # folder gets its own copy): gone at exit
+    out = Path(tmp) / "vocab.txt"
     ordered = sorted(vocab.items(), key=lambda kv: kv[1])
     out.write_text("".join(t + "\n" for t, _ in ordered), encoding="utf-8")
     norm = tok.get("normalizer") or {}

@@ -3,6 +3,7 @@ tokenizer.json (written by transformers' own tokenizer) or a checkpoint folder; 
 the checkpoint; a vocabulary that does not belong to the checkpoint refused."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -72,3 +73,21 @@ def test_prepare_classification_takes_the_checkpoint_folder_and_its_case(tmp_pat
     assert "keeping case, as the checkpoint of" in res.stdout
     meta = json.loads((tmp_path / "out" / "dataset.json").read_text())
     assert meta["vocab_size"] == len(WORDS) and meta.get("do_lower_case") is False
+
+
+def test_a_tokenizer_json_leaves_no_temporary_vocab_behind(tmp_path):
+    """The vocab.txt written from a tokenizer.json lives in a temporary folder for the one
+    process; prepare-classification copies it into its output, and the folder is gone after."""
+    folder = hf_tokenizer_folder(tmp_path, True)
+    (folder / "vocab.txt").unlink()
+    table = tmp_path / "t.tsv"
+    table.write_text("sentence\tlabel\nThe file is open\tyes\nthe files closed\tno\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    res = subprocess.run([sys.executable, "-m", "hvd_bert", "prepare-classification", str(table), "--output",
+                          str(tmp_path / "out"), "--vocab", str(folder / "tokenizer.json"), "--text-a",
+                          "sentence", "--label", "label", "--num-shards", "1"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "TMPDIR": str(tmp)})
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "out" / "vocab.txt").read_text().splitlines() == WORDS
+    assert not list(tmp.glob("hvd_bert-vocab-*"))
