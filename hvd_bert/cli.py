@@ -167,6 +167,9 @@ def _cmd_prepare_bert(args: argparse.Namespace) -> int:
     if meta is not None:
         print(f"wrote {meta['total_records']} instances in {meta['num_shards']} shards to {args.output} "
               f"(vocab {meta['vocab_size']} tokens, seq {meta['max_seq_length']}, {size} process(es))")
+        if vocab is None:  # tokenizers' trainer breaks frequency ties in hash order (tokenizers#1794)
+            print(f"the vocab was trained here and training is not bit-reproducible; to make the same "
+                  f"shards again, pass --vocab {Path(args.output) / 'vocab.txt'}")
     return 0
 
 

@@ -319,3 +319,29 @@ def test_held_out_pretraining_evaluation_by_hand():
     assert res["eval_mlm_accuracy"] == pytest.approx(((mlm.argmax(-1) == ids) * w).sum() / w.sum())
     assert res["eval_nsp_accuracy"] == pytest.approx((nsp.argmax(-1) == labels[:, 0]).mean())
     assert res["eval_examples"] == B
+
+
+def test_a_trained_vocab_is_named_for_reuse_and_reusing_it_gives_the_same_shards(tmp_path):
+    """A vocab trained by tokenizers is not bit-reproducible (tokenizers#1794: frequency ties fall
+    in hash order); prepare-bert says so and names the vocab to pass, and with it the shards are
+    bit-identical from run to run."""
+    import hashlib
+
+    from hvd_bert.common.corpus import write_stdlib_corpus
+    text = write_stdlib_corpus(tmp_path / "c.txt", max_bytes=30_000)
+
+    def prepare(out, *extra):
+        p = subprocess.run([sys.executable, "-m", "hvd_bert", "prepare-bert", "--input", str(text),
+                            "--output", str(out), "--num-shards", "2", "--max-seq-length", "32",
+                            "--max-predictions-per-seq", "5", *extra],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return p.stdout, {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(out.iterdir())}
+
+    said, first = prepare(tmp_path / "a", "--vocab-size", "400")
+    assert f"pass --vocab {tmp_path / 'a' / 'vocab.txt'}" in said
+    again, second = prepare(tmp_path / "b", "--vocab", str(tmp_path / "a" / "vocab.txt"))
+    assert "not bit-reproducible" not in again
+    _, third = prepare(tmp_path / "c", "--vocab", str(tmp_path / "a" / "vocab.txt"))
+    shards = [n for n in first if n.endswith(".tfrecord")]
+    assert len(shards) == 2 and all(first[n] == second[n] == third[n] for n in [*shards, "vocab.txt"])
