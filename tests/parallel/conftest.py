@@ -16,6 +16,7 @@ from hvd_bert import launch
 
 WORKERS = Path(__file__).parent / "workers"
 FAKE_CLUSTER = Path(__file__).resolve().parents[2] / "scripts" / "fake_cluster.sh"
+VOCAB_1500 = Path(__file__).resolve().parents[1] / "data" / "stdlib-uncased-1500-vocab.txt"
 LAUNCHERS = ["gloo", "mpi"]
 
 
@@ -40,13 +41,15 @@ def run_ranks(tmp_path):
 @pytest.fixture(scope="session")
 def bert_data(tmp_path_factory):
     """A small prepared pretraining set (seq 64, 10 predictions, 4 shards) from part of the
-    built-in corpus, made once per session by `hvd-bert prepare-bert`."""
+    built-in corpus, made once per session by `hvd-bert prepare-bert`, the same in every session:
+    with a fixed vocab (trained once on this text by `prepare-bert`; a vocab trained afresh
+    differs from run to run, tokenizers#1794), the shards are bit-identical."""
     root = tmp_path_factory.mktemp("pretrain")
     from hvd_bert.common.corpus import write_stdlib_corpus
     text = write_stdlib_corpus(root / "c.txt", max_bytes=150_000)
     subprocess.run([sys.executable, "-m", "hvd_bert", "prepare-bert", "--input", str(text), "--output",
-                    str(root / "data"), "--num-shards", "4", "--vocab-size", "1500", "--max-seq-length", "64",
-                    "--max-predictions-per-seq", "10", "--dupe-factor", "2"],
+                    str(root / "data"), "--num-shards", "4", "--vocab", str(VOCAB_1500),
+                    "--max-seq-length", "64", "--max-predictions-per-seq", "10", "--dupe-factor", "2"],
                    check=True, capture_output=True, timeout=300)
     return root / "data"
 

@@ -130,13 +130,14 @@ def test_two_ranks_with_accumulation_match_one_rank_on_the_global_batch(bert_dat
     assert [m["step"] for m in two] == [m["step"] for m in one] == [1, 2, 3, 4, 5, 6]
     # The MLM loss of a micro-batch is normalised by its own count of masked tokens (as in
     # Google's and NVIDIA's code); the two runs group the same 32 records into differently
-    # composed micro-batches, so their averages differ by up to ~1e-4 already at step 1 (same
-    # weights). The gradients differ as slightly, LAMB's trust ratios carry that into the
-    # weights, and the gap grows to a few 1e-4 by step 6 (measured up to 6e-4), while one
-    # step of training moves the loss by ~6e-3 relative: a run on the wrong batch is far
-    # outside the bound. (The engine's accumulation itself is exact:
-    # tests/parallel/test_engine_contract.py.)
-    assert two[0]["loss"] == pytest.approx(one[0]["loss"], rel=3e-4)
+    # composed micro-batches, so their averages differ already at step 1 (same weights), by how
+    # much depends on the data: on this fixture's (fixed) data 1e-5 to 5e-5 relative, on data
+    # made with other trained vocabs up to 3.9e-4. The gradients differ as slightly, LAMB's trust
+    # ratios carry that into the weights, and the gap stays within a few 1e-4 by step 6
+    # (measured up to 5.4e-4 over three data sets), while one step of training moves the loss
+    # by ~5e-3 relative: a run on the wrong batch is far outside the bounds. (The engine's
+    # accumulation itself is exact: tests/parallel/test_engine_contract.py.)
+    assert two[0]["loss"] == pytest.approx(one[0]["loss"], rel=1e-3)
     for a, b in zip(two[1:], one[1:]):
         assert a["loss"] == pytest.approx(b["loss"], rel=1.5e-3)
     assert two[-1]["loss"] < two[0]["loss"]
