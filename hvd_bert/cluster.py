@@ -79,18 +79,60 @@ def horovod_env(hcfg, env=None) -> dict[str, str]:
 
 def check_cpu_operations(hcfg, env=None) -> None:
     """MPI CPU operations need an MPI launch: under horovodrun --gloo (which exports
-    HOROVOD_CPU_OPERATIONS=gloo itself) the setting could not take effect."""
+    HOROVOD_CPU_OPERATIONS=gloo itself) the setting could not take effect; and Gloo's under an
+    MPI launch crash this Horovod."""
     env = os.environ if env is None else env
     want = getattr(hcfg, "cpu_operations", None) or env.get("HOROVOD_CPU_OPERATIONS", "")
+    if want.lower() == "gloo" and mpi_launched(env):
+        raise LaunchError("horovod.cpu_operations=gloo (HOROVOD_CPU_OPERATIONS=gloo) under an MPI launch "
+                          "crashes Horovod 0.28.1 (a segfault in its Gloo broadcast, the Gloo context is "
+                          "never set up from MPI's): leave it unset (MPI's operations) or launch with "
+                          "horovodrun --gloo")
     if want.lower() == "mpi" and "HOROVOD_GLOO_RENDEZVOUS_ADDR" in env:
         raise LaunchError("horovod.cpu_operations=mpi (HOROVOD_CPU_OPERATIONS=mpi) needs an MPI launch, but "
                           "this job was started by horovodrun with Gloo: launch it with mpirun (or "
                           "horovodrun --mpi), or set horovod.cpu_operations=gloo")
 
 
-def apply_horovod_env(hcfg) -> dict[str, str]:
-    """Export :func:`horovod_env` into this process (before ``hvd.init()``); returns it."""
+def mpi_launched(env=None) -> bool:
+    """Started by mpirun (or ``horovodrun --mpi``, or ``srun --mpi=pmix``), not by horovodrun's Gloo."""
+    env = os.environ if env is None else env
+    return (any(v in env for v in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"))
+            and "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in env)
+
+
+# hvd_bert's defaults for a CPU job, per launcher, chosen from benchmarks/train_step.py --sweep
+# (BENCHMARKS.md, "2-rank training step"): a 5 ms cycle (with Horovod's 1 ms one every rank
+# coordinates 1000 times a second, which slows the compute of micro-batches that communicate
+# nothing) and, under an MPI launch, OpenMPI yielding the core while it waits instead of
+# spinning on it (the compute threads need it); MPI's CPU operations (shared memory within a
+# node) are Horovod's own choice there already and are only named.
+CPU_DEFAULTS = {"gloo": {"HOROVOD_CYCLE_TIME": "5"},
+                "mpi": {"HOROVOD_CYCLE_TIME": "5", "HOROVOD_CPU_OPERATIONS": "mpi",
+                        "OMPI_MCA_mpi_yield_when_idle": "1"}}
+_DEFAULTED: set[str] = set()
+
+
+def launcher_defaults(hcfg, env=None) -> dict[str, str]:
+    """The knobs hvd_bert sets for a CPU job where neither the config nor the user's environment
+    does (no cycle time under autotune, which tunes it)."""
+    env = os.environ if env is None else env
+    chosen = {"HOROVOD_CYCLE_TIME": getattr(hcfg, "cycle_time_ms", None),
+              "HOROVOD_CPU_OPERATIONS": getattr(hcfg, "cpu_operations", None)}
+    if hcfg is not None and hcfg.autotune:
+        chosen["HOROVOD_CYCLE_TIME"] = "tuned"
+    return {k: v for k, v in CPU_DEFAULTS["mpi" if mpi_launched(env) else "gloo"].items()
+            if chosen.get(k) is None and k not in env}
+
+
+def apply_horovod_env(hcfg, cpu: bool = False) -> dict[str, str]:
+    """Export :func:`horovod_env` into this process (before ``hvd.init()``), and for a CPU job
+    (no NCCL) :func:`launcher_defaults`; returns what was exported."""
     extra = horovod_env(hcfg)
+    defaults = launcher_defaults(hcfg) if cpu else {}
+    _DEFAULTED.clear()
+    _DEFAULTED.update(defaults)
+    extra.update(defaults)
     os.environ.update(extra)
     return extra
 
@@ -101,7 +143,7 @@ def init_horovod(hvd, horovod_cfg=None) -> None:
     environment (Horovod reads them at init)."""
     if not hvd.is_initialized():
         check_launch()  # plain `srun` without --mpi=pmix: say so before MPI aborts
-        apply_horovod_env(horovod_cfg)
+        apply_horovod_env(horovod_cfg, cpu=not hvd.nccl_built())
         check_cpu_operations(horovod_cfg)
         for path in (os.environ.get("HOROVOD_TIMELINE"), os.environ.get("HOROVOD_AUTOTUNE_LOG")):
             if path:
@@ -119,7 +161,7 @@ _NO_HIERARCHICAL = False
 
 HOROVOD_KNOBS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_OPERATIONS",
                  "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_LOG",
-                 "HOROVOD_TIMELINE")
+                 "HOROVOD_TIMELINE", "OMPI_MCA_mpi_yield_when_idle")
 
 
 def placement_line(hosts: list[str]) -> str:
@@ -141,7 +183,8 @@ def horovod_settings_line(env=None) -> str:
     """``horovod: HOROVOD_FUSION_THRESHOLD=... HOROVOD_CYCLE_TIME=...`` for the knobs in effect
     (from the config or the environment), printed once at the start of a job."""
     env = os.environ if env is None else env
-    set_ = [f"{k}={env[k]}" for k in HOROVOD_KNOBS if k in env]
+    set_ = [f"{k}={env[k]}" + (" (hvd_bert's default for this launcher)" if k in _DEFAULTED else "")
+            for k in HOROVOD_KNOBS if k in env]
     line = "horovod: " + (" ".join(set_) if set_ else "Horovod's defaults (fusion 128 MiB, cycle 1 ms)")
     if _NO_HIERARCHICAL and env.get("HOROVOD_HIERARCHICAL_ALLREDUCE", "0") not in ("", "0"):
         line += (" (hierarchical allreduce ignored: Horovod has it only with NCCL, and this build has "

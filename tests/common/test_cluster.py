@@ -56,6 +56,9 @@ def test_every_horovod_knob_is_a_setting(tmp_path):
     with pytest.raises(LaunchError, match="needs an MPI launch, but this job was started by horovodrun"):
         check_cpu_operations(cfg, gloo)
     check_cpu_operations(cfg, {"OMPI_COMM_WORLD_SIZE": "2"})
+    with pytest.raises(LaunchError, match="under an MPI launch crashes Horovod 0.28.1"):
+        check_cpu_operations(HorovodConfig(cpu_operations="gloo"), {"OMPI_COMM_WORLD_SIZE": "2"})
+    check_cpu_operations(HorovodConfig(cpu_operations="gloo"), gloo)
     with pytest.raises(ValueError, match="horovod.autotune_log is set but horovod.autotune is false"):
         HorovodConfig(autotune_log="x.csv")
 
@@ -67,3 +70,20 @@ def test_the_placement_line_groups_consecutive_ranks_by_host():
         "world: 4 ranks on 2 hosts: node1 ranks 0-1, node2 ranks 2-3"
     assert placement_line(["a"]) == "world: 1 rank on 1 host: a rank 0"
     assert placement_line(["a", "b", "a"]) == "world: 3 ranks on 2 hosts: a rank 0, b rank 1, a rank 2"
+
+
+def test_the_launchers_cpu_defaults_fill_only_what_nobody_set():
+    from hvd_bert.cluster import launcher_defaults
+    from hvd_bert.common.config import HorovodConfig
+
+    mpi, gloo = {"OMPI_COMM_WORLD_SIZE": "2"}, {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1"}
+    assert launcher_defaults(None, {}) == launcher_defaults(HorovodConfig(), gloo) == \
+        {"HOROVOD_CYCLE_TIME": "5"}
+    assert launcher_defaults(None, mpi) == {"HOROVOD_CYCLE_TIME": "5", "HOROVOD_CPU_OPERATIONS": "mpi",
+                                            "OMPI_MCA_mpi_yield_when_idle": "1"}
+    assert launcher_defaults(None, {"PMIX_RANK": "0"})["HOROVOD_CPU_OPERATIONS"] == "mpi"  # srun --mpi=pmix
+    assert launcher_defaults(HorovodConfig(cycle_time_ms=2), mpi) == {"HOROVOD_CPU_OPERATIONS": "mpi",
+                                                                      "OMPI_MCA_mpi_yield_when_idle": "1"}
+    own = {**mpi, "HOROVOD_CYCLE_TIME": "3", "OMPI_MCA_mpi_yield_when_idle": "0"}
+    assert launcher_defaults(None, own) == {"HOROVOD_CPU_OPERATIONS": "mpi"}  # the user's own variables stay
+    assert launcher_defaults(HorovodConfig(autotune=True), gloo) == {}  # autotune tunes the cycle

@@ -72,6 +72,27 @@ def test_the_horovod_knobs_reach_horovod_before_init(run_ranks, framework):
                                           "HOROVOD_CPU_OPERATIONS": "gloo"}] * 2  # (horovodrun's own)
 
 
+@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+def test_each_launcher_gets_the_measured_cpu_defaults_and_they_take_effect(run_ranks, tmp_path, launcher):
+    """No horovod.* settings: a 5 ms cycle under both launchers, and under mpirun MPI's CPU
+    operations with OpenMPI yielding while it waits (BENCHMARKS.md); the timeline shows which
+    library reduced the gradients. A setting, or the user's own variable, wins."""
+    timeline = tmp_path / f"{launcher}.json"
+    ranks = run_ranks("engine_contract.py", "pt", "train", "sgd", 1, 3, f"horovod.timeline={timeline}",
+                      launcher=launcher)
+    want = {"HOROVOD_CYCLE_TIME": "5", "HOROVOD_TIMELINE": str(timeline)}
+    want.update({"HOROVOD_CPU_OPERATIONS": "mpi", "OMPI_MCA_mpi_yield_when_idle": "1"} if launcher == "mpi"
+                else {"HOROVOD_CPU_OPERATIONS": "gloo"})  # (horovodrun's own)
+    assert [r["env"] for r in ranks] == [want] * 2
+    text = timeline.read_text()
+    other = "GLOO" if launcher == "mpi" else "MPI"
+    assert f"{launcher.upper()}_ALLREDUCE" in text and f"{other}_ALLREDUCE" not in text, \
+        sorted(set(re.findall(r'"[A-Z_]+"', text)))
+    ranks = run_ranks("engine_contract.py", "pt", "train", "sgd", 1, 2, launcher=launcher,
+                      env={"HOROVOD_CYCLE_TIME": "2"}, tag="-own")
+    assert ranks[0]["env"]["HOROVOD_CYCLE_TIME"] == "2"
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_timeline_and_autotune_take_effect(run_ranks, tmp_path, framework):
     """horovod.timeline: rank 0 writes Horovod's timeline naming the gradients it reduced;
