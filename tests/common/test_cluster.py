@@ -87,3 +87,4 @@ def test_the_launchers_cpu_defaults_fill_only_what_nobody_set():
     own = {**mpi, "HOROVOD_CYCLE_TIME": "3", "OMPI_MCA_mpi_yield_when_idle": "0"}
     assert launcher_defaults(None, own) == {"HOROVOD_CPU_OPERATIONS": "mpi"}  # the user's own variables stay
     assert launcher_defaults(HorovodConfig(autotune=True), gloo) == {}  # autotune tunes the cycle
+    assert launcher_defaults(None, {**gloo, "HOROVOD_ELASTIC": "1"}) == {}  # (see launcher_defaults)
