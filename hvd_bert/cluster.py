@@ -52,6 +52,21 @@ def check_world(size: int, env=None) -> None:
             f"`srun --mpi=pmix` and one task per GPU (--ntasks-per-node = GPUs per node)")
 
 
+DEFAULTS_MARK = "HVD_BERT_HOROVOD_DEFAULTS"  # NAME=VALUE,... of the defaults this process set
+
+
+def inherited_defaults(env) -> dict[str, str]:
+    """hvd_bert's launcher defaults that ``env`` holds because a parent process set them (a
+    process that initialised Horovod and then started a launcher): not the user's own."""
+    marked = dict(kv.split("=", 1) for kv in env.get(DEFAULTS_MARK, "").split(",") if "=" in kv)
+    return {k: v for k, v in marked.items() if env.get(k) == v}
+
+
+def _users_own(env) -> set[str]:
+    inherited = inherited_defaults(env)
+    return {k for k in env if k not in inherited}
+
+
 def horovod_env(hcfg, env=None) -> dict[str, str]:
     """The Horovod environment variables that ``horovod.*`` settings stand for (read by
     ``hvd.init()``, so set before it). Only settings the user gave (not null) are returned;
@@ -74,7 +89,8 @@ def horovod_env(hcfg, env=None) -> dict[str, str]:
             want["HOROVOD_AUTOTUNE_LOG"] = os.path.abspath(os.path.expanduser(hcfg.autotune_log))
     if hcfg.timeline:
         want["HOROVOD_TIMELINE"] = os.path.abspath(os.path.expanduser(hcfg.timeline))
-    return {k: v for k, v in want.items() if k not in env}
+    own = _users_own(env)
+    return {k: v for k, v in want.items() if k not in own}
 
 
 def check_cpu_operations(hcfg, env=None) -> None:
@@ -127,14 +143,19 @@ def launcher_defaults(hcfg, env=None) -> dict[str, str]:
     if hcfg is not None and hcfg.autotune:
         chosen["HOROVOD_CYCLE_TIME"] = "tuned"
     return {k: v for k, v in CPU_DEFAULTS["mpi" if mpi_launched(env) else "gloo"].items()
-            if chosen.get(k) is None and k not in env}
+            if chosen.get(k) is None and k not in _users_own(env)}
 
 
 def apply_horovod_env(hcfg, cpu: bool = False) -> dict[str, str]:
     """Export :func:`horovod_env` into this process (before ``hvd.init()``), and for a CPU job
     (no NCCL) :func:`launcher_defaults`; returns what was exported."""
+    for k in inherited_defaults(os.environ):  # a parent's defaults were for its own launch
+        del os.environ[k]
+    os.environ.pop(DEFAULTS_MARK, None)
     extra = horovod_env(hcfg)
     defaults = launcher_defaults(hcfg) if cpu else {}
+    if defaults:
+        os.environ[DEFAULTS_MARK] = ",".join(f"{k}={v}" for k, v in defaults.items())
     _DEFAULTED.clear()
     _DEFAULTED.update(defaults)
     extra.update(defaults)

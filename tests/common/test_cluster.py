@@ -88,3 +88,25 @@ def test_the_launchers_cpu_defaults_fill_only_what_nobody_set():
     assert launcher_defaults(None, own) == {"HOROVOD_CPU_OPERATIONS": "mpi"}  # the user's own variables stay
     assert launcher_defaults(HorovodConfig(autotune=True), gloo) == {}  # autotune tunes the cycle
     assert launcher_defaults(None, {**gloo, "HOROVOD_ELASTIC": "1"}) == {}  # (see launcher_defaults)
+
+
+def test_a_parents_defaults_are_not_taken_for_the_users_own(monkeypatch):
+    """A process that initialised Horovod (hvd_bert's defaults in its environment) and then
+    starts a job: the job's settings and its own launcher's defaults apply, not the parent's."""
+    from hvd_bert import launch
+    from hvd_bert.cluster import DEFAULTS_MARK, apply_horovod_env, horovod_env
+    from hvd_bert.common.config import HorovodConfig
+
+    parent = {"HOROVOD_CYCLE_TIME": "5", DEFAULTS_MARK: "HOROVOD_CYCLE_TIME=5"}
+    assert horovod_env(HorovodConfig(cycle_time_ms=2.5), env=parent) == {"HOROVOD_CYCLE_TIME": "2.5"}
+    assert horovod_env(HorovodConfig(cycle_time_ms=2.5), env={"HOROVOD_CYCLE_TIME": "5"}) == {}  # the user's
+    env = launch.mpi_env({**parent, "HOROVOD_FUSION_THRESHOLD": "1"})
+    assert "HOROVOD_CYCLE_TIME" not in env and DEFAULTS_MARK not in env
+    assert env["HOROVOD_FUSION_THRESHOLD"] == "1"
+    import os
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_", "PMI"))}
+    monkeypatch.setattr(os, "environ", {**clean, **parent})  # this process's environment, for the test
+    assert apply_horovod_env(HorovodConfig(autotune=True)) == {"HOROVOD_AUTOTUNE": "1"}
+    assert "HOROVOD_CYCLE_TIME" not in os.environ and DEFAULTS_MARK not in os.environ
+    assert apply_horovod_env(None, cpu=True) == {"HOROVOD_CYCLE_TIME": "5"}
+    assert os.environ[DEFAULTS_MARK] == "HOROVOD_CYCLE_TIME=5"
