@@ -55,15 +55,16 @@ def check_world(size: int, env=None) -> None:
 DEFAULTS_MARK = "HVD_BERT_HOROVOD_DEFAULTS"  # NAME=VALUE,... of the defaults this process set
 
 
-def inherited_defaults(env) -> dict[str, str]:
-    """hvd_bert's launcher defaults that ``env`` holds because a parent process set them (a
-    process that initialised Horovod and then started a launcher): not the user's own."""
+def marked_defaults(env) -> dict[str, str]:
+    """hvd_bert's launcher defaults that ``env`` holds as this process or a parent set them
+    (after ``apply_horovod_env``, or inherited from a process that initialised Horovod and
+    then started a launcher): not the user's own."""
     marked = dict(kv.split("=", 1) for kv in env.get(DEFAULTS_MARK, "").split(",") if "=" in kv)
     return {k: v for k, v in marked.items() if env.get(k) == v}
 
 
 def _users_own(env) -> set[str]:
-    inherited = inherited_defaults(env)
+    inherited = marked_defaults(env)
     return {k for k in env if k not in inherited}
 
 
@@ -126,7 +127,6 @@ def mpi_launched(env=None) -> bool:
 CPU_DEFAULTS = {"gloo": {"HOROVOD_CYCLE_TIME": "5"},
                 "mpi": {"HOROVOD_CYCLE_TIME": "5", "HOROVOD_CPU_OPERATIONS": "mpi",
                         "OMPI_MCA_mpi_yield_when_idle": "1"}}
-_DEFAULTED: set[str] = set()
 
 
 def launcher_defaults(hcfg, env=None) -> dict[str, str]:
@@ -149,15 +149,13 @@ def launcher_defaults(hcfg, env=None) -> dict[str, str]:
 def apply_horovod_env(hcfg, cpu: bool = False) -> dict[str, str]:
     """Export :func:`horovod_env` into this process (before ``hvd.init()``), and for a CPU job
     (no NCCL) :func:`launcher_defaults`; returns what was exported."""
-    for k in inherited_defaults(os.environ):  # a parent's defaults were for its own launch
+    for k in marked_defaults(os.environ):  # a parent's defaults were for its own launch
         del os.environ[k]
     os.environ.pop(DEFAULTS_MARK, None)
     extra = horovod_env(hcfg)
     defaults = launcher_defaults(hcfg) if cpu else {}
     if defaults:
         os.environ[DEFAULTS_MARK] = ",".join(f"{k}={v}" for k, v in defaults.items())
-    _DEFAULTED.clear()
-    _DEFAULTED.update(defaults)
     extra.update(defaults)
     os.environ.update(extra)
     return extra
@@ -209,7 +207,8 @@ def horovod_settings_line(env=None) -> str:
     """``horovod: HOROVOD_FUSION_THRESHOLD=... HOROVOD_CYCLE_TIME=...`` for the knobs in effect
     (from the config or the environment), printed once at the start of a job."""
     env = os.environ if env is None else env
-    set_ = [f"{k}={env[k]}" + (" (hvd_bert's default for this launcher)" if k in _DEFAULTED else "")
+    ours = marked_defaults(env)
+    set_ = [f"{k}={env[k]}" + (" (hvd_bert's default for this launcher)" if k in ours else "")
             for k in HOROVOD_KNOBS if k in env]
     line = "horovod: " + (" ".join(set_) if set_ else "Horovod's defaults (fusion 128 MiB, cycle 1 ms)")
     if _NO_HIERARCHICAL and env.get("HOROVOD_HIERARCHICAL_ALLREDUCE", "0") not in ("", "0"):

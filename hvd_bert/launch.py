@@ -88,9 +88,9 @@ def without_mpi_wiring(env: Mapping[str, str]) -> dict[str, str]:
 def mpi_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for a launcher (``mpirun`` or ``horovodrun``): no enclosing MPI job's
     wiring, and, as root, what OpenMPI refuses to run without."""
-    from hvd_bert.cluster import DEFAULTS_MARK, inherited_defaults
+    from hvd_bert.cluster import DEFAULTS_MARK, marked_defaults
     out = without_mpi_wiring(os.environ if env is None else env)
-    for k in [*inherited_defaults(out), DEFAULTS_MARK]:  # this process's Horovod defaults are
+    for k in [*marked_defaults(out), DEFAULTS_MARK]:  # this process's Horovod defaults are
         out.pop(k, None)                                  # not the new job's (its launcher's)
     if is_root():
         out.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
