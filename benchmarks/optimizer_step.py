@@ -1,14 +1,20 @@
 """Optimizer step time on a BERT-Base-sized parameter set (110M fp32 parameters in BERT's
 tensor shapes): hvd_bert's Lamb / NVLamb / Lars against torch-optimizer's Lamb, a naive
 per-tensor LAMB loop, torch's AdamW (foreach), and the memory-traffic floor (the bytes the
-update must read and write over this machine's measured copy bandwidth).
+update must read and write over this machine's measured copy bandwidth). hvd_bert's
+optimizers run twice: through the fused CPU kernels (``hvd_bert.pt.fused_optim``, the
+default) and through the foreach path (``HVD_BERT_FUSED_OPTIM=0``). The candidates take their
+steps in turn, round after round (one step each per round), so the machine's drift hits all
+of them alike.
 
     .venv/bin/python benchmarks/optimizer_step.py [--preset base] [--repeats 5] [--json out.json]
 """
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -51,17 +57,22 @@ class NaiveLamb(torch.optim.Optimizer):
 
 
 def copy_bandwidth(nbytes=512 * 2**20, repeats=5):
-    """Bytes moved per second by a large tensor copy (read + write)."""
+    """Bytes moved per second over a large tensor: the better of a copy (read + write) and
+    an in-place add (a, b read, a written: the optimizers' in-place pattern, which pays no
+    write-allocate read). The faster of the two makes the floor the stricter."""
     a = torch.empty(nbytes // 4)
     b = torch.empty_like(a)
     a.uniform_()
     b.copy_(a)
-    times = []
+    copy, add = [], []
     for _ in range(repeats):
         t = time.perf_counter()
         b.copy_(a)
-        times.append(time.perf_counter() - t)
-    return 2 * nbytes / statistics.median(times)
+        copy.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        b.add_(a)
+        add.append(time.perf_counter() - t)
+    return max(2 * nbytes / statistics.median(copy), 3 * nbytes / statistics.median(add))
 
 
 def make_params(preset):
@@ -72,14 +83,24 @@ def make_params(preset):
     return named
 
 
-def time_steps(opt, repeats):
-    opt.step()  # creates the state: not timed
-    times = []
-    for _ in range(repeats):
+@contextlib.contextmanager
+def fused_kernels(on: bool):
+    old = os.environ.get("HVD_BERT_FUSED_OPTIM")
+    os.environ["HVD_BERT_FUSED_OPTIM"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["HVD_BERT_FUSED_OPTIM"]
+        else:
+            os.environ["HVD_BERT_FUSED_OPTIM"] = old
+
+
+def timed_step(opt, fused):
+    with fused_kernels(fused):
         t = time.perf_counter()
         opt.step()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), min(times)
+        return time.perf_counter() - t
 
 
 def main():
@@ -92,42 +113,53 @@ def main():
     n = sum(p.numel() for _, p in named)
     bw = copy_bandwidth()
     cfg = OptimConfig(name="lamb", weight_decay=0.01)
-    candidates = {
-        "hvd_bert Lamb (foreach)": lambda ps: Lamb(param_groups(ps, cfg), lr=1e-3, weight_decay=0.01),
-        "hvd_bert NVLamb (foreach)": lambda ps: NVLamb(
-            param_groups(ps, OptimConfig(name="nvlamb")), lr=1e-3),
-        "hvd_bert Lars (foreach)": lambda ps: Lars(
-            param_groups(ps, OptimConfig(name="lars", weight_decay=1e-4)), lr=1.0),
-        "naive per-tensor LAMB loop": lambda ps: NaiveLamb([p for _, p in ps]),
-        "torch AdamW (foreach)": lambda ps: torch.optim.AdamW([p for _, p in ps], foreach=True),
+    ours = {
+        "Lamb": lambda ps: Lamb(param_groups(ps, cfg), lr=1e-3, weight_decay=0.01),
+        "NVLamb": lambda ps: NVLamb(param_groups(ps, OptimConfig(name="nvlamb")), lr=1e-3),
+        "Lars": lambda ps: Lars(param_groups(ps, OptimConfig(name="lars", weight_decay=1e-4)), lr=1.0),
     }
+    candidates = {}  # name: (make, fused kernels on)
+    for fused, label in ((True, "fused"), (False, "foreach")):
+        for opt_name, make in ours.items():
+            candidates[f"hvd_bert {opt_name} ({label})"] = (make, fused)
+    candidates["naive per-tensor LAMB loop"] = (lambda ps: NaiveLamb([p for _, p in ps]), False)
+    candidates["torch AdamW (foreach)"] = (
+        lambda ps: torch.optim.AdamW([p for _, p in ps], foreach=True), False)
     try:
         import torch_optimizer
-        candidates["torch-optimizer Lamb 0.3.0"] = lambda ps: torch_optimizer.Lamb([p for _, p in ps])
+        candidates["torch-optimizer Lamb 0.3.0"] = (
+            lambda ps: torch_optimizer.Lamb([p for _, p in ps]), False)
     except ImportError:
         print("torch-optimizer not installed (pip install -r requirements-bench.txt): skipped")
     # Minimum traffic in bytes per parameter (fp32): LAMB/AdamW read w, g, m, v and write
     # w, m, v (7 x 4 B); LARS reads w, g, v and writes w, v (5 x 4 B).
     floor_bytes = {"Lars": 5 * 4, "default": 7 * 4}
+    opts = {}
+    for name, (make, fused) in candidates.items():
+        opts[name] = make(named)
+        timed_step(opts[name], fused)  # creates the state: not timed
+    times = {name: [] for name in candidates}
+    bws = [bw]
+    for _ in range(args.repeats):
+        for name, (_, fused) in candidates.items():
+            times[name].append(timed_step(opts[name], fused))
+        bws.append(copy_bandwidth())
+    bw = statistics.median(bws)
     rows = []
-    for name, make in candidates.items():
-        for _, p in named:  # fresh state for each candidate
-            p.grad = p.grad
-        opt = make(named)
-        med, best = time_steps(opt, args.repeats)
+    for name in candidates:
+        med, best = statistics.median(times[name]), min(times[name])
         per_param = floor_bytes["Lars"] if "Lars" in name else floor_bytes["default"]
         floor = per_param * n / bw
         rows.append(dict(optimizer=name, median_s=med, min_s=best, floor_s=floor,
                          x_floor=med / floor))
-        del opt
-    base = next(r["median_s"] for r in rows if r["optimizer"] == "hvd_bert Lamb (foreach)")
+    base = next(r["median_s"] for r in rows if r["optimizer"] == "hvd_bert Lamb (fused)")
     print(f"\nparameters: {n / 1e6:.1f}M fp32 in {len(named)} tensors ({args.preset}); "
-          f"copy bandwidth {bw / 1e9:.2f} GB/s; torch {torch.__version__}, "
+          f"copy bandwidth {bw / 1e9:.2f} GB/s (median of {len(bws)}); torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
-    print(f"{'optimizer':<30} {'median s':>9} {'x floor':>8} {'vs hvd_bert Lamb':>17}")
+    print(f"{'optimizer':<30} {'median s':>9} {'x floor':>8} {'vs hvd_bert Lamb (fused)':>25}")
     for r in rows:
         print(f"{r['optimizer']:<30} {r['median_s']:>9.3f} {r['x_floor']:>8.2f} "
-              f"{r['median_s'] / base:>16.2f}x")
+              f"{r['median_s'] / base:>24.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(params=n, copy_bw=bw, rows=rows), indent=1))
     assert all(math.isfinite(p.detach().sum()) for _, p in named)

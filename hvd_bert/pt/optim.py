@@ -25,6 +25,7 @@ from typing import Iterable, Sequence
 import torch
 
 from hvd_bert.common.config import OptimConfig
+from hvd_bert.pt import fused_optim
 
 __all__ = ["Lamb", "NVLamb", "Lars", "param_groups", "build_optimizer", "init_state"]
 
@@ -186,6 +187,11 @@ class Lamb(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         wd, eps, adapt = group["weight_decay"], group["eps"], self._adapt(group)
         sqrt_c2 = math.sqrt(c2)
+        if fused_optim.usable(params, grads, m, v):
+            # CPU: the clip factor and the norms are host numbers anyway (no device to sync)
+            self._update_fused(group, params, grads, m, v, 1.0 if clip is None else float(clip),
+                               sqrt_c2, 1.0 / c1, adapt)
+            return
         plan = _plan_slices(params)
 
         def update_of(w, mm, vv):
@@ -229,6 +235,22 @@ class Lamb(torch.optim.Optimizer):
                 torch._foreach_addcmul_(w, u, [scales[i] for i, _ in chunk])
             else:
                 torch._foreach_add_(w, u, alpha=-group["lr"])
+
+    @staticmethod
+    def _update_fused(group, params, grads, m, v, clip, sqrt_c2, rc1, adapt) -> None:
+        """The same update with :mod:`hvd_bert.pt.fused_optim`'s kernels: one loop per pass."""
+        beta1, beta2 = group["betas"]
+        wd, eps, lr = group["weight_decay"], group["eps"], group["lr"]
+        if not adapt:
+            for w, g, mm, vv in zip(params, grads, m, v):
+                fused_optim.lamb_one_pass(w, g, mm, vv, beta1, beta2, clip, sqrt_c2, eps, wd, rc1, -lr)
+            return
+        # Tensor by tensor, pass 2 right after pass 1: a tensor that fits in the last-level
+        # cache (every BERT matrix but the word embeddings) is read back from there.
+        for w, g, mm, vv in zip(params, grads, m, v):
+            w_sq, u_sq = fused_optim.lamb_pass1(w, g, mm, vv, beta1, beta2, clip, sqrt_c2, eps, wd, rc1)
+            ratio = math.sqrt(w_sq) / math.sqrt(u_sq) if w_sq > 0 and u_sq > 0 else 1.0
+            fused_optim.lamb_pass2(w, mm, vv, sqrt_c2, eps, wd, rc1, -lr * ratio)
 
 
 class NVLamb(Lamb):
@@ -286,6 +308,9 @@ class Lars(torch.optim.Optimizer):
                 continue
             torch._foreach_add_(steps, 1.0)
             lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
+            if fused_optim.usable(params, grads, bufs):
+                self._update_fused(group, params, grads, bufs)
+                continue
             scales = None
             if group["adapt"]:  # one pass over w and g for the norms
                 w = torch.stack(torch._foreach_norm(params))
@@ -306,6 +331,20 @@ class Lars(torch.optim.Optimizer):
                     torch._foreach_add_(vs, d)
                 torch._foreach_sub_(ws, vs)
         return loss
+
+    @staticmethod
+    def _update_fused(group, params, grads, bufs) -> None:
+        """The same update with :mod:`hvd_bert.pt.fused_optim`'s kernels: the norms of w and g
+        in one pass, then momentum and update in another."""
+        lr, wd, mu, eta, eps = (group[k] for k in ("lr", "weight_decay", "momentum", "eta", "eps"))
+        for w, g, v in zip(params, grads, bufs):
+            if not group["adapt"]:
+                fused_optim.lars_update(w, g, v, mu, lr, 0.0)
+                continue
+            w_norm, g_norm = (math.sqrt(x) for x in fused_optim.sumsq2(w, g))
+            trust = (eta * w_norm / max(g_norm + wd * w_norm + eps, 1e-38)
+                     if w_norm > 0 and g_norm > 0 else 1.0)
+            fused_optim.lars_update(w, g, v, mu, lr * trust, wd)
 
 
 @torch.no_grad()

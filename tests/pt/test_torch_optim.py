@@ -8,6 +8,7 @@ import torch
 
 from hvd_bert.common import optim as O
 from hvd_bert.common.config import OptimConfig
+from hvd_bert.pt import fused_optim
 from hvd_bert.pt.optim import Lamb, Lars, NVLamb, build_optimizer, init_state, param_groups
 
 SHAPES = [(3,), (), (1,), (4, 5), (2, 3, 4), (7,)]
@@ -47,11 +48,18 @@ def groups_of(params, decay_mask, wd, adapt_fn):
             for p, d in zip(params, decay_mask)]
 
 
-@pytest.fixture(params=["default", 7, 0], ids=["chunk-default", "chunk-7", "chunk-off"])
+@pytest.fixture(params=["fused", "default", 7, 0],
+                ids=["fused-kernels", "chunk-default", "chunk-7", "chunk-off"])
 def chunking(request, monkeypatch):
-    """Run the update over cache-sized slices (7 elements: tensors cut across slices and
-    slices spanning tensors) or whole tensors (0)."""
+    """Run the update through the fused CPU kernels (the default where a C compiler is
+    present), or the foreach path over cache-sized slices (7 elements: tensors cut across
+    slices and slices spanning tensors) or whole tensors (0)."""
     import hvd_bert.pt.optim as optim_mod
+    if request.param == "fused":
+        monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "1")  # also under a user's HVD_BERT_FUSED_OPTIM=0
+        assert fused_optim.usable([torch.zeros(1)]), "the fused CPU kernels did not build here"
+        return request.param
+    monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "0")
     if request.param != "default":
         monkeypatch.setattr(optim_mod, "CHUNK_ELEMENTS", request.param)
     return request.param
@@ -89,7 +97,7 @@ def test_nvlamb_matches_common(dtype, use_nvlamb, grad_scale, chunking):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("zero_first", [False, True])
-def test_lars_matches_common(dtype, zero_first):
+def test_lars_matches_common(dtype, zero_first, chunking):
     ws, gs, params = make_case(3, dtype, zero_first)
     mask = [True, False, True, True, False, True]
     opt = Lars([{"params": [p], "weight_decay": 5e-4 if a else 0.0, "adapt": a}
@@ -214,3 +222,62 @@ def test_rebuilding_from_param_groups_keeps_every_setting(make):
     gs = [[g * 50 for g in step] for step in gs]  # above the clip norms
     for x, y in zip(run_torch(a, params_a, gs), run_torch(b, params_b, gs)):
         np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("name", ["lamb", "nvlamb", "lars"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_kernels_on_large_tensors_match_common(name, dtype, monkeypatch):
+    """Tensors big enough for the kernels' OpenMP loops (and lengths that are no multiple of
+    the vector width), against the reference and against the foreach path."""
+    monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "1")
+    rng = np.random.default_rng(7)
+    shapes = [(300_001,), (513, 257), (5,)]
+    ws = [rng.normal(size=s) * 0.05 for s in shapes]
+    gs = [[rng.normal(size=s) * (0.5 if name == "nvlamb" else 1e-3) for s in shapes] for _ in range(3)]
+    mask = [True, True, False]
+    kw = dict(lars=dict(lr=1.0, momentum=0.9, weight_decay=5e-4, eta=1e-3, adapt_mask=mask),
+              lamb=dict(lr=0.01, weight_decay=0.01, decay_mask=mask),
+              nvlamb=dict(lr=0.01, weight_decay=0.01, decay_mask=mask, max_grad_norm=1.0))[name]
+
+    def make():
+        params = [torch.nn.Parameter(torch.tensor(w, dtype=dtype)) for w in ws]
+        if name == "lars":
+            groups = [{"params": [p], "weight_decay": 5e-4 if a else 0.0, "adapt": a}
+                      for p, a in zip(params, mask)]
+            return params, Lars(groups, lr=1.0, momentum=0.9, eta=1e-3)
+        groups = [{"params": [p], "weight_decay": 0.01 if d else 0.0} for p, d in zip(params, mask)]
+        cls = NVLamb if name == "nvlamb" else Lamb
+        return params, cls(groups, lr=0.01, weight_decay=0.01)
+
+    calls = []
+    for fn in ("lamb_pass1", "lamb_one_pass", "lars_update"):
+        real = getattr(fused_optim, fn)
+        monkeypatch.setattr(fused_optim, fn, lambda *a, _real=real, _fn=fn: calls.append(_fn) or _real(*a))
+    params, opt = make()
+    got = run_torch(opt, params, gs)
+    assert calls, "the fused kernels were not used"
+    monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "0")
+    params, opt = make()
+    foreach = run_torch(opt, params, gs)
+    want = run_common(name, ws, gs, **kw)
+    tol = TOL[dtype] if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-6)
+    for a, b, c in zip(got, foreach, want):
+        np.testing.assert_allclose(a, c, **tol)
+        np.testing.assert_allclose(a, b, **tol)
+
+
+def test_fused_kernels_fall_back_with_one_warning_without_a_compiler(monkeypatch, tmp_path):
+    monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "1")
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("HVD_BERT_CACHE", str(tmp_path))
+    monkeypatch.setattr(fused_optim, "_lib", None)
+    monkeypatch.setattr(fused_optim, "_failed", False)
+    ws, gs, params = make_case(4, torch.float32)
+    opt = Lamb(params, lr=0.01, weight_decay=0.01)
+    with pytest.warns(UserWarning, match="fused CPU optimizer kernels could not be built"):
+        got = run_torch(opt, params, gs)
+    assert not fused_optim.usable(params)
+    assert not list(tmp_path.rglob("*.so")), "a failed build left a file behind"
+    want = run_common("lamb", ws, gs, lr=0.01, weight_decay=0.01, decay_mask=[True] * len(ws))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, **TOL[torch.float32])
