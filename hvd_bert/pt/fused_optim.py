@@ -43,38 +43,67 @@ __all__ = ["enabled", "usable", "lamb_pass1", "lamb_pass2", "lamb_one_pass", "su
 _SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
+#include <omp.h>
 
 /* OpenMP over the loop (on this call's thread count) only where it pays for the fork. */
 #define PAR if(n >= 65536) num_threads(nt) schedule(static)
 #define OMP_(...) _Pragma(#__VA_ARGS__)
 #define OMP(...) OMP_(__VA_ARGS__)
+/* Each thread of a team takes one contiguous share of whole BLOCKs, the same share in every
+   kernel for the same n and team size. A second pass over a tensor walks its share backwards,
+   so it starts on what the first pass left in the caches. Squared norms are summed in T within
+   a BLOCK (full-width vector lanes: a reduction at memory speed) and in double across them. */
+#define BLOCK 2048
+#define TEAM if(n >= 65536) num_threads(nt)
+#define SHARE(lo, hi)                                                                         \
+    const int64_t per_ = ((n + BLOCK - 1) / BLOCK + omp_get_num_threads() - 1)               \
+                         / omp_get_num_threads() * BLOCK;                                     \
+    const int64_t lo = omp_get_thread_num() * per_ < n ? omp_get_thread_num() * per_ : n;     \
+    const int64_t hi = lo + per_ < n ? lo + per_ : n;
+#define BACKWARD(lo, hi, b0, e)                                                               \
+    for (int64_t b0 = hi > lo ? lo + (hi - lo - 1) / BLOCK * BLOCK : lo - 1,                  \
+                 e = b0 + BLOCK < hi ? b0 + BLOCK : hi;                                       \
+         b0 >= lo; b0 -= BLOCK, e = b0 + BLOCK)
 
-#define DEFINE(T, S)                                                                          \
+#define DEFINE(T, S, SQRT)                                                                    \
 void lamb_pass1_##S(const T* restrict w, const T* restrict g, T* restrict m, T* restrict v,  \
                     int64_t n, double b1, double b2, double clip, double sqrt_c2,            \
                     double eps, double wd, double rc1, int nt, double* out) {                \
     const T a1 = (T)(1.0 - b1), tb2 = (T)b2, a2 = (T)(1.0 - b2), tc = (T)clip;               \
     const T ts = (T)sqrt_c2, te = (T)eps, tw = (T)wd, tr = (T)rc1;                           \
     double wsq = 0.0, usq = 0.0;                                                             \
-    OMP(omp parallel for simd reduction(+:wsq,usq) PAR)                                      \
-    for (int64_t i = 0; i < n; i++) {                                                        \
-        T gi = g[i] * tc;                                                                    \
-        T mi = m[i] + a1 * (gi - m[i]);                                                      \
-        T vi = v[i] * tb2 + a2 * (gi * gi);                                                  \
-        m[i] = mi; v[i] = vi;                                                                \
-        T u = tw * w[i] + tr * (mi / (sqrt(vi) / ts + te));                                  \
-        wsq += (double)w[i] * (double)w[i];                                                  \
-        usq += (double)u * (double)u;                                                        \
+    OMP(omp parallel reduction(+:wsq,usq) TEAM) {                                            \
+        SHARE(lo, hi)                                                                        \
+        for (int64_t b0 = lo; b0 < hi; b0 += BLOCK) {                                        \
+            const int64_t e = b0 + BLOCK < hi ? b0 + BLOCK : hi;                             \
+            T bw = 0, bu = 0;                                                                \
+            OMP(omp simd reduction(+:bw,bu))                                                 \
+            for (int64_t i = b0; i < e; i++) {                                               \
+                T gi = g[i] * tc;                                                            \
+                T mi = m[i] + a1 * (gi - m[i]);                                              \
+                T vi = v[i] * tb2 + a2 * (gi * gi);                                          \
+                m[i] = mi; v[i] = vi;                                                        \
+                T u = tw * w[i] + tr * (mi / (SQRT(vi) / ts + te));                          \
+                bw += w[i] * w[i];                                                           \
+                bu += u * u;                                                                 \
+            }                                                                                \
+            wsq += bw; usq += bu;                                                            \
+        }                                                                                    \
     }                                                                                        \
     out[0] = wsq; out[1] = usq;                                                              \
 }                                                                                            \
-void lamb_pass2_##S(T* restrict w, const T* restrict m, const T* restrict v, int64_t n,     \
-                    double sqrt_c2, double eps, double wd, double rc1, double scale, int nt) { \
+void lamb_pass2_##S(T* restrict w, const T* restrict m, const T* restrict v, int64_t n,      \
+                    double sqrt_c2, double eps, double wd, double rc1, double scale, int nt) {\
     const T ts = (T)sqrt_c2, te = (T)eps, tw = (T)wd, tr = (T)rc1, sc = (T)scale;            \
-    OMP(omp parallel for simd PAR)                                                           \
-    for (int64_t i = 0; i < n; i++) {                                                        \
-        T u = tw * w[i] + tr * (m[i] / (sqrt(v[i]) / ts + te));                              \
-        w[i] = w[i] + sc * u;                                                                \
+    OMP(omp parallel TEAM) {                                                                 \
+        SHARE(lo, hi)                                                                        \
+        BACKWARD(lo, hi, b0, e) {                                                            \
+            OMP(omp simd)                                                                    \
+            for (int64_t i = b0; i < e; i++) {                                               \
+                T u = tw * w[i] + tr * (m[i] / (SQRT(v[i]) / ts + te));                      \
+                w[i] = w[i] + sc * u;                                                        \
+            }                                                                                \
+        }                                                                                    \
     }                                                                                        \
 }                                                                                            \
 void lamb_one_pass_##S(T* restrict w, const T* restrict g, T* restrict m, T* restrict v,    \
@@ -88,32 +117,45 @@ void lamb_one_pass_##S(T* restrict w, const T* restrict g, T* restrict m, T* res
         T mi = m[i] + a1 * (gi - m[i]);                                                      \
         T vi = v[i] * tb2 + a2 * (gi * gi);                                                  \
         m[i] = mi; v[i] = vi;                                                                \
-        T u = tw * w[i] + tr * (mi / (sqrt(vi) / ts + te));                                  \
+        T u = tw * w[i] + tr * (mi / (SQRT(vi) / ts + te));                                  \
         w[i] = w[i] + sc * u;                                                                \
     }                                                                                        \
 }                                                                                            \
 void sumsq2_##S(const T* restrict a, const T* restrict b, int64_t n, int nt, double* out) {  \
     double sa = 0.0, sb = 0.0;                                                               \
-    OMP(omp parallel for simd reduction(+:sa,sb) PAR)                                        \
-    for (int64_t i = 0; i < n; i++) {                                                        \
-        sa += (double)a[i] * (double)a[i];                                                   \
-        sb += (double)b[i] * (double)b[i];                                                   \
+    OMP(omp parallel reduction(+:sa,sb) TEAM) {                                              \
+        SHARE(lo, hi)                                                                        \
+        for (int64_t b0 = lo; b0 < hi; b0 += BLOCK) {                                        \
+            const int64_t e = b0 + BLOCK < hi ? b0 + BLOCK : hi;                             \
+            T ba = 0, bb = 0;                                                                \
+            OMP(omp simd reduction(+:ba,bb))                                                 \
+            for (int64_t i = b0; i < e; i++) {                                               \
+                ba += a[i] * a[i];                                                           \
+                bb += b[i] * b[i];                                                           \
+            }                                                                                \
+            sa += ba; sb += bb;                                                              \
+        }                                                                                    \
     }                                                                                        \
     out[0] = sa; out[1] = sb;                                                                \
 }                                                                                            \
-void lars_update_##S(T* restrict w, const T* restrict g, T* restrict v, int64_t n,          \
+void lars_update_##S(T* restrict w, const T* restrict g, T* restrict v, int64_t n,           \
                      double mu, double scale, double wd, int nt) {                           \
     const T tm = (T)mu, sc = (T)scale, tw = (T)wd;                                           \
-    OMP(omp parallel for simd PAR)                                                           \
-    for (int64_t i = 0; i < n; i++) {                                                        \
-        T vi = tm * v[i] + (g[i] + tw * w[i]) * sc;                                          \
-        v[i] = vi;                                                                           \
-        w[i] = w[i] - vi;                                                                    \
+    OMP(omp parallel TEAM) {                                                                 \
+        SHARE(lo, hi)                                                                        \
+        BACKWARD(lo, hi, b0, e) {                                                            \
+            OMP(omp simd)                                                                    \
+            for (int64_t i = b0; i < e; i++) {                                               \
+                T vi = tm * v[i] + (g[i] + tw * w[i]) * sc;                                  \
+                v[i] = vi;                                                                   \
+                w[i] = w[i] - vi;                                                            \
+            }                                                                                \
+        }                                                                                    \
     }                                                                                        \
 }
 
-DEFINE(float, f32)
-DEFINE(double, f64)
+DEFINE(float, f32, sqrtf)  /* sqrtf: sqrt would promote the whole update to double */
+DEFINE(double, f64, sqrt)
 """
 
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-std=c11"]
