@@ -45,8 +45,6 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <omp.h>
 
-/* OpenMP over the loop (on this call's thread count) only where it pays for the fork. */
-#define PAR if(n >= 65536) num_threads(nt) schedule(static)
 #define OMP_(...) _Pragma(#__VA_ARGS__)
 #define OMP(...) OMP_(__VA_ARGS__)
 /* Each thread of a team takes one contiguous share of whole BLOCKs, the same share in every
@@ -64,26 +62,32 @@ _SOURCE = r"""
     for (int64_t b0 = hi > lo ? lo + (hi - lo - 1) / BLOCK * BLOCK : lo - 1,                  \
                  e = b0 + BLOCK < hi ? b0 + BLOCK : hi;                                       \
          b0 >= lo; b0 -= BLOCK, e = b0 + BLOCK)
+#define FORWARD(lo, hi, b0, e)                                                                \
+    for (int64_t b0 = lo, e = lo + BLOCK < hi ? lo + BLOCK : hi; b0 < hi;                     \
+         b0 += BLOCK, e = b0 + BLOCK < hi ? b0 + BLOCK : hi)
+/* LAMB at element i, with DEFINE's constants: the moments, then the update direction u. */
+#define LAMB_MOMENTS(T, i)                                                                    \
+    const T gi = g[i] * tc, mi = m[i] + a1 * (gi - m[i]), vi = v[i] * tb2 + a2 * (gi * gi); \
+    m[i] = mi; v[i] = vi;
+#define LAMB_U(SQRT, mi, vi, i) (tw * w[i] + tr * ((mi) / (SQRT(vi) / ts + te)))
+#define LAMB_CONSTANTS(T)                                                                     \
+    const T a1 = (T)(1.0 - b1), tb2 = (T)b2, a2 = (T)(1.0 - b2), tc = (T)clip;               \
+    const T ts = (T)sqrt_c2, te = (T)eps, tw = (T)wd, tr = (T)rc1;
 
 #define DEFINE(T, S, SQRT)                                                                    \
 void lamb_pass1_##S(const T* restrict w, const T* restrict g, T* restrict m, T* restrict v,  \
                     int64_t n, double b1, double b2, double clip, double sqrt_c2,            \
                     double eps, double wd, double rc1, int nt, double* out) {                \
-    const T a1 = (T)(1.0 - b1), tb2 = (T)b2, a2 = (T)(1.0 - b2), tc = (T)clip;               \
-    const T ts = (T)sqrt_c2, te = (T)eps, tw = (T)wd, tr = (T)rc1;                           \
+    LAMB_CONSTANTS(T)                                                                        \
     double wsq = 0.0, usq = 0.0;                                                             \
     OMP(omp parallel reduction(+:wsq,usq) TEAM) {                                            \
         SHARE(lo, hi)                                                                        \
-        for (int64_t b0 = lo; b0 < hi; b0 += BLOCK) {                                        \
-            const int64_t e = b0 + BLOCK < hi ? b0 + BLOCK : hi;                             \
+        FORWARD(lo, hi, b0, e) {                                                             \
             T bw = 0, bu = 0;                                                                \
             OMP(omp simd reduction(+:bw,bu))                                                 \
             for (int64_t i = b0; i < e; i++) {                                               \
-                T gi = g[i] * tc;                                                            \
-                T mi = m[i] + a1 * (gi - m[i]);                                              \
-                T vi = v[i] * tb2 + a2 * (gi * gi);                                          \
-                m[i] = mi; v[i] = vi;                                                        \
-                T u = tw * w[i] + tr * (mi / (SQRT(vi) / ts + te));                          \
+                LAMB_MOMENTS(T, i)                                                           \
+                const T u = LAMB_U(SQRT, mi, vi, i);                                      \
                 bw += w[i] * w[i];                                                           \
                 bu += u * u;                                                                 \
             }                                                                                \
@@ -99,34 +103,32 @@ void lamb_pass2_##S(T* restrict w, const T* restrict m, const T* restrict v, int
         SHARE(lo, hi)                                                                        \
         BACKWARD(lo, hi, b0, e) {                                                            \
             OMP(omp simd)                                                                    \
-            for (int64_t i = b0; i < e; i++) {                                               \
-                T u = tw * w[i] + tr * (m[i] / (SQRT(v[i]) / ts + te));                      \
-                w[i] = w[i] + sc * u;                                                        \
-            }                                                                                \
+            for (int64_t i = b0; i < e; i++)                                                 \
+                w[i] = w[i] + sc * LAMB_U(SQRT, m[i], v[i], i);                           \
         }                                                                                    \
     }                                                                                        \
 }                                                                                            \
-void lamb_one_pass_##S(T* restrict w, const T* restrict g, T* restrict m, T* restrict v,    \
+void lamb_one_pass_##S(T* restrict w, const T* restrict g, T* restrict m, T* restrict v,     \
                        int64_t n, double b1, double b2, double clip, double sqrt_c2,         \
                        double eps, double wd, double rc1, double scale, int nt) {            \
-    const T a1 = (T)(1.0 - b1), tb2 = (T)b2, a2 = (T)(1.0 - b2), tc = (T)clip;               \
-    const T ts = (T)sqrt_c2, te = (T)eps, tw = (T)wd, tr = (T)rc1, sc = (T)scale;            \
-    OMP(omp parallel for simd PAR)                                                           \
-    for (int64_t i = 0; i < n; i++) {                                                        \
-        T gi = g[i] * tc;                                                                    \
-        T mi = m[i] + a1 * (gi - m[i]);                                                      \
-        T vi = v[i] * tb2 + a2 * (gi * gi);                                                  \
-        m[i] = mi; v[i] = vi;                                                                \
-        T u = tw * w[i] + tr * (mi / (SQRT(vi) / ts + te));                                  \
-        w[i] = w[i] + sc * u;                                                                \
+    LAMB_CONSTANTS(T)                                                                        \
+    const T sc = (T)scale;                                                                   \
+    OMP(omp parallel TEAM) {                                                                 \
+        SHARE(lo, hi)                                                                        \
+        FORWARD(lo, hi, b0, e) {                                                             \
+            OMP(omp simd)                                                                    \
+            for (int64_t i = b0; i < e; i++) {                                               \
+                LAMB_MOMENTS(T, i)                                                           \
+                w[i] = w[i] + sc * LAMB_U(SQRT, mi, vi, i);                               \
+            }                                                                                \
+        }                                                                                    \
     }                                                                                        \
 }                                                                                            \
 void sumsq2_##S(const T* restrict a, const T* restrict b, int64_t n, int nt, double* out) {  \
     double sa = 0.0, sb = 0.0;                                                               \
     OMP(omp parallel reduction(+:sa,sb) TEAM) {                                              \
         SHARE(lo, hi)                                                                        \
-        for (int64_t b0 = lo; b0 < hi; b0 += BLOCK) {                                        \
-            const int64_t e = b0 + BLOCK < hi ? b0 + BLOCK : hi;                             \
+        FORWARD(lo, hi, b0, e) {                                                             \
             T ba = 0, bb = 0;                                                                \
             OMP(omp simd reduction(+:ba,bb))                                                 \
             for (int64_t i = b0; i < e; i++) {                                               \
