@@ -5,6 +5,7 @@ count with every step logged once, the configured global batch (k recomputed: 2 
 on 2) and the configured LR schedule at every step, a loss curve that goes on where it was, and
 an optimizer whose own step counter says every step was applied once."""
 
+import functools
 import json
 import os
 import re
@@ -60,6 +61,33 @@ def logged_steps(out: Path) -> list[int]:
 
 
 LAYOUT_FROM = re.compile(r"elastic: (\d+) ranks: global batch (\d+) = .*; from step (\d+)")
+# Horovod 0.28.1's Gloo transport can abort a surviving worker when a peer dies mid-message (a
+# transport thread throws, nothing catches it); its elastic driver then starts no new workers
+UPSTREAM_ABORT = "terminate called after throwing an instance of 'gloo::"
+JOBS: list["ElasticJob"] = []
+
+
+def retried_on_upstream_abort(test):
+    """Run ``test`` again, once, in a fresh folder, when a job of its first try failed with a
+    surviving worker aborted by Gloo (UPSTREAM_ABORT): that crash is Horovod's, not the job's,
+    and says nothing about what the test checks. Any other failure, or the same one twice, fails."""
+    @functools.wraps(test)
+    def run(*args, tmp_path, **kwargs):
+        for attempt in (1, 2):
+            JOBS.clear()
+            try:
+                return test(*args, tmp_path=tmp_path / f"try{attempt}", **kwargs)
+            except (Exception, pytest.fail.Exception):
+                if attempt == 2 or not any(UPSTREAM_ABORT in job.text() for job in JOBS):
+                    raise
+                print(f"try {attempt}: a surviving worker was aborted by Gloo, as Horovod 0.28.1 "
+                      f"sometimes does when a peer dies mid-message; trying once more:\n"
+                      + "\n".join(line for job in JOBS for line in job.text().splitlines()
+                                   if "gloo" in line)[-3000:])
+            finally:
+                for job in JOBS:
+                    job.kill_all()
+    return run
 
 
 class ElasticJob:
@@ -67,6 +95,7 @@ class ElasticJob:
     least 2, hosts from a file the test rewrites (the discovery script prints it)."""
 
     def __init__(self, cluster, data, tmp_path, framework, *extra):
+        tmp_path.mkdir(parents=True, exist_ok=True)
         self.hosts = tmp_path / "hosts"
         self.set_hosts("node1", "node2", "node3")
         discover = tmp_path / "discover.sh"
@@ -87,6 +116,23 @@ class ElasticJob:
         with open(self.log, "w") as f:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
                                          cwd=tmp_path)
+        JOBS.append(self)
+
+    def kill(self) -> None:
+        """End horovodrun and its driver if they are still running."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def kill_all(self) -> None:
+        """End the whole job: horovodrun, and the workers it started over ssh (they live in the
+        sshd sessions, outside its process group)."""
+        self.kill()
+        for pid in (p for h in ("node1", "node2", "node3") for p in workers_on(h)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def set_hosts(self, *names):
         self.hosts.write_text("".join(f"{h}:1\n" for h in names))
@@ -121,9 +167,7 @@ class ElasticJob:
         try:
             self.proc.wait(timeout=timeout)
         finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+            self.kill()
         text = self.text()
         assert self.proc.returncode == 0, text[-6000:]
         assert f"finished step {TOTAL}" in text, text[-6000:]
@@ -154,6 +198,7 @@ def check_loss_goes_on(records, text):
 
 
 @pytest.mark.parametrize("framework", ["pt", "tf"])
+@retried_on_upstream_abort
 def test_a_killed_worker_and_its_return_keep_the_global_batch_and_the_schedule(cluster3, bert_data, tmp_path,
                                                                                framework):
     job = ElasticJob(cluster3, bert_data, tmp_path, framework,
@@ -180,6 +225,7 @@ def test_a_killed_worker_and_its_return_keep_the_global_batch_and_the_schedule(c
     assert optimizer_steps(framework, job.out / f"ckpt-{TOTAL:08d}.{framework}") == TOTAL
 
 
+@retried_on_upstream_abort
 def test_uneven_wait_trains_nothing_until_the_world_can_make_the_global_batch(cluster3, bert_data, tmp_path):
     """45 = 5 x 3 x 3 ranks; 2 ranks cannot make 45: the job waits until Horovod gives the host
     back (its blacklist cooldown over, the discovery script still lists it)."""
@@ -196,6 +242,7 @@ def test_uneven_wait_trains_nothing_until_the_world_can_make_the_global_batch(cl
     check_loss_goes_on(records, text)
 
 
+@retried_on_upstream_abort
 def test_uneven_nearest_trains_on_the_nearest_global_batch_with_a_rescaled_lr(cluster3, bert_data, tmp_path):
     """2 ranks cannot make 45: 44 (2 x 11 x 2 ranks), the peak LR scaled by sqrt(44/45) for
     those steps only; back on 3 ranks, 45 and its LR again."""
