@@ -105,17 +105,23 @@ def check_cpu_operations(hcfg, env=None) -> None:
                           "crashes Horovod 0.28.1 (a segfault in its Gloo broadcast, the Gloo context is "
                           "never set up from MPI's): leave it unset (MPI's operations) or launch with "
                           "horovodrun --gloo")
-    if want.lower() == "mpi" and "HOROVOD_GLOO_RENDEZVOUS_ADDR" in env:
+    if want.lower() == "mpi" and gloo_launched(env):
         raise LaunchError("horovod.cpu_operations=mpi (HOROVOD_CPU_OPERATIONS=mpi) needs an MPI launch, but "
                           "this job was started by horovodrun with Gloo: launch it with mpirun (or "
                           "horovodrun --mpi), or set horovod.cpu_operations=gloo")
 
 
+def gloo_launched(env=None) -> bool:
+    """Started by horovodrun with Gloo (``--gloo``, or elastic): it hands every worker the
+    rendezvous address of its Gloo store."""
+    env = os.environ if env is None else env
+    return "HOROVOD_GLOO_RENDEZVOUS_ADDR" in env
+
+
 def mpi_launched(env=None) -> bool:
     """Started by mpirun (or ``horovodrun --mpi``, or ``srun --mpi=pmix``), not by horovodrun's Gloo."""
     env = os.environ if env is None else env
-    return (any(v in env for v in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"))
-            and "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in env)
+    return any(v in env for v in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE")) and not gloo_launched(env)
 
 
 # hvd_bert's defaults for a CPU job, per launcher, chosen from benchmarks/train_step.py --sweep

@@ -506,11 +506,11 @@ class HorovodConfig:
         None, "HOROVOD_FUSION_THRESHOLD in MiB (Horovod's default 128); null = leave as is")
     cycle_time_ms: Optional[float] = doc(
         None, "HOROVOD_CYCLE_TIME in ms (Horovod's default 1); null = 5 on a CPU (measured faster, "
-              "BENCHMARKS.md), Horovod's 1 with NCCL")
+              "BENCHMARKS.md), Horovod's 1 with NCCL or under Horovod elastic")
     cpu_operations: Optional[Literal["gloo", "mpi"]] = doc(
         None, "HOROVOD_CPU_OPERATIONS: the CPU allreduce library, gloo or mpi (mpi needs mpirun); "
               "null = Horovod's choice for the launcher (mpi under mpirun/srun, with OpenMPI yielding "
-              "while it waits, on a CPU)")
+              "while it waits, on a CPU outside Horovod elastic)")
     hierarchical_allreduce: Optional[bool] = doc(
         None, "HOROVOD_HIERARCHICAL_ALLREDUCE: reduce within each node, then across nodes; "
               "null = leave as is")

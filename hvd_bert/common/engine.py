@@ -79,6 +79,8 @@ class Engine(Protocol):
     micro_step: int            # micro-batches back-propagated over the whole run
     skipped_steps: int         # steps skipped for inf/NaN
     last_metrics: dict         # the last micro-batch's {"loss": ..., **metrics}
+    target_global_batch: int | None  # an elastic run's configured global batch (None otherwise;
+    #                                  its plan may be the nearest one), kept in checkpoints
 
     def train_micro_batch(self, batch: Any) -> StepResult | None: ...
 
@@ -136,7 +138,7 @@ def checkpoint_meta(engine: Engine, data_state: Any, rng_of_ranks: list) -> dict
             "local_batch_size": plan.local_batch_size if plan else None,
             "global_batch_size": plan.global_batch_size if plan else None,
             # an elastic run's configured global batch (its plan may be the nearest one)
-            "target_global_batch_size": getattr(engine, "target_global_batch", None),
+            "target_global_batch_size": engine.target_global_batch,
             "rng": rng_of_ranks}
 
 
@@ -180,7 +182,7 @@ def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str, *,
             try:
                 meta = read_meta(path)
                 check_resume(meta, path, world_size=engine.world_size, plan=engine.plan,
-                             allow_resized=allow_resized, target=getattr(engine, "target_global_batch", None))
+                             allow_resized=allow_resized, target=engine.target_global_batch)
                 load(path)
                 out = {"meta": meta}
             except (CheckpointError, ResumeError) as e:
