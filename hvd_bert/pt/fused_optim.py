@@ -25,17 +25,10 @@ fails) the foreach path is used, with one warning.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
-import warnings
-from pathlib import Path
 
 import torch
+
+from hvd_bert.pt.cbuild import CKernels, env_flag
 
 __all__ = ["enabled", "usable", "lamb_pass1", "lamb_pass2", "lamb_one_pass", "sumsq2",
            "lars_update"]
@@ -160,55 +153,10 @@ DEFINE(float, f32, sqrtf)  /* sqrtf: sqrt would promote the whole update to doub
 DEFINE(double, f64, sqrt)
 """
 
-_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-std=c11"]
 _DTYPES = {torch.float32: ("f32", ctypes.c_float), torch.float64: ("f64", ctypes.c_double)}
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_failed = False
 
-
-def enabled() -> bool:
-    """False when ``HVD_BERT_FUSED_OPTIM`` is ``0``, ``false`` or empty."""
-    return os.environ.get("HVD_BERT_FUSED_OPTIM", "1").strip().lower() not in ("0", "false", "")
-
-
-def _cpu_key() -> str:
-    """What ``-march=native`` depends on: the CPU's model and flags."""
-    info = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                info += line
-                if line.startswith("flags"):
-                    break
-    except OSError:
-        info = platform.processor()
-    return info or platform.machine()
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("HVD_BERT_CACHE", Path.home() / ".cache" / "hvd_bert")) / "kernels"
-
-
-def _build() -> ctypes.CDLL:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise RuntimeError("no C compiler (set CC, or install gcc)")
-    key = hashlib.sha256("\0".join([_SOURCE, " ".join(_CFLAGS), cc, _cpu_key()]).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"fused_optim-{key}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-            src = Path(tmp) / "fused_optim.c"
-            src.write_text(_SOURCE)
-            so = Path(tmp) / out.name
-            res = subprocess.run([cc, *_CFLAGS, str(src), "-o", str(so), "-lm"],
-                                 capture_output=True, text=True)
-            if res.returncode != 0:
-                raise RuntimeError(f"{cc} failed: {res.stderr.strip()[:300]}")
-            os.replace(so, out)  # atomic: ranks building at once each publish a whole file
-    lib = ctypes.CDLL(str(out))
+def _declare(lib: ctypes.CDLL) -> None:
     d, i64, i32, ptr = ctypes.c_double, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     for s in ("f32", "f64"):
         getattr(lib, f"lamb_pass1_{s}").argtypes = [ptr] * 4 + [i64] + [d] * 7 + [i32, ptr]
@@ -216,22 +164,20 @@ def _build() -> ctypes.CDLL:
         getattr(lib, f"lamb_one_pass_{s}").argtypes = [ptr] * 4 + [i64] + [d] * 8 + [i32]
         getattr(lib, f"sumsq2_{s}").argtypes = [ptr] * 2 + [i64, i32, ptr]
         getattr(lib, f"lars_update_{s}").argtypes = [ptr] * 3 + [i64] + [d] * 3 + [i32]
-    return lib
+
+
+_KERNELS = CKernels("fused_optim", _SOURCE, _declare, "fused CPU optimizer kernels", "the foreach path")
+_lib: ctypes.CDLL | None = None
+
+
+def enabled() -> bool:
+    """False when ``HVD_BERT_FUSED_OPTIM`` is ``0``, ``false`` or empty."""
+    return env_flag("HVD_BERT_FUSED_OPTIM")
 
 
 def _library() -> ctypes.CDLL | None:
-    global _lib, _failed
-    if _lib is not None or _failed:
-        return _lib
-    with _lock:
-        if _lib is None and not _failed:
-            try:
-                _lib = _build()
-            except Exception as e:  # noqa: BLE001  (no compiler, unsupported platform: fall back)
-                _failed = True
-                warnings.warn(f"hvd_bert: the fused CPU optimizer kernels could not be built "
-                              f"({type(e).__name__}: {str(e)[:300]}); using the foreach path",
-                              stacklevel=3)
+    global _lib
+    _lib = _KERNELS.library()
     return _lib
 
 

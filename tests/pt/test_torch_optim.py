@@ -9,6 +9,7 @@ import torch
 from hvd_bert.common import optim as O
 from hvd_bert.common.config import OptimConfig
 from hvd_bert.pt import fused_optim
+from hvd_bert.pt.cbuild import CKernels
 from hvd_bert.pt.optim import Lamb, Lars, NVLamb, build_optimizer, init_state, param_groups
 
 SHAPES = [(3,), (), (1,), (4, 5), (2, 3, 4), (7,)]
@@ -270,8 +271,9 @@ def test_fused_kernels_fall_back_with_one_warning_without_a_compiler(monkeypatch
     monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "1")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("HVD_BERT_CACHE", str(tmp_path))
+    k = fused_optim._KERNELS  # a fresh, unbuilt copy: the build is tried again with this CC
+    monkeypatch.setattr(fused_optim, "_KERNELS", CKernels(k.name, k.source, k.declare, k.what, k.fallback))
     monkeypatch.setattr(fused_optim, "_lib", None)
-    monkeypatch.setattr(fused_optim, "_failed", False)
     ws, gs, params = make_case(4, torch.float32)
     opt = Lamb(params, lr=0.01, weight_decay=0.01)
     with pytest.warns(UserWarning, match="fused CPU optimizer kernels could not be built"):

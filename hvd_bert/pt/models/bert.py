@@ -2,8 +2,10 @@
 initialisation), free of parallelism: the engine applies Horovod from outside.
 
 Speed-ups: the intermediate layer's bias + GELU is one fused kernel
-(``hvd_bert.pt.kernels``), attention uses ``scaled_dot_product_attention``, and the
-masked-LM head (transform + vocabulary projection) runs only at the masked positions (about
+(``hvd_bert.pt.kernels``); dropout, with the residual add after it, is one C loop whose mask
+comes from a hash (``hvd_bert.pt.dropout``; PyTorch's draws an element at a time); attention
+uses ``scaled_dot_product_attention`` (written out where its probabilities take that
+dropout); and the masked-LM head (transform + vocabulary projection) runs only at the masked positions (about
 15% of tokens) instead of over every token.
 """
 
@@ -20,6 +22,7 @@ from hvd_bert.common.bert_config import BertConfig
 from hvd_bert.common.bert_weights import (WeightsError, fit_for_model, read_published, read_run_bert_config,
                                           read_weights)
 from hvd_bert.common.checkpoint import latest_checkpoint
+from hvd_bert.pt.dropout import dropout, dropout_add, served
 from hvd_bert.pt.kernels import LinearGELU, bias_gelu
 
 __all__ = ["BertModel", "BertForPreTraining", "BertForSequenceClassification", "BertForQuestionAnswering",
@@ -34,13 +37,24 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size)
         self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.dropout = nn.Dropout(c.hidden_dropout)
+        self.p = c.hidden_dropout
 
     def forward(self, input_ids, segment_ids):
         pos = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.word_embeddings(input_ids) + self.position_embeddings(pos) + \
             self.token_type_embeddings(segment_ids)
-        return self.dropout(self.LayerNorm(x))
+        return dropout(self.LayerNorm(x), self.p, self.training)
+
+
+def attention(q, k, v, attn_bias, p: float, training: bool):
+    """softmax(q k^T / sqrt(d) + bias) v with dropout ``p`` on the probabilities while
+    training; written out where the fast dropout serves them (SDPA would draw its own)."""
+    if not (training and p > 0.0 and served(q)):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=p if training else 0.0)
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
+    if attn_bias is not None:
+        scores = scores + attn_bias
+    return dropout(torch.softmax(scores, dim=-1), p) @ v
 
 
 class BertLayer(nn.Module):
@@ -54,7 +68,6 @@ class BertLayer(nn.Module):
         self.intermediate = LinearGELU(h, c.intermediate_size, c.gelu)
         self.output = nn.Linear(c.intermediate_size, h)
         self.output_LayerNorm = nn.LayerNorm(h, eps=c.layer_norm_eps)
-        self.dropout = nn.Dropout(c.hidden_dropout)
 
     def forward(self, x, attn_bias):
         b, s, h = x.shape
@@ -63,12 +76,12 @@ class BertLayer(nn.Module):
         def heads(t):
             return t.view(b, s, nh, hs).transpose(1, 2)
 
-        ctx = F.scaled_dot_product_attention(
-            heads(self.query(x)), heads(self.key(x)), heads(self.value(x)), attn_mask=attn_bias,
-            dropout_p=self.c.attention_dropout if self.training else 0.0)
+        ctx = attention(heads(self.query(x)), heads(self.key(x)), heads(self.value(x)), attn_bias,
+                        self.c.attention_dropout, self.training)
         ctx = ctx.transpose(1, 2).reshape(b, s, h)
-        x = self.attention_LayerNorm(x + self.dropout(self.attention_output(ctx)))
-        return self.output_LayerNorm(x + self.dropout(self.output(self.intermediate(x))))
+        p, train = self.c.hidden_dropout, self.training
+        x = self.attention_LayerNorm(dropout_add(self.attention_output(ctx), x, p, train))
+        return self.output_LayerNorm(dropout_add(self.output(self.intermediate(x)), x, p, train))
 
 
 class BertModel(nn.Module):
