@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["GELU_FORMS", "check_gelu_form", "compile_enabled"]
+__all__ = ["GELU_FORMS", "check_gelu_form", "compile_enabled", "env_flag"]
 
 GELU_FORMS = ("tanh", "none")  # BERT's tanh approximation; the exact erf form (PyTorch's names)
 
@@ -16,7 +16,13 @@ def check_gelu_form(approximate: str) -> str:
     return approximate
 
 
+def env_flag(name: str) -> bool:
+    """A kernel switch: False when the environment variable ``name`` is ``0``, ``false`` or
+    empty; on when unset."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "")
+
+
 def compile_enabled() -> bool:
     """False when ``HVD_BERT_COMPILE`` is ``0``, ``false`` or empty: the eager composition is
     used (same numbers, no compile time)."""
-    return os.environ.get("HVD_BERT_COMPILE", "1").strip().lower() not in ("0", "false", "")
+    return env_flag("HVD_BERT_COMPILE")

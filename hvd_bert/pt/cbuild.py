@@ -22,14 +22,9 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["CKernels", "env_flag"]
+__all__ = ["CKernels"]
 
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-std=c11"]
-
-
-def env_flag(name: str) -> bool:
-    """False when the environment variable ``name`` is ``0``, ``false`` or empty (default on)."""
-    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "")
 
 
 def _cpu_key() -> str:

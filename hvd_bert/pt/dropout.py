@@ -23,7 +23,8 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from hvd_bert.pt.cbuild import CKernels, env_flag
+from hvd_bert.common.kernels import env_flag
+from hvd_bert.pt.cbuild import CKernels
 
 __all__ = ["dropout", "dropout_add", "enabled", "served"]
 
@@ -82,8 +83,8 @@ class _Dropout(torch.autograd.Function):
 
 
 def served(x: torch.Tensor, res: torch.Tensor | None = None) -> bool:
-    """Whether the kernel serves ``x`` (and ``residual``): contiguous-able fp32 CPU tensors,
-    on and built."""
+    """Whether the kernel serves ``x`` (and ``res``): fp32 CPU tensors of one shape, the
+    kernel on and built."""
     return (x.device.type == "cpu" and x.dtype == torch.float32 and enabled()
             and (res is None or (res.dtype == x.dtype and res.device == x.device and res.shape == x.shape))
             and _KERNELS.library() is not None)

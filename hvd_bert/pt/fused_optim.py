@@ -28,7 +28,8 @@ import ctypes
 
 import torch
 
-from hvd_bert.pt.cbuild import CKernels, env_flag
+from hvd_bert.common.kernels import env_flag
+from hvd_bert.pt.cbuild import CKernels
 
 __all__ = ["enabled", "usable", "lamb_pass1", "lamb_pass2", "lamb_one_pass", "sumsq2",
            "lars_update"]
@@ -167,18 +168,11 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 _KERNELS = CKernels("fused_optim", _SOURCE, _declare, "fused CPU optimizer kernels", "the foreach path")
-_lib: ctypes.CDLL | None = None
 
 
 def enabled() -> bool:
     """False when ``HVD_BERT_FUSED_OPTIM`` is ``0``, ``false`` or empty."""
     return env_flag("HVD_BERT_FUSED_OPTIM")
-
-
-def _library() -> ctypes.CDLL | None:
-    global _lib
-    _lib = _KERNELS.library()
-    return _lib
 
 
 def usable(*tensor_lists: list[torch.Tensor]) -> bool:
@@ -191,11 +185,11 @@ def usable(*tensor_lists: list[torch.Tensor]) -> bool:
         for t in ts:
             if t.dtype != first.dtype or t.device.type != "cpu" or t.is_sparse or not t.is_contiguous():
                 return False
-    return _library() is not None
+    return _KERNELS.library() is not None
 
 
 def _fn(name: str, t: torch.Tensor):
-    return getattr(_lib, f"{name}_{_DTYPES[t.dtype][0]}")
+    return getattr(_KERNELS.library(), f"{name}_{_DTYPES[t.dtype][0]}")
 
 
 def _threads() -> int:

@@ -273,7 +273,6 @@ def test_fused_kernels_fall_back_with_one_warning_without_a_compiler(monkeypatch
     monkeypatch.setenv("HVD_BERT_CACHE", str(tmp_path))
     k = fused_optim._KERNELS  # a fresh, unbuilt copy: the build is tried again with this CC
     monkeypatch.setattr(fused_optim, "_KERNELS", CKernels(k.name, k.source, k.declare, k.what, k.fallback))
-    monkeypatch.setattr(fused_optim, "_lib", None)
     ws, gs, params = make_case(4, torch.float32)
     opt = Lamb(params, lr=0.01, weight_decay=0.01)
     with pytest.warns(UserWarning, match="fused CPU optimizer kernels could not be built"):

@@ -2,11 +2,11 @@
 initialisation), free of parallelism: the engine applies Horovod from outside.
 
 Speed-ups: the intermediate layer's bias + GELU is one fused kernel
-(``hvd_bert.pt.kernels``); dropout, with the residual add after it, is one C loop whose mask
-comes from a hash (``hvd_bert.pt.dropout``; PyTorch's draws an element at a time); attention
-uses ``scaled_dot_product_attention`` (written out where its probabilities take that
-dropout); and the masked-LM head (transform + vocabulary projection) runs only at the masked positions (about
-15% of tokens) instead of over every token.
+(``hvd_bert.pt.kernels``); dropout, with the residual add after it, is one C loop whose
+mask comes from a hash (``hvd_bert.pt.dropout``; PyTorch's draws an element at a time);
+attention uses ``scaled_dot_product_attention`` (written out where its probabilities take
+that dropout); and the masked-LM head (transform + vocabulary projection) runs only at the
+masked positions (about 15% of tokens) instead of over every token.
 """
 
 from __future__ import annotations
