@@ -6,7 +6,9 @@ Speed-ups: the intermediate layer's bias + GELU is one fused kernel
 mask comes from a hash (``hvd_bert.pt.dropout``; PyTorch's draws an element at a time);
 attention uses ``scaled_dot_product_attention`` (written out where its probabilities take
 that dropout); and the masked-LM head (transform + vocabulary projection) runs only at the
-masked positions (about 15% of tokens) instead of over every token.
+masked positions (about 15% of tokens) instead of over every token, and on a CPU hands its
+weight's gradient to the word-embedding lookup that shares it, which adds its rows in place
+(``hvd_bert.pt.tied_embedding``: one vocabulary-sized buffer per step instead of three).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from hvd_bert.common.bert_weights import (WeightsError, fit_for_model, read_publ
 from hvd_bert.common.checkpoint import latest_checkpoint
 from hvd_bert.pt.dropout import dropout, dropout_add, served
 from hvd_bert.pt.kernels import LinearGELU, bias_gelu
+from hvd_bert.pt.tied_embedding import Tie, lookup, project, tie_for
 
 __all__ = ["BertModel", "BertForPreTraining", "BertForSequenceClassification", "BertForQuestionAnswering",
            "pretraining_loss", "classification_loss", "regression_loss", "span_loss", "export_weights",
@@ -39,9 +42,9 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.p = c.hidden_dropout
 
-    def forward(self, input_ids, segment_ids):
+    def forward(self, input_ids, segment_ids, tie: Tie | None = None):
         pos = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(pos) + \
+        x = lookup(self.word_embeddings.weight, input_ids, tie) + self.position_embeddings(pos) + \
             self.token_type_embeddings(segment_ids)
         return dropout(self.LayerNorm(x), self.p, self.training)
 
@@ -106,8 +109,10 @@ class BertModel(nn.Module):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
 
-    def encode(self, input_ids, segment_ids, input_mask):
-        x = self.embeddings(input_ids, segment_ids)
+    def encode(self, input_ids, segment_ids, input_mask, tie: Tie | None = None):
+        """The sequence output; ``tie`` hands the tied decoder's weight gradient to the word
+        embeddings (``hvd_bert.pt.tied_embedding``)."""
+        x = self.embeddings(input_ids, segment_ids, tie)
         # additive attention bias: 0 where attended, a large negative where padded
         attn_bias = (1.0 - input_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
         for layer in self.layers:
@@ -132,14 +137,16 @@ class BertForPreTraining(BertModel):
         self.apply(self._init)
 
     def forward(self, input_ids, segment_ids, input_mask, masked_lm_positions):
-        x = self.encode(input_ids, segment_ids, input_mask)
+        word = self.embeddings.word_embeddings.weight
+        tie = tie_for(word)
+        x = self.encode(input_ids, segment_ids, input_mask, tie)
         pooled = self.pool(x)
         # the MLM head only where tokens were masked: gather first, then transform
         idx = masked_lm_positions.unsqueeze(-1).expand(-1, -1, x.shape[-1])
         m = torch.gather(x, 1, idx)
         m = self.mlm_LayerNorm(bias_gelu(F.linear(m, self.mlm_transform.weight), self.mlm_transform.bias,
                                          self.config.gelu))
-        mlm_logits = F.linear(m, self.embeddings.word_embeddings.weight, self.mlm_bias)
+        mlm_logits = project(m, word, self.mlm_bias, tie)
         return mlm_logits, self.nsp(pooled)
 
 
