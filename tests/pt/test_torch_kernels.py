@@ -1,10 +1,12 @@
-"""The fused bias+GELU equals the unfused composition, forward and backward."""
+"""The fused bias+GELU (the C loop on a CPU, torch.compile elsewhere) equals PyTorch's GELU,
+forward and backward."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from hvd_bert.pt import kernels as K
+from hvd_bert.pt.cbuild import CKernels
 
 
 def grads_of(fn, x, b):
@@ -30,7 +32,7 @@ def test_compiled_equals_unfused_forward_and_backward(approximate, monkeypatch):
     x, b = torch.randn(128, 96), torch.randn(96)
     want = grads_of(lambda x, b: F.gelu(x + b, approximate=approximate), x.double(), b.double())
     with torch._dynamo.config.patch(suppress_errors=False):
-        got = grads_of(lambda x, b: K.bias_gelu(x, b, approximate), x, b)
+        got = grads_of(lambda x, b: K.bias_gelu_compiled(x, b, approximate), x, b)
     assert not K._failed, "torch.compile fell back to eager"
     assert approximate in K._compiled
     y, gx, gb = got
@@ -60,3 +62,58 @@ def test_linear_gelu_matches_linear_then_gelu(monkeypatch):
 def test_bad_form_is_rejected():
     with pytest.raises(ValueError, match="'tanh' or 'none'"):
         K.bias_gelu(torch.ones(1), torch.ones(1), "sigmoid")
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("shape", [(128, 96), (3, 37, 100), (1, 5), (7, 3072)])
+def test_the_c_kernel_equals_torch_gelu_in_double(approximate, shape, monkeypatch):
+    monkeypatch.setenv("HVD_BERT_COMPILE", "1")
+    g = torch.Generator().manual_seed(sum(shape))
+    x, b = 3 * torch.randn(*shape, generator=g), torch.randn(shape[-1], generator=g)
+    assert K.c_served(x, b)
+    calls = []
+    real = K._CBiasGELU.apply
+    monkeypatch.setattr(K._CBiasGELU, "apply", lambda *a: calls.append(1) or real(*a))
+    y, gx, gb = grads_of(lambda x, b: K.bias_gelu(x, b, approximate), x, b)
+    assert calls == [1]
+    want = grads_of(lambda x, b: F.gelu(x + b, approximate=approximate), x.double(), b.double())
+    torch.testing.assert_close(y.double(), want[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gx.double(), want[1], rtol=1e-5, atol=1e-6)
+    rows = x.numel() // shape[-1]  # the bias gradient sums this many fp32 terms per column
+    torch.testing.assert_close(gb.double(), want[2], rtol=1e-5, atol=5e-7 * rows)
+
+
+def test_the_c_kernel_takes_a_non_contiguous_input(monkeypatch):
+    monkeypatch.setenv("HVD_BERT_COMPILE", "1")
+    x, b = torch.randn(64, 40).t(), torch.randn(64)  # a transposed view
+    want = grads_of(lambda x, b: F.gelu(x + b, approximate="tanh"), x.double(), b.double())
+    for got, w in zip(grads_of(K.bias_gelu, x, b), want):
+        torch.testing.assert_close(got.double(), w, rtol=1e-5, atol=2e-5)
+
+
+def test_what_the_c_kernel_does_not_serve(monkeypatch):
+    monkeypatch.setenv("HVD_BERT_COMPILE", "1")
+    x, b = torch.randn(4, 8), torch.randn(8)
+    assert K.c_served(x, b)
+    assert not K.c_served(x.double(), b.double())
+    assert not K.c_served(x.bfloat16(), b)
+    assert not K.c_served(x, torch.randn(4))
+    monkeypatch.setenv("HVD_BERT_COMPILE", "0")
+    assert not K.c_served(x, b)
+
+
+def test_the_c_kernel_falls_back_to_compile_with_one_warning_without_a_compiler(monkeypatch, tmp_path):
+    monkeypatch.setenv("HVD_BERT_COMPILE", "1")
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("HVD_BERT_CACHE", str(tmp_path))
+    k = K._C  # a fresh, unbuilt copy: the build is tried again with this CC
+    monkeypatch.setattr(K, "_C", CKernels(k.name, k.source, k.declare, k.what, k.fallback))
+    x, b = torch.randn(16, 24), torch.randn(24)
+    with pytest.warns(UserWarning, match="C bias\\+GELU kernel could not be built"):
+        assert not K.c_served(x, b)
+    assert not list(tmp_path.rglob("*.so")), "a failed build left a file behind"
+    with torch._dynamo.config.patch(suppress_errors=False):
+        got = grads_of(K.bias_gelu, x, b)
+    want = grads_of(lambda x, b: F.gelu(x + b, approximate="tanh"), x.double(), b.double())
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=5e-5)
