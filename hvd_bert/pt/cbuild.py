@@ -22,9 +22,15 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["CKernels"]
+__all__ = ["CKernels", "threads"]
 
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-std=c11"]
+
+
+def threads() -> int:
+    """The OpenMP team size for a kernel call: PyTorch's intra-op thread count."""
+    import torch
+    return max(1, torch.get_num_threads())
 
 
 def _cpu_key() -> str:

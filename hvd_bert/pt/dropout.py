@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from hvd_bert.common.kernels import env_flag
-from hvd_bert.pt.cbuild import CKernels
+from hvd_bert.pt.cbuild import CKernels, threads as _threads
 
 __all__ = ["dropout", "dropout_add", "enabled", "served"]
 
@@ -65,7 +65,7 @@ def _run(x: torch.Tensor, res: torch.Tensor | None, p: float, key: int) -> torch
     out = torch.empty_like(x)
     _KERNELS.library().dropout_f32(x.data_ptr(), None if res is None else res.data_ptr(), out.data_ptr(),
                                    x.numel(), key, min(int(p * 2.0 ** 32), 2 ** 32 - 1), 1.0 / (1.0 - p),
-                                   max(1, torch.get_num_threads()))
+                                   _threads())
     return out
 
 

@@ -29,7 +29,7 @@ import ctypes
 import torch
 
 from hvd_bert.common.kernels import env_flag
-from hvd_bert.pt.cbuild import CKernels
+from hvd_bert.pt.cbuild import CKernels, threads as _threads
 
 __all__ = ["enabled", "usable", "lamb_pass1", "lamb_pass2", "lamb_one_pass", "sumsq2",
            "lars_update"]
@@ -190,10 +190,6 @@ def usable(*tensor_lists: list[torch.Tensor]) -> bool:
 
 def _fn(name: str, t: torch.Tensor):
     return getattr(_KERNELS.library(), f"{name}_{_DTYPES[t.dtype][0]}")
-
-
-def _threads() -> int:
-    return max(1, torch.get_num_threads())
 
 
 def lamb_pass1(w, g, m, v, b1, b2, clip, sqrt_c2, eps, wd, rc1) -> tuple[float, float]:

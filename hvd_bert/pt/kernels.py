@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from hvd_bert.common.kernels import check_gelu_form, compile_enabled
-from hvd_bert.pt.cbuild import CKernels
+from hvd_bert.pt.cbuild import CKernels, threads as _threads
 
 __all__ = ["bias_gelu", "bias_gelu_compiled", "bias_gelu_eager", "c_served", "compile_enabled", "LinearGELU"]
 
@@ -141,10 +141,6 @@ def c_served(x: torch.Tensor, bias: torch.Tensor) -> bool:
     return (x.device.type == "cpu" and x.dtype == torch.float32 and bias.dtype == torch.float32
             and bias.device.type == "cpu" and bias.dim() == 1 and x.dim() >= 1
             and x.shape[-1] == bias.shape[0] and compile_enabled() and _C.library() is not None)
-
-
-def _threads() -> int:
-    return max(1, torch.get_num_threads())
 
 
 class _CBiasGELU(torch.autograd.Function):
