@@ -105,7 +105,8 @@ class Lamb(torch.optim.Optimizer):
         bias_correction: Adam bias correction (default on).
         adapt: apply the trust ratio (per group; default on: TF BERT, optax).
         max_grad_norm: if set, clip the global norm of all gradients (over every group) to
-            it before the update (NVLAMB). Read from the first group.
+            it before the update (NVLAMB). Read from the first group. The norm of the last
+            step is kept in ``last_grad_norm`` (None without clipping).
 
     Every setting lives in the parameter groups: ``hvd.DistributedOptimizer`` rebuilds the
     optimizer from ``param_groups`` alone, so anything kept elsewhere would be lost.
@@ -134,16 +135,19 @@ class Lamb(torch.optim.Optimizer):
         _fill_state(self, ("exp_avg", "exp_avg_sq"))
 
     def _clip_factor(self) -> torch.Tensor | None:
-        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        if not grads:
-            return None
-        norms = torch._foreach_norm(grads)
-        dtype = torch.float64 if all(n.dtype == torch.float64 for n in norms) else torch.float32
-        gnorm = torch.linalg.vector_norm(torch.stack([n.to(dtype) for n in norms]))
-        self.last_grad_norm = gnorm
+        """With ``max_grad_norm`` set: the factor min(1, max / G) for the global gradient norm
+        G (kept in ``last_grad_norm``); None without it (no pass over the gradients)."""
         max_norm = self.param_groups[0]["max_grad_norm"]
-        if max_norm is None:
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if max_norm is None or not grads:
             return None
+        if fused_optim.usable(grads):  # one pass at memory speed, the sum in double
+            gnorm = torch.tensor(math.sqrt(fused_optim.sumsq(grads)), dtype=grads[0].dtype)
+        else:
+            norms = torch._foreach_norm(grads)
+            dtype = torch.float64 if all(n.dtype == torch.float64 for n in norms) else torch.float32
+            gnorm = torch.linalg.vector_norm(torch.stack([n.to(dtype) for n in norms]))
+        self.last_grad_norm = gnorm
         # g / (G / max) when G > max, unchanged otherwise (apex FusedLAMB; a clip, not a scale).
         return torch.where(gnorm > max_norm, max_norm / gnorm, torch.ones_like(gnorm))
 
@@ -195,9 +199,9 @@ class Lamb(torch.optim.Optimizer):
         plan = _plan_slices(params)
 
         def update_of(w, mm, vv):
-            # u = (m / c1) / (sqrt(v) / sqrt(c2) + eps) + wd w
+            # u = (m / c1) / (sqrt(v) * (1 / sqrt(c2)) + eps) + wd w
             denom = torch._foreach_sqrt(vv)
-            torch._foreach_div_(denom, sqrt_c2)
+            torch._foreach_mul_(denom, 1.0 / sqrt_c2)
             torch._foreach_add_(denom, eps)
             if wd:
                 u = torch._foreach_mul(w, wd)
@@ -238,19 +242,12 @@ class Lamb(torch.optim.Optimizer):
 
     @staticmethod
     def _update_fused(group, params, grads, m, v, clip, sqrt_c2, rc1, adapt) -> None:
-        """The same update with :mod:`hvd_bert.pt.fused_optim`'s kernels: one loop per pass."""
+        """The same update with :mod:`hvd_bert.pt.fused_optim`'s kernels: the whole group in
+        one call, tensor by tensor, pass 2 right after pass 1 (a tensor that fits in the
+        last-level cache, every BERT matrix but the word embeddings, is read back from there)."""
         beta1, beta2 = group["betas"]
-        wd, eps, lr = group["weight_decay"], group["eps"], group["lr"]
-        if not adapt:
-            for w, g, mm, vv in zip(params, grads, m, v):
-                fused_optim.lamb_one_pass(w, g, mm, vv, beta1, beta2, clip, sqrt_c2, eps, wd, rc1, -lr)
-            return
-        # Tensor by tensor, pass 2 right after pass 1: a tensor that fits in the last-level
-        # cache (every BERT matrix but the word embeddings) is read back from there.
-        for w, g, mm, vv in zip(params, grads, m, v):
-            w_sq, u_sq = fused_optim.lamb_pass1(w, g, mm, vv, beta1, beta2, clip, sqrt_c2, eps, wd, rc1)
-            ratio = math.sqrt(w_sq) / math.sqrt(u_sq) if w_sq > 0 and u_sq > 0 else 1.0
-            fused_optim.lamb_pass2(w, mm, vv, sqrt_c2, eps, wd, rc1, -lr * ratio)
+        fused_optim.lamb_step(params, grads, m, v, beta1, beta2, clip, sqrt_c2, group["eps"],
+                              group["weight_decay"], rc1, group["lr"], adapt)
 
 
 class NVLamb(Lamb):
@@ -334,17 +331,10 @@ class Lars(torch.optim.Optimizer):
 
     @staticmethod
     def _update_fused(group, params, grads, bufs) -> None:
-        """The same update with :mod:`hvd_bert.pt.fused_optim`'s kernels: the norms of w and g
-        in one pass, then momentum and update in another."""
-        lr, wd, mu, eta, eps = (group[k] for k in ("lr", "weight_decay", "momentum", "eta", "eps"))
-        for w, g, v in zip(params, grads, bufs):
-            if not group["adapt"]:
-                fused_optim.lars_update(w, g, v, mu, lr, 0.0)
-                continue
-            w_norm, g_norm = (math.sqrt(x) for x in fused_optim.sumsq2(w, g))
-            trust = (eta * w_norm / max(g_norm + wd * w_norm + eps, 1e-38)
-                     if w_norm > 0 and g_norm > 0 else 1.0)
-            fused_optim.lars_update(w, g, v, mu, lr * trust, wd)
+        """The same update with :mod:`hvd_bert.pt.fused_optim`'s kernels, the group in one
+        call: per tensor the norms of w and g in one pass, then momentum and update in another."""
+        fused_optim.lars_step(params, grads, bufs, *(group[k] for k in ("lr", "momentum", "weight_decay",
+                                                                          "eta", "eps", "adapt")))
 
 
 @torch.no_grad()
