@@ -45,7 +45,7 @@ from hvd_bert.common.engine import (FitResult, StepResult, check_engine_args, ch
                                     set_host_rng_state)
 from hvd_bert.common.runlog import StopSignal
 from hvd_bert.common.schedules import Schedule
-from hvd_bert.pt import init_horovod
+from hvd_bert.pt import fused_optim, init_horovod
 from hvd_bert.pt.checkpoint import load_checkpoint_file
 from hvd_bert.pt.optim import build_optimizer, init_state
 

@@ -251,7 +251,7 @@ _DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    d, i64, i32 = ctypes.c_double, ctypes.c_int64, ctypes.c_int
+    d, i32 = ctypes.c_double, ctypes.c_int
     ptrs, lens = ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)
     for s in _DTYPES.values():
         f = getattr(lib, f"lamb_step_{s}")

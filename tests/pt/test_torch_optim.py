@@ -267,6 +267,63 @@ def test_fused_kernels_on_large_tensors_match_common(name, dtype, monkeypatch):
         np.testing.assert_allclose(a, b, **tol)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("name", ["lamb", "nvlamb", "lars"])
+def test_fused_group_of_many_tensors_matches_common_and_repeats_bit_for_bit(name, threads, monkeypatch):
+    """One kernel call steps a whole group: tensors the team shares (>= SPLIT elements) and
+    tensors one thread takes whole, in one group, against the reference; with a team of 3 (the
+    order in which threads finish must not change the norms) two runs agree bit for bit."""
+    monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "1")
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rng = np.random.default_rng(11)
+        shapes = [(70_000,), (5,), (300_001,), (3, 7), (65_536,), (65_535,), (1,)]
+        mask = [True, True, True, False, True, False, True]  # decay / trust ratio per tensor
+        ws = [rng.normal(size=s) * 0.05 for s in shapes]
+        gs = [[rng.normal(size=s) * (0.5 if name == "nvlamb" else 1e-3) for s in shapes]
+              for _ in range(3)]
+
+        def run():
+            params = [torch.nn.Parameter(torch.tensor(w, dtype=torch.float32)) for w in ws]
+            on = [p for p, d in zip(params, mask) if d]
+            off = [p for p, d in zip(params, mask) if not d]
+            if name == "lars":
+                opt = Lars([{"params": on, "weight_decay": 5e-4}, {"params": off, "adapt": False}],
+                           lr=1.0, momentum=0.9, eta=1e-3)
+            else:
+                cls = NVLamb if name == "nvlamb" else Lamb
+                opt = cls([{"params": on, "weight_decay": 0.01}, {"params": off, "weight_decay": 0.0}],
+                          lr=0.01)
+            return run_torch(opt, params, gs)
+
+        got, again = run(), run()
+    finally:
+        torch.set_num_threads(old_threads)
+    kw = dict(lars=dict(lr=1.0, momentum=0.9, weight_decay=5e-4, eta=1e-3, adapt_mask=mask),
+              lamb=dict(lr=0.01, weight_decay=0.01, decay_mask=mask, bias_correction=True),
+              nvlamb=dict(lr=0.01, weight_decay=0.01, decay_mask=mask, max_grad_norm=1.0))[name]
+    want = run_common(name, ws, gs, **kw)
+    for a, b, c in zip(got, again, want):
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fused_sum_of_squares_matches_float64_and_keeps_inf_and_nan():
+    """The global-norm kernel (NVLamb's clip, the engine's grad norm): squares summed in double,
+    so a large finite gradient keeps a finite norm; inf and nan come through."""
+    rng = np.random.default_rng(3)
+    arrays = [rng.normal(size=s) for s in [(70_000,), (5,), (300_001,), (0,), (65_535,)]]
+    for dtype in (torch.float32, torch.float64):
+        ts = [torch.tensor(a, dtype=dtype) for a in arrays]
+        want = sum(float((t.double() ** 2).sum()) for t in ts)
+        assert fused_optim.sumsq(ts) == pytest.approx(want, rel=1e-12)
+    big = torch.full((100_000,), 1e20)
+    assert fused_optim.sumsq([big]) == pytest.approx(1e45, rel=1e-6)
+    assert fused_optim.sumsq([torch.tensor([1.0, float("inf")])]) == float("inf")
+    assert np.isnan(fused_optim.sumsq([torch.zeros(3), torch.tensor([float("nan")])]))
+
+
 def test_fused_kernels_fall_back_with_one_warning_without_a_compiler(monkeypatch, tmp_path):
     monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "1")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
