@@ -4,6 +4,7 @@ initialisation), free of parallelism: the engine applies Horovod from outside.
 Speed-ups: the intermediate layer's bias + GELU is one fused kernel
 (``hvd_bert.pt.kernels``); dropout, with the residual add after it, is one C loop whose
 mask comes from a hash (``hvd_bert.pt.dropout``; PyTorch's draws an element at a time);
+the query, key and value projections are one matrix product (:func:`qkv_heads`);
 attention uses ``scaled_dot_product_attention`` (written out where its probabilities take
 that dropout); and the masked-LM head (transform + vocabulary projection) runs only at the
 masked positions (about 15% of tokens) instead of over every token, and on a CPU hands its
@@ -24,6 +25,7 @@ from hvd_bert.common.bert_config import BertConfig
 from hvd_bert.common.bert_weights import (WeightsError, fit_for_model, read_published, read_run_bert_config,
                                           read_weights)
 from hvd_bert.common.checkpoint import latest_checkpoint
+from hvd_bert.common.kernels import env_flag
 from hvd_bert.pt.dropout import dropout, dropout_add, served
 from hvd_bert.pt.kernels import LinearGELU, bias_gelu
 from hvd_bert.pt.tied_embedding import Tie, lookup, project, tie_for
@@ -60,6 +62,59 @@ def attention(q, k, v, attn_bias, p: float, training: bool):
     return dropout(torch.softmax(scores, dim=-1), p) @ v
 
 
+class _QKV(torch.autograd.Function):
+    """The query, key and value projections as one matrix product, returned in the heads'
+    layout ``[B, heads, S, head_size]`` (views of one ``[B*S, 3H]`` output); the backward pass
+    gathers the three gradients into one buffer (the head-to-token transpose it had to copy
+    anyway) and makes one product for the input gradient (no sum of three) and one for the
+    weights, whose gradients are contiguous row blocks of it."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx, x, nh, wq, bq, wk, bk, wv, bv):
+        b, s, h = x.shape
+        x2 = x.reshape(b * s, h)
+        w = torch.cat((wq, wk, wv))
+        y = torch.addmm(torch.cat((bq, bk, bv)), x2, w.t())
+        ctx.save_for_backward(x2, w)
+        ctx.shape = (b, s, h, nh)
+        q, k, v = y.view(b, s, 3, nh, h // nh).unbind(2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, dq, dk, dv):
+        x2, w = ctx.saved_tensors
+        b, s, h, nh = ctx.shape
+        dtype = next(g.dtype for g in (dq, dk, dv) if g is not None)
+        dy = torch.empty(b, s, 3, nh, h // nh, dtype=dtype, device=x2.device)
+        for i, g in enumerate((dq, dk, dv)):
+            if g is None:
+                dy[:, :, i].zero_()
+            else:
+                dy[:, :, i].copy_(g.transpose(1, 2))
+        dy = dy.view(b * s, 3 * h)
+        dx = (dy @ w.to(dtype)).view(b, s, h) if ctx.needs_input_grad[0] else None
+        dw = (dy.t() @ x2.to(dtype)).to(w.dtype)
+        db = dy.sum(0).to(w.dtype)
+        return (dx, None, dw[:h], db[:h], dw[h:2 * h], db[h:2 * h], dw[2 * h:], db[2 * h:])
+
+
+def qkv_heads(x, query: nn.Linear, key: nn.Linear, value: nn.Linear, num_heads: int):
+    """``(q, k, v)`` of ``x [B, S, H]`` in the heads' layout ``[B, heads, S, H / heads]``, one
+    fused projection (:class:`_QKV`); ``HVD_BERT_FUSED_QKV=0`` makes three."""
+    if fused_qkv_enabled():
+        return _QKV.apply(x, num_heads, query.weight, query.bias, key.weight, key.bias, value.weight,
+                          value.bias)
+    b, s, h = x.shape
+    return tuple(m(x).view(b, s, num_heads, h // num_heads).transpose(1, 2) for m in (query, key, value))
+
+
+def fused_qkv_enabled() -> bool:
+    """False when ``HVD_BERT_FUSED_QKV`` is ``0``, ``false`` or empty."""
+    return env_flag("HVD_BERT_FUSED_QKV")
+
+
 class BertLayer(nn.Module):
     def __init__(self, c: BertConfig):
         super().__init__()
@@ -74,13 +129,8 @@ class BertLayer(nn.Module):
 
     def forward(self, x, attn_bias):
         b, s, h = x.shape
-        nh, hs = self.c.num_heads, self.c.head_size
-
-        def heads(t):
-            return t.view(b, s, nh, hs).transpose(1, 2)
-
-        ctx = attention(heads(self.query(x)), heads(self.key(x)), heads(self.value(x)), attn_bias,
-                        self.c.attention_dropout, self.training)
+        q, k, v = qkv_heads(x, self.query, self.key, self.value, self.c.num_heads)
+        ctx = attention(q, k, v, attn_bias, self.c.attention_dropout, self.training)
         ctx = ctx.transpose(1, 2).reshape(b, s, h)
         p, train = self.c.hidden_dropout, self.training
         x = self.attention_LayerNorm(dropout_add(self.attention_output(ctx), x, p, train))
