@@ -77,8 +77,11 @@ def test_the_c_kernel_equals_torch_gelu_in_double(approximate, shape, monkeypatc
     y, gx, gb = grads_of(lambda x, b: K.bias_gelu(x, b, approximate), x, b)
     assert calls == [1]
     want = grads_of(lambda x, b: F.gelu(x + b, approximate=approximate), x.double(), b.double())
+    # fp32 bounds: the tanh form's derivative has 1 - tanh^2, which cancels for large |x|; PyTorch's
+    # own fp32 F.gelu backward is 1.04e-6 off the double one on these inputs, and the kernel with
+    # AVX-512's libmvec tanhf (Zen 4) 1.23e-6
     torch.testing.assert_close(y.double(), want[0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(gx.double(), want[1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gx.double(), want[1], rtol=1e-5, atol=2e-6)
     rows = x.numel() // shape[-1]  # the bias gradient sums this many fp32 terms per column
     torch.testing.assert_close(gb.double(), want[2], rtol=1e-5, atol=5e-7 * rows)
 
