@@ -8,18 +8,35 @@
 #      process, in the same run (benchmarks/bert_train.py);
 #   2. the NCF ladder's fastest rung (rung 5 of benchmarks/ncf_ladder.py: batch 196,608, LARS,
 #      warmup, bf16) on one GPU through `hvd-bert ncf`, to HR@10 0.78 on synthetic ml-1m data.
-# Results: $OUT (default benchmarks/results/gpu/): one JSON per measurement and summary.txt.
+# Results: $OUT (default benchmarks/results/gpu/; a temporary folder with --smoke): one JSON per measurement and summary.txt.
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU machine
 #   bash benchmarks/gpu_check.sh --smoke    # the same plumbing on the CPU, tiny sizes (a check
 #                                           # of this script, not a measurement)
+#   bash benchmarks/gpu_check.sh --horovod-sdist horovod-0.28.1.tar.gz
+#       # on a GPU machine whose Python has PyTorch but no Horovod (an image without this
+#       # project's set-up, no network): benchmarks/gpu_horovod.sh builds a PyTorch-only
+#       # Horovod from the sdist while the BERT steps run, for the NCF run through hvd-bert
+#   --ncf-only skips the BERT steps.
+# PYTHON picks the interpreter (default .venv/bin/python, else python3).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-.venv/bin/python}
-OUT=${OUT:-benchmarks/results/gpu}
-SMOKE=0
-[[ ${1:-} == --smoke ]] && SMOKE=1
+[[ -x $PY ]] || command -v "$PY" >/dev/null || PY=python3
+SMOKE=0 SDIST= NCF_ONLY=0
+while (($#)); do
+    case $1 in
+        --smoke) SMOKE=1 ;;
+        --ncf-only) NCF_ONLY=1 ;;
+        --horovod-sdist) SDIST=${2:?--horovod-sdist needs a file}; shift ;;
+        *) echo "gpu_check: unknown argument $1 (known: --smoke, --ncf-only, --horovod-sdist FILE)" >&2; exit 2 ;;
+    esac
+    shift
+done
+# the committed GPU results stay out of reach of a smoke run
+OUT=${OUT:-$( ((SMOKE)) && mktemp -d -t gpu_check_smoke.XXXX || echo benchmarks/results/gpu)}
 export TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=3
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # hvd_bert from this checkout, installed or not
 mkdir -p "$OUT"
 summary=$OUT/summary.txt
 : >"$summary"
@@ -42,11 +59,19 @@ else
     configs=("base 1 128 20 128" "base 2 512 80 32" "large 1 128 20 64" "large 2 512 80 16")
     ncf_batch=196608 ncf_limit=150
 fi
+# Horovod for the NCF run: built in the background while the BERT steps run, if asked for
+build_pid=
+if [[ -n $SDIST ]] && ! "$PY" -c "import horovod.torch" 2>/dev/null; then
+    HVD_SITE=$(mktemp -d)
+    PYTHON=$PY bash benchmarks/gpu_horovod.sh "$SDIST" "$HVD_SITE" >"$OUT/horovod-build.log" 2>&1 &
+    build_pid=$!
+fi
 say "device $device, precision $precision, $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
 say ""
 say "BERT pretraining step (forward, MLM + NSP loss, backward, AdamW), sequences/s:"
 say "$(printf '%-6s %-6s %5s %6s %12s %14s %7s' model phase seq batch hvd_bert transformers ratio)"
+((NCF_ONLY)) && configs=()
 for c in "${configs[@]}"; do
     read -r preset phase seq pred batch <<<"$c"
     json=$OUT/bert-$preset-phase$phase.json
@@ -69,6 +94,16 @@ done
 say ""
 say "NCF, the ladder's fastest rung (LARS lr 10, warmup 25 steps, bf16, batch $ncf_batch), 1 process:"
 run=$OUT/ncf-rung5
+if [[ -n $build_pid ]]; then
+    if wait "$build_pid"; then
+        export PYTHONPATH=$HVD_SITE${PYTHONPATH:+:$PYTHONPATH}
+        nccl_dir=$(sed -n 's/.*LD_LIBRARY_PATH: \(.*\))$/\1/p' "$OUT/horovod-build.log")
+        export LD_LIBRARY_PATH=$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        say "Horovod built for this run from $SDIST: $(grep -m 1 '^gpu_horovod: torch' "$OUT/horovod-build.log")"
+    else
+        say "the Horovod build failed: see $OUT/horovod-build.log"
+    fi
+fi
 rm -rf "$run"
 status=0
 timeout "$ncf_limit" "$PY" -m hvd_bert ncf --framework pt --set train.output_dir="$run" \
