@@ -95,7 +95,7 @@ def run_variant(variant: str, preset: str, b: int, s: int, p: int, steps: int, w
         times.append(time.perf_counter() - t)
     n_params = sum(x.numel() for x in model.parameters())
     return {"variant": variant, "median_s": statistics.median(times), "params": n_params,
-            "sequences_per_s": b / statistics.median(times)}
+            "sequences_per_s": b / statistics.median(times), "step_s": times}
 
 
 def kernels(threads: int, repeats: int) -> list[dict]:
@@ -208,7 +208,9 @@ def main() -> None:
         rows = []
         for v, rs in rounds.items():
             med = statistics.median(r["median_s"] for r in rs)
-            rows.append({"variant": v, "step_s": med, "sequences_per_s": a.batch / med, "params": rs[0]["params"]})
+            rows.append({"variant": v, "step_s": med, "sequences_per_s": a.batch / med,
+                         "params": rs[0]["params"], "round_medians_s": [r["median_s"] for r in rs],
+                         "round_steps_s": [r["step_s"] for r in rs]})
         base = next((r for r in rows if r["variant"] == "transformers"), rows[-1])
         print(f"BERT-{a.preset}, batch {a.batch} x seq {a.seq} ({a.predictions} masked), {a.precision}, "
               f"{a.device}, {a.threads} threads")
@@ -216,6 +218,14 @@ def main() -> None:
             r["speedup_vs_transformers"] = base["step_s"] / r["step_s"]
             print(f"  {r['variant']:<18} {r['step_s'] * 1e3:9.1f} ms/step  {r['sequences_per_s']:8.1f} seq/s  "
                   f"x{r['speedup_vs_transformers']:.2f} vs transformers  ({r['params'] / 1e6:.1f}M params)")
+        if a.repeats > 1 and "transformers" in rounds:
+            # the ratio round by round: a round's processes ran back to back, on the same machine
+            peer = next(r for r in rows if r["variant"] == "transformers")["round_medians_s"]
+            for r in rows:
+                r["round_speedups"] = [p / o for p, o in zip(peer, r["round_medians_s"])]
+                if r["variant"] != "transformers":
+                    print(f"  {r['variant']:<18} round by round: "
+                          + ", ".join(f"x{q:.2f}" for q in r["round_speedups"]))
         report["rows"] = rows
     if a.json:
         with open(a.json, "w") as f:
