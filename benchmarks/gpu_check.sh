@@ -8,7 +8,8 @@
 #      process, in the same run (benchmarks/bert_train.py);
 #   2. the NCF ladder's fastest rung (rung 5 of benchmarks/ncf_ladder.py: batch 196,608, LARS,
 #      warmup, bf16) on one GPU through `hvd-bert ncf`, to HR@10 0.78 on synthetic ml-1m data.
-# Results: $OUT (default benchmarks/results/gpu/; a temporary folder with --smoke): one JSON per measurement and summary.txt.
+# Results: $OUT (default benchmarks/results/gpu/; a temporary folder with --smoke): one JSON per
+# measurement and summary.txt.
 #
 #   bash benchmarks/gpu_check.sh            # on the GPU machine
 #   bash benchmarks/gpu_check.sh --smoke    # the same plumbing on the CPU, tiny sizes (a check
@@ -23,16 +24,21 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-.venv/bin/python}
 [[ -x $PY ]] || command -v "$PY" >/dev/null || PY=python3
-SMOKE=0 SDIST= NCF_ONLY=0
+SMOKE=0 SDIST= SDIST_GIVEN=0 NCF_ONLY=0
 while (($#)); do
     case $1 in
         --smoke) SMOKE=1 ;;
         --ncf-only) NCF_ONLY=1 ;;
-        --horovod-sdist) SDIST=${2:?--horovod-sdist needs a file}; shift ;;
+        --horovod-sdist) SDIST_GIVEN=1 SDIST=${2:-}; shift $(($# > 1)) ;;
         *) echo "gpu_check: unknown argument $1 (known: --smoke, --ncf-only, --horovod-sdist FILE)" >&2; exit 2 ;;
     esac
     shift
 done
+if ((SDIST_GIVEN)) && [[ ! -f $SDIST ]]; then
+    echo "gpu_check: --horovod-sdist '$SDIST' is not a file: pass the Horovod 0.28.1 sdist" \
+        "(pip download --no-deps --no-binary :all: horovod==0.28.1)" >&2
+    exit 2
+fi
 # the committed GPU results stay out of reach of a smoke run
 OUT=${OUT:-$( ((SMOKE)) && mktemp -d -t gpu_check_smoke.XXXX || echo benchmarks/results/gpu)}
 export TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=3

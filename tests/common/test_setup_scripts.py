@@ -1,4 +1,5 @@
-"""scripts/patch_horovod.py on the real Horovod 0.28.1 sdist, and scripts/setup.sh's errors."""
+"""scripts/patch_horovod.py on the real Horovod 0.28.1 sdist, scripts/setup.sh's errors, and
+benchmarks/gpu_check.sh's refusals of bad arguments."""
 
 import os
 import subprocess
@@ -67,3 +68,17 @@ def test_setup_names_the_failed_step_and_the_fix(tmp_path):
     assert p.returncode == 1
     assert "step 'virtual environment" in p.stderr and "no python3.99-missing on PATH" in p.stderr
     assert "fix: install Python 3.11" in p.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--bogus"], "unknown argument --bogus"),
+    (["--horovod-sdist"], "--horovod-sdist '' is not a file"),
+    (["--smoke", "--horovod-sdist", "/no/such/horovod.tar.gz"], "'/no/such/horovod.tar.gz' is not a file"),
+])
+def test_gpu_check_refuses_bad_arguments_before_writing(tmp_path, args, says):
+    out = tmp_path / "results"
+    p = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), *args], capture_output=True,
+                       text=True, env=dict(os.environ, OUT=str(out)), timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and says in p.stderr
+    assert not out.exists()
