@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup test lint doctor demo demo-phase2 clean
+.PHONY: setup test test-quick lint doctor demo demo-phase2 clean
 
 setup:
 	bash scripts/setup.sh
@@ -12,14 +12,19 @@ setup:
 lint: setup
 	$(VENV)/bin/ruff check hvd_bert tests scripts
 
-# One pytest process for the whole suite (hvd_bert.common imports no framework, and PyTorch and
-# TensorFlow share a process); tests/parallel starts real multi-process runs; tests/readme runs
-# every README code block as written (alone: pytest -m readme tests/readme).
+# The whole suite (scripts/run_tests.sh): the single-process tests on 2 pytest-xdist workers,
+# then tests/parallel (real multi-process runs, fake nodes, SLURM) and tests/readme (every
+# README code block as written) one at a time, then the 25 slowest tests and the time per
+# directory. The budget: 25 minutes on 2 cores (README, "Developing hvd_bert").
 test: lint
 	-bash scripts/slurm_local.sh install   # for tests/parallel/test_slurm.py (skips without it)
 	-bash scripts/fake_cluster.sh install  # sshd, for tests/parallel/test_multinode.py
-	$(PY) -m pytest -q -p no:cacheprovider --durations=40 tests/common tests/pt tests/tf tests/parallel \
-	    tests/readme
+	bash scripts/run_tests.sh
+
+# The editing loop, under 5 minutes: the framework-free core and one framework's unit tests
+# (FRAMEWORK=pt, the default, or FRAMEWORK=tf); no ranks are started.
+test-quick: setup
+	QUICK=1 FRAMEWORK=$(FRAMEWORK) bash scripts/run_tests.sh
 
 doctor: setup
 	$(VENV)/bin/hvd-bert doctor

@@ -20,21 +20,28 @@ VOCAB_1500 = Path(__file__).resolve().parents[1] / "data" / "stdlib-uncased-1500
 LAUNCHERS = ["gloo", "mpi"]
 
 
+def launch_ranks(worker, args, out, np=2, launcher="gloo", timeout=240, expect_ok=True, env=None):
+    """``worker`` on ``np`` ranks writing ``out/rank<r>.json``: each rank's result, in rank order
+    (or, with ``expect_ok=False``, the :class:`launch.RunResult`). Module fixtures use it to run
+    several scenarios in one launch; tests use :func:`run_ranks`."""
+    out.mkdir(parents=True, exist_ok=True)
+    res = launch.run([str(WORKERS / worker), *map(str, args), str(out)], np=np,
+                     launcher=launcher, timeout=timeout, env=dict(os.environ, **(env or {})))
+    if not expect_ok:
+        return res
+    assert res.ok, res.explain()
+    results = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: r["rank"])
+    assert [r["rank"] for r in results] == list(range(np)), (
+        f"expected one result per rank, got {[r['rank'] for r in results]}\n{res.explain()}")
+    return results
+
+
 @pytest.fixture
 def run_ranks(tmp_path):
     def run(worker, *args, np=2, launcher="gloo", timeout=240, expect_ok=True, env=None, tag=""):
         out = tmp_path / f"out-{launcher}-{worker.replace('.py', '')}{tag}"
-        out.mkdir(exist_ok=True)
-        res = launch.run([str(WORKERS / worker), *map(str, args), str(out)], np=np,
-                         launcher=launcher, timeout=timeout, env=dict(os.environ, **(env or {})))
-        if not expect_ok:
-            return res
-        assert res.ok, res.explain()
-        results = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")),
-                         key=lambda r: r["rank"])
-        assert [r["rank"] for r in results] == list(range(np)), (
-            f"expected one result per rank, got {[r['rank'] for r in results]}\n{res.explain()}")
-        return results
+        return launch_ranks(worker, args, out, np=np, launcher=launcher, timeout=timeout,
+                            expect_ok=expect_ok, env=env)
     return run
 
 
@@ -52,6 +59,19 @@ def bert_data(tmp_path_factory):
                     "--max-seq-length", "64", "--max-predictions-per-seq", "10", "--dupe-factor", "2"],
                    check=True, capture_output=True, timeout=300)
     return root / "data"
+
+
+@pytest.fixture(scope="session")
+def phase_one(bert_data, tmp_path_factory):
+    """A 20-step PyTorch phase-1 run on ``bert_data`` (``p1/``) and its portable .npz
+    (``p1.npz``, by `hvd-bert convert`), made once for the pretraining and fine-tuning tests."""
+    from bert_jobs import pretrain
+    root = tmp_path_factory.mktemp("phase1")
+    pretrain("pt", bert_data, root / "p1", "--set", "train.schedule.total_steps=20")
+    res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(root / "p1"), "--output",
+                          str(root / "p1.npz")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return root
 
 
 def fake_cluster(tmp_path_factory, nodes: int, prefix: str, net: str):

@@ -2,11 +2,18 @@
 `horovodrun -np 2` (both implement ``hvd_bert.common.engine.Engine``): N ranks x k
 micro-batches equal one process on the global batch, an inf on one rank skips the step on
 every rank, SIGTERM then resume continues bit-identically (dropout on), and both write the
-same checkpoint metadata. (Horovod's own suite has no test of gradient accumulation.)"""
+same checkpoint metadata. (Horovod's own suite has no test of gradient accumulation.)
+
+The scenarios that need no Horovod setting of their own share launches: per framework, one
+2-rank launch runs every training, skip, SIGTERM and diverge scenario (``CONTRACT``), a second
+one the resumes, and one 1-rank launch the resize refusal and its fix (``contract``); the tests
+read their scenario's result. A 2-rank launch costs 5-15 s of start-up here, and there were 53.
+Tests of Horovod settings read at init (knobs, launcher defaults, timeline) launch alone."""
 
 import functools
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -16,6 +23,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import toy_data  # noqa: E402
 import toy_models  # noqa: E402
+from conftest import launch_ranks  # noqa: E402
 
 from hvd_bert.common.config import TrainConfig, apply_overrides  # noqa: E402
 
@@ -32,13 +40,71 @@ def reference(framework, optim, k, steps, world=2):
     return tuple(toy_models.adapter(framework).reference(cfg, world, LOCAL_B, k, steps))
 
 
+ACCUMULATION = [("sgd", 3), ("lamb", 3), ("nvlamb", 3), ("lars", 3), ("adamw", 3), ("lamb", 1)]
+PRECISIONS = ["fp32", "fp16"]
+
+
+def contract_scenarios(root: Path) -> list[tuple[int, dict]]:
+    """The shared launches' scenarios, in launch order: ``(np, {name: scenario})``."""
+    def sc(mode, optim, k, steps, *extra, ckpt=None, kill_at=0):
+        return dict(mode=mode, optim=optim, k=k, steps=steps, extra=list(extra),
+                    ckpt=str(root / ckpt) if ckpt else None, kill_at=kill_at)
+    first = {f"train-{o}-{k}": sc("train", o, k, STEPS) for o, k in ACCUMULATION}
+    first.update({
+        "predivide": sc("train", "lamb", 2, STEPS, "horovod.gradient_predivide_factor=2.0"),
+        "exact": sc("train", "lamb", 2, STEPS),
+        "fp16-compression": sc("train", "lamb", 2, STEPS, "horovod.compression=fp16"),
+        # init_scale 1024: no natural fp16 overflow on the toy model, only the injected one
+        **{f"inf-{p}": sc("inf", "lamb", 2, STEPS, f"precision.mode={p}", "precision.init_scale=1024")
+           for p in PRECISIONS},
+        **{f"full-{p}": sc("resume", "lamb", 2, 6, f"precision.mode={p}", ckpt=f"a-{p}") for p in PRECISIONS},
+        **{f"stopped-{p}": sc("resume", "lamb", 2, 6, f"precision.mode={p}", ckpt=f"b-{p}", kill_at=3)
+           for p in PRECISIONS},
+        "two": sc("resume", "lamb", 2, 2, ckpt="c"),
+        "diverge": sc("diverge", "lamb", 2, 100, "max_skipped_steps=4", ckpt="d"),
+    })
+    second = {f"resumed-{p}": sc("resume", "lamb", 2, 6, f"precision.mode={p}", ckpt=f"b-{p}")
+              for p in PRECISIONS}
+    # another global batch is refused even when resizing is allowed
+    second["gb"] = sc("resume", "lamb", 1, 4, ckpt="c")
+    # one rank with k=4 keeps the global batch of 16, but the world size differs: refused, and
+    # allowed with train.resume_resized=true
+    one_rank = {"one": sc("resume", "lamb", 4, 4, ckpt="c"),
+                "allowed": sc("resume", "lamb", 4, 4, "resume_resized=true", ckpt="c")}
+    return [(2, first), (2, second), (1, one_rank)]
+
+
+@pytest.fixture(scope="module")
+def contract(tmp_path_factory):
+    """``contract(framework)``: ``(root, {scenario: [rank 0's result, rank 1's, ...]})`` of the
+    shared launches, run once per framework for the whole module; ``root/b-PRECISION-stopped``
+    is the SIGTERM-stopped run's folder before the resume."""
+    done = {}
+
+    def get(framework):
+        if framework not in done:
+            root = tmp_path_factory.mktemp(f"contract-{framework}")
+            results = {}
+            for i, (np_, scenarios) in enumerate(contract_scenarios(root)):
+                spec = root / f"scenarios-{i}.json"
+                spec.write_text(json.dumps(scenarios))
+                ranks = launch_ranks("engine_contract.py", [framework, "batch", spec], root / f"out-{i}",
+                                     np=np_, timeout=400)
+                for name in scenarios:
+                    results[name] = [r["scenarios"][name] for r in ranks]
+                if i == 0:  # the stopped runs' folders as they were, before the resumes write on
+                    for p in PRECISIONS:
+                        shutil.copytree(root / f"b-{p}", root / f"b-{p}-stopped")
+            done[framework] = root, results
+        return done[framework]
+    return get
+
+
 # every optimizer with accumulation (k=3); without accumulation (k=1) once, with LAMB
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-@pytest.mark.parametrize("optim,k", [("sgd", 3), ("lamb", 3), ("nvlamb", 3), ("lars", 3), ("adamw", 3),
-                                     ("lamb", 1)])
-def test_two_ranks_with_accumulation_equal_one_process_on_the_global_batch(run_ranks, tmp_path, framework,
-                                                                            optim, k):
-    ranks = run_ranks("engine_contract.py", framework, "train", optim, k, STEPS)
+@pytest.mark.parametrize("optim,k", ACCUMULATION)
+def test_two_ranks_with_accumulation_equal_one_process_on_the_global_batch(contract, framework, optim, k):
+    ranks = contract(framework)[1][f"train-{optim}-{k}"]
     want = reference(framework, optim, k, STEPS)
     assert ranks[0]["params"] == ranks[1]["params"]  # identical on both ranks
     # fp32: summing k micro-batch means vs one full-batch mean rounds differently; LARS's
@@ -56,20 +122,10 @@ def test_accumulation_is_not_a_no_op(framework):
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_gradient_predivide_factor_gives_the_same_average(run_ranks, tmp_path, framework):
-    ranks = run_ranks("engine_contract.py", framework, "train", "lamb", 2, STEPS,
-                      "horovod.gradient_predivide_factor=2.0")
+def test_gradient_predivide_factor_gives_the_same_average(contract, framework):
+    ranks = contract(framework)[1]["predivide"]
     np.testing.assert_allclose(ranks[0]["params"], reference(framework, "lamb", 2, STEPS),
                                rtol=2e-5, atol=5e-6)
-
-
-@pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_the_horovod_knobs_reach_horovod_before_init(run_ranks, framework):
-    ranks = run_ranks("engine_contract.py", framework, "train", "sgd", 1, 2, "horovod.fusion_threshold_mb=4",
-                      "horovod.cycle_time_ms=2.5")
-    assert [r["env"] for r in ranks] == [{"HOROVOD_FUSION_THRESHOLD": str(4 * 1024 * 1024),
-                                          "HOROVOD_CYCLE_TIME": "2.5",
-                                          "HOROVOD_CPU_OPERATIONS": "gloo"}] * 2  # (horovodrun's own)
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])
@@ -94,17 +150,21 @@ def test_each_launcher_gets_the_measured_cpu_defaults_and_they_take_effect(run_r
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_timeline_and_autotune_take_effect(run_ranks, tmp_path, framework):
-    """horovod.timeline: rank 0 writes Horovod's timeline naming the gradients it reduced;
-    horovod.autotune with a log: the log gets autotune's samples."""
+def test_the_horovod_knobs_reach_horovod_before_init_and_timeline_and_autotune_take_effect(
+        run_ranks, tmp_path, framework):
+    """Every horovod.* setting read at init is in the environment before it, on every rank (one
+    launch for all of them); horovod.timeline: rank 0 writes Horovod's timeline naming the
+    gradients it reduced; horovod.autotune with a log: the log gets autotune's samples."""
     timeline, tune = tmp_path / "t" / "timeline.json", tmp_path / "t" / "autotune.csv"
     ranks = run_ranks("engine_contract.py", framework, "train", "sgd", 1, 40, f"horovod.timeline={timeline}",
                       "horovod.autotune=true", f"horovod.autotune_log={tune}",
-                      "horovod.hierarchical_allreduce=false",
+                      "horovod.hierarchical_allreduce=false", "horovod.fusion_threshold_mb=4",
+                      "horovod.cycle_time_ms=2.5",
                       env={"HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "1", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "1"})
-    assert ranks[0]["env"] == {"HOROVOD_TIMELINE": str(timeline), "HOROVOD_AUTOTUNE": "1",
-                               "HOROVOD_AUTOTUNE_LOG": str(tune), "HOROVOD_HIERARCHICAL_ALLREDUCE": "0",
-                               "HOROVOD_CPU_OPERATIONS": "gloo"}
+    assert [r["env"] for r in ranks] == [{
+        "HOROVOD_TIMELINE": str(timeline), "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(tune),
+        "HOROVOD_HIERARCHICAL_ALLREDUCE": "0", "HOROVOD_FUSION_THRESHOLD": str(4 * 1024 * 1024),
+        "HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_CPU_OPERATIONS": "gloo"}] * 2  # (horovodrun's own)
     text = timeline.read_text()
     assert '"ph"' in text and "ALLREDUCE" in text, text[:500]
     names = set(re.findall(r'"name": "([^"]+)"', text))
@@ -121,10 +181,9 @@ def test_mpi_cpu_operations_under_gloo_is_one_clear_line(run_ranks):
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_fp16_compression_stays_close_to_uncompressed(run_ranks, framework):
-    exact = run_ranks("engine_contract.py", framework, "train", "lamb", 2, STEPS, tag="a")[0]["params"]
-    fp16 = run_ranks("engine_contract.py", framework, "train", "lamb", 2, STEPS, "horovod.compression=fp16",
-                     tag="b")
+def test_fp16_compression_stays_close_to_uncompressed(contract, framework):
+    exact = contract(framework)[1]["exact"][0]["params"]
+    fp16 = contract(framework)[1]["fp16-compression"]
     assert fp16[0]["params"] == fp16[1]["params"]
     diff = np.abs(np.array(exact) - np.array(fp16[0]["params"]))
     # fp16 keeps ~3 decimal digits of each gradient; LAMB normalises the update per layer.
@@ -133,10 +192,8 @@ def test_fp16_compression_stays_close_to_uncompressed(run_ranks, framework):
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("precision", ["fp16", "fp32"])
-def test_inf_on_one_rank_skips_the_step_on_both(run_ranks, framework, precision):
-    # init_scale 1024: no natural fp16 overflow on the toy model, only the injected one
-    ranks = run_ranks("engine_contract.py", framework, "inf", "lamb", 2, STEPS, f"precision.mode={precision}",
-                      "precision.init_scale=1024")
+def test_inf_on_one_rank_skips_the_step_on_both(contract, framework, precision):
+    ranks = contract(framework)[1][f"inf-{precision}"]
     for r in ranks:
         steps = r["steps"]
         assert [s["skipped"] for s in steps] == [False, False, True, False, False]
@@ -159,18 +216,16 @@ def read_meta(ckpt: Path) -> dict:
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_sigterm_saves_and_resume_continues_bit_identically(run_ranks, tmp_path, framework, precision):
+def test_sigterm_saves_and_resume_continues_bit_identically(contract, framework, precision):
     """Dropout on, per-rank RNG streams: resuming restores parameters, optimizer and loss
     scale, the data position and every rank's RNG, so the trajectory is the same to the bit."""
-    args = (framework, "resume", "lamb", 2, 6, f"precision.mode={precision}")
-    full = run_ranks("engine_contract.py", *args, tag="full", env={"HVD_BERT_TEST_CKPT": str(tmp_path / "a")})
-    ckpt = tmp_path / "b"
-    stopped = run_ranks("engine_contract.py", *args, tag="stopped",
-                        env={"HVD_BERT_TEST_CKPT": str(ckpt), "HVD_BERT_TEST_KILL_AT": "3"})
+    root, runs = contract(framework)
+    full, stopped = runs[f"full-{precision}"], runs[f"stopped-{precision}"]
+    ckpt = root / f"b-{precision}-stopped"
     assert [(r["stopped"], r["steps"]) for r in stopped] == [(True, 3), (True, 3)]
     suffix = framework
     assert sorted(p.name for p in ckpt.iterdir()) == [f"ckpt-00000002.{suffix}", f"ckpt-00000003.{suffix}"]
-    resumed = run_ranks("engine_contract.py", *args, tag="resumed", env={"HVD_BERT_TEST_CKPT": str(ckpt)})
+    resumed = runs[f"resumed-{precision}"]
     assert [r["steps"] for r in resumed] == [6, 6]
     assert [h["step"] for h in resumed[0]["history"]] == [4, 5, 6]  # it went on from step 3
     for r in (0, 1):
@@ -192,31 +247,22 @@ def test_sigterm_saves_and_resume_continues_bit_identically(run_ranks, tmp_path,
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_resume_on_another_world_size_is_refused_with_the_fix(run_ranks, tmp_path, framework):
-    ckpt = tmp_path / "c"
-    run_ranks("engine_contract.py", framework, "resume", "lamb", 2, 2, tag="two",
-              env={"HVD_BERT_TEST_CKPT": str(ckpt)})
+def test_resume_on_another_world_size_is_refused_with_the_fix(contract, framework):
+    runs = contract(framework)[1]
+    assert [r["steps"] for r in runs["two"]] == [2, 2]
     # one rank with k=4 keeps the global batch of 16, but the world size differs
-    res = run_ranks("engine_contract.py", framework, "resume", "lamb", 4, 4, np=1, tag="one",
-                    env={"HVD_BERT_TEST_CKPT": str(ckpt)}, expect_ok=False)
-    assert not res.ok
-    assert "written by 2 ranks" in res.stderr and "train.resume_resized=true" in res.stderr, res.explain()
-    # another global batch is refused even when resizing is allowed
-    res = run_ranks("engine_contract.py", framework, "resume", "lamb", 1, 4, np=2, tag="gb",
-                    env={"HVD_BERT_TEST_CKPT": str(ckpt)}, expect_ok=False)
-    assert "global batch of 16, this run has 8" in res.stderr, res.explain()
-    allowed = run_ranks("engine_contract.py", framework, "resume", "lamb", 4, 4, "resume_resized=true", np=1,
-                        tag="allowed", env={"HVD_BERT_TEST_CKPT": str(ckpt)})
+    error = runs["one"][0]["error"]
+    assert "written by 2 ranks" in error and "train.resume_resized=true" in error, error
+    # another global batch is refused even when resizing is allowed, on every rank
+    assert all("global batch of 16, this run has 8" in r["error"] for r in runs["gb"]), runs["gb"]
+    allowed = runs["allowed"]
     assert allowed[0]["steps"] == 4 and [h["step"] for h in allowed[0]["history"]] == [3, 4]
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_a_diverged_run_stops_with_a_clear_error_and_writes_no_checkpoint(run_ranks, tmp_path, framework):
-    ckpt = tmp_path / "d"
-    res = run_ranks("engine_contract.py", framework, "diverge", "lamb", 2, 100, "max_skipped_steps=4",
-                    env={"HVD_BERT_TEST_CKPT": str(ckpt)}, expect_ok=False)
-    assert not res.ok
-    lines = [ln for ln in res.stderr.splitlines() if "DivergedError: the last" in ln]
-    assert len(lines) == 2, res.explain()  # raised on every rank
-    assert all("the last 4 optimizer steps were all skipped" in ln for ln in lines), res.explain()
-    assert not list(ckpt.glob("ckpt-*"))  # the loop stopped before any (non-finite) checkpoint
+def test_a_diverged_run_stops_with_a_clear_error_and_writes_no_checkpoint(contract, framework):
+    root, runs = contract(framework)
+    errors = [r["error"] for r in runs["diverge"]]  # raised on every rank
+    assert all(e.startswith("DivergedError: ") and "the last 4 optimizer steps were all skipped" in e
+               for e in errors), errors
+    assert not list((root / "d").glob("ckpt-*"))  # the loop stopped before any (non-finite) checkpoint

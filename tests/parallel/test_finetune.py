@@ -10,7 +10,6 @@ import sys
 
 import pytest
 from bert_jobs import metrics_of
-from bert_jobs import pretrain as run_pretrain
 
 from hvd_bert import launch
 
@@ -82,18 +81,12 @@ def prepare(table, out, vocab):
 
 
 @pytest.fixture(scope="module")
-def task(bert_data, tmp_path_factory):
+def task(bert_data, phase_one, tmp_path_factory):
+    """The sentence task, prepared with the phase-1 run's vocab; ``p1``: that run (conftest's
+    ``phase_one``, shared with test_pretrain), ``p1.npz``: its conversion."""
     root = tmp_path_factory.mktemp("finetune")
     write_task(root / "train.tsv", 640, 0)
     write_task(root / "dev.tsv", 201, 1)  # odd: the ranks score 101 and 100
-    run_pretrain("pt", bert_data, root / "p1", "--set", "train.schedule.total_steps=20")
-    res = subprocess.run(
-        [sys.executable, "-m", "hvd_bert", "convert", str(root / "p1"), "--output", str(root / "p1.npz")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr
     for split in ("train", "dev"):  # the same rows in CoLA's published layout (no header, 0/1)
         rows = (root / f"{split}.tsv").read_text().splitlines()[1:]
         (root / "cola").mkdir(exist_ok=True)
@@ -109,6 +102,8 @@ def task(bert_data, tmp_path_factory):
         dev=prepare(root / "dev.tsv", root / "dev", bert_data / "vocab.txt"),
         cola={"train": root / "cola-train", "dev": root / "cola-dev"},
         root=root,
+        p1=phase_one / "p1",
+        p1npz=phase_one / "p1.npz",
     )
 
 
@@ -149,7 +144,7 @@ def finetune(framework, task, init, out, *extra):
 
 @pytest.mark.parametrize("framework", ["pt", "tf"])
 def test_finetuning_beats_chance_and_evaluates_every_example_once(framework, task, tmp_path):
-    init = task["root"] / ("p1" if framework == "pt" else "p1.npz")
+    init = task["p1"] if framework == "pt" else task["p1npz"]
     metrics, stdout = finetune(framework, task, init, tmp_path / "ft", "--set", "eval_every=20")
     assert "4 epochs = 80 steps" in stdout  # 640 examples / (16 x 2 ranks) = 20 steps an epoch
     evals = [m for m in metrics if "eval_accuracy" in m]
@@ -215,7 +210,7 @@ def published(task):
     data's vocab.txt) and a Google TF1 checkpoint."""
     out = {}
     for fmt in ("hf", "google"):
-        res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(task["root"] / "p1"), "--to",
+        res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(task["p1"]), "--to",
                               fmt, "--output", str(task["root"] / fmt)], capture_output=True, text=True,
                              timeout=300)
         assert res.returncode == 0, res.stderr
@@ -256,7 +251,7 @@ def test_data_prepared_with_another_vocab_of_the_same_size_is_refused(task, tmp_
 def test_a_glue_task_in_its_published_layout_reports_its_metric(task, tmp_path):
     """The same rows as CoLA files (prepare-classification --task cola): the evaluation reports
     Matthews' correlation, from confusion counts summed over the 2 ranks."""
-    metrics, stdout = finetune("pt", task["cola"], task["root"] / "p1", tmp_path / "cola")
+    metrics, stdout = finetune("pt", task["cola"], task["p1"], tmp_path / "cola")
     evals = [m for m in metrics if "eval_mcc" in m]
     assert evals and evals[-1]["eval_examples"] == 201 and evals[-1]["eval_mcc"] > 0.6, evals
     assert f"MCC {evals[-1]['eval_mcc']:.4f} on 201 examples" in stdout

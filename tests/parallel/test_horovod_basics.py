@@ -1,6 +1,7 @@
 """The Horovod build itself, in both frameworks and under both controllers: allreduce,
 broadcast, and one DistributedOptimizer step with backward_passes_per_step=2 (and fp16
-compression) equal to one SGD step on the gathered global batch, computed by hand."""
+compression) equal to one SGD step on the gathered global batch, computed by hand. One launch
+per framework and launcher runs both compressions (module fixture ``basics``)."""
 
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import LAUNCHERS
+from conftest import LAUNCHERS, launch_ranks
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import expect as E  # noqa: E402
@@ -17,11 +18,25 @@ import expect as E  # noqa: E402
 TOL = {"none": dict(rtol=1e-6, atol=1e-7), "fp16": dict(rtol=2e-3, atol=2e-3)}
 
 
+@pytest.fixture(scope="module")
+def basics(tmp_path_factory):
+    """``basics(framework, launcher)``: every rank's results for both compressions, one launch each."""
+    done = {}
+
+    def get(framework, launcher):
+        if (framework, launcher) not in done:
+            out = tmp_path_factory.mktemp(f"basics-{framework}-{launcher}")
+            done[framework, launcher] = launch_ranks("hvd_basics.py", [framework, "none,fp16"], out,
+                                                     launcher=launcher)
+        return done[framework, launcher]
+    return get
+
+
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("framework", ["torch", "tf"])
 @pytest.mark.parametrize("compression", ["none", "fp16"])
-def test_allreduce_broadcast_and_accumulated_step(run_ranks, framework, launcher, compression):
-    results = run_ranks("hvd_basics.py", framework, compression, launcher=launcher)
+def test_allreduce_broadcast_and_accumulated_step(basics, framework, launcher, compression):
+    results = [r[compression] for r in basics(framework, launcher)]
     want_w = E.expected_weights(size=2).ravel()
     for r in results:
         assert r["size"] == 2
@@ -38,9 +53,9 @@ def test_allreduce_broadcast_and_accumulated_step(run_ranks, framework, launcher
         assert not np.allclose(g0, g1)
 
 
-def test_uncompressed_and_compressed_steps_differ_only_by_rounding(run_ranks):
-    exact = run_ranks("hvd_basics.py", "torch", "none")[0]["w"]
-    fp16 = run_ranks("hvd_basics.py", "torch", "fp16")[0]["w"]
+def test_uncompressed_and_compressed_steps_differ_only_by_rounding(basics):
+    exact = basics("torch", "gloo")[0]["none"]["w"]
+    fp16 = basics("torch", "gloo")[0]["fp16"]["w"]
     diff = np.abs(np.array(exact) - np.array(fp16))
     assert diff.max() < 2e-3
 

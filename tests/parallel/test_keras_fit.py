@@ -1,7 +1,8 @@
 """The Keras ``model.fit`` path under real `horovodrun -np 2` (hvd.DistributedOptimizer with the
 toolkit's optimizer wrapper and callbacks): it equals one process on the global batch, counts
 optimizer steps rather than micro-batches, and resumes. The custom-loop engine is tested with
-the PyTorch one by the shared contract (test_engine_contract.py)."""
+the PyTorch one by the shared contract (test_engine_contract.py). Every optimizer and k runs in
+one 2-rank launch, and their references in one process (module fixture ``fits``)."""
 
 import json
 import os
@@ -11,24 +12,35 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import launch_ranks
 
 WORKER = Path(__file__).parent / "workers" / "keras_fit.py"
 STEPS = 5
 
 
-def reference(optim, k, steps, tmp_path, *extra):
-    out = tmp_path / f"ref-{optim}-{k}"
-    out.mkdir(exist_ok=True)
-    subprocess.run([sys.executable, str(WORKER), "reference", optim, str(k), str(steps), *extra, str(out)],
+OPTIMS, KS = ["sgd", "lamb", "nvlamb", "lars"], [1, 2]
+PAIRS = ",".join(f"{o}:{k}" for o in OPTIMS for k in KS)
+
+
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory):
+    """``(every rank's runs, the references)``, each keyed ``OPTIM:K``: one 2-rank launch of
+    every pair, and one process computing every pair's single-process reference."""
+    root = tmp_path_factory.mktemp("keras-fit")
+    ranks = launch_ranks("keras_fit.py", ["fit", PAIRS, STEPS], root / "fit", timeout=400)
+    (root / "ref").mkdir()
+    subprocess.run([sys.executable, str(WORKER), "reference", PAIRS, str(STEPS), str(root / "ref")],
                    check=True, timeout=300, env=dict(os.environ, HVD_BERT_TEST_WORLD="2"))
-    return json.loads((out / "rank0.json").read_text())["params"]
+    ref = json.loads((root / "ref" / "rank0.json").read_text())["runs"]
+    return [r["runs"] for r in ranks], {pair: run["params"] for pair, run in ref.items()}
 
 
-@pytest.mark.parametrize("optim", ["sgd", "lamb", "nvlamb", "lars"])
-@pytest.mark.parametrize("k", [1, 2])
-def test_two_ranks_with_accumulation_equal_one_process(run_ranks, tmp_path, optim, k):
-    ranks = run_ranks("keras_fit.py", "fit", optim, k, STEPS)
-    want = reference(optim, k, STEPS, tmp_path)
+@pytest.mark.parametrize("optim", OPTIMS)
+@pytest.mark.parametrize("k", KS)
+def test_two_ranks_with_accumulation_equal_one_process(fits, optim, k):
+    runs, refs = fits
+    ranks = [r[f"{optim}:{k}"] for r in runs]
+    want = refs[f"{optim}:{k}"]
     assert ranks[0]["params"] == ranks[1]["params"]
     # fp32: summing k micro-batch means vs one full-batch mean rounds differently; LARS's
     # excluded tensors take raw lr * g steps at lr 2.0, which shows it at ~4e-6.

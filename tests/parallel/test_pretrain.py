@@ -82,17 +82,6 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(bert_data, tmp_path
     assert metrics_of(out)[-1]["step"] == stopped + 2
 
 
-@pytest.fixture(scope="module")
-def phase_one(bert_data, tmp_path_factory):
-    """A 20-step PyTorch phase-1 run and its portable .npz (hvd-bert convert)."""
-    root = tmp_path_factory.mktemp("phase1")
-    run_job("pt", bert_data, root / "p1", "--set", "train.schedule.total_steps=20")
-    res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(root / "p1"), "--output",
-                          str(root / "p1.npz")], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    return root
-
-
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_phase_two_starts_from_phase_one_weights_with_a_fresh_optimizer(bert_data, phase_one, tmp_path,
                                                                        framework):

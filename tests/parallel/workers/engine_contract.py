@@ -2,11 +2,19 @@
 the engine's ``train_micro_batch`` and the shared ``common.engine.fit`` loop.
 
     python engine_contract.py FRAMEWORK MODE OPTIM K STEPS [overrides...] OUT_DIR
+    python engine_contract.py FRAMEWORK batch SCENARIOS.json OUT_DIR
 
 MODE: train (2 ranks x k),
 inf (rank 1's loss is inf at step 2), diverge (every step after the first skips, through fit),
 resume (fit() with checkpoints in HVD_BERT_TEST_CKPT,
 dropout on; rank 0 gets SIGTERM after the step HVD_BERT_TEST_KILL_AT, if set).
+
+``batch`` runs several scenarios one after the other in one launch (one Horovod init, a fresh
+model and engine each), so that a test module pays the 2-rank start-up once: SCENARIOS.json is
+``{name: {"mode", "optim", "k", "steps", "extra": [...], "ckpt", "kill_at"}}``, and an error a
+scenario raises on purpose (a refused resume, a diverged run) is recorded as its result
+(``{"error": "Type: message"}``) instead of ending the launch. Scenarios that set ``horovod.*``
+settings need a launch of their own (Horovod reads them at init).
 """
 
 import json
@@ -25,17 +33,11 @@ from hvd_bert.common.engine import fit  # noqa: E402
 LOCAL_B = 4
 
 
-def main():
-    framework, mode, optim, k, steps, *extra, out = sys.argv[1:]
-    k, steps = int(k), int(steps)
+def scenario(toy, backend, r, n, mode, optim, k, steps, extra=(), ckpt=None, kill_at=0):
     cfg = apply_overrides(TrainConfig(), D.overrides(optim, LOCAL_B, k, steps, *extra))
-    toy = adapter(framework)
-    backend = get_backend(framework)
-    r, n = backend.init(cfg)
     backend.set_precision(cfg.precision.mode)
     x, y = D.dataset()
-    from hvd_bert.cluster import HOROVOD_KNOBS
-    result = {"rank": r, "size": n, "env": {v: os.environ[v] for v in HOROVOD_KNOBS if v in os.environ}}
+    result = {}
 
     def batches_from(micro):
         while True:
@@ -51,19 +53,18 @@ def main():
             for i, (xb, yb) in enumerate(batches_from(micro)):
                 yield (xb, yb * float("inf")) if r == 1 and i >= k else (xb, yb)
 
-        fit(engine, poisoned, total_steps=steps, output_dir=os.environ["HVD_BERT_TEST_CKPT"], log_every=1,
+        fit(engine, poisoned, total_steps=steps, output_dir=ckpt, log_every=1,
             progress=False, max_skipped_steps=cfg.max_skipped_steps)
     elif mode == "resume":
         # per-rank seeds: per-rank dropout streams (restored on resume); weights from rank 0
         model = toy.make_model(dropout=0.2, seed=1000 + r)
         engine = backend.engine(model, toy.loss, cfg)
-        kill_at = int(os.environ.get("HVD_BERT_TEST_KILL_AT", "0"))
 
         def on_step(res, metrics):
             if kill_at and r == 0 and res.step == kill_at:
                 os.kill(os.getpid(), signal.SIGTERM)
 
-        fr = fit(engine, batches_from, total_steps=steps, output_dir=os.environ["HVD_BERT_TEST_CKPT"],
+        fr = fit(engine, batches_from, total_steps=steps, output_dir=ckpt,
                  checkpoint_every=2, log_every=1, progress=False, on_step=on_step)
         result.update(steps=fr.steps, stopped=fr.stopped_by_signal, params=toy.flat(model),
                       history=fr.history)
@@ -85,6 +86,35 @@ def main():
             log.append(dict(step=res.step, lr=res.lr, skipped=res.skipped, scale=res.loss_scale,
                             changed=before != toy.flat(model)))
         result.update(params=toy.flat(model), steps=log, local_grad=local_grad)
+    return result
+
+
+def main():
+    framework, mode, *rest = sys.argv[1:]
+    toy = adapter(framework)
+    backend = get_backend(framework)
+    if mode == "batch":
+        spec_path, out = rest
+        with open(spec_path) as f:
+            scenarios = json.load(f)
+        r, n = backend.init(apply_overrides(TrainConfig(), []))
+        result = {"rank": r, "size": n, "scenarios": {}}
+        for name, sc in scenarios.items():
+            try:
+                got = scenario(toy, backend, r, n, sc["mode"], sc["optim"], int(sc["k"]), int(sc["steps"]),
+                               sc.get("extra", ()), sc.get("ckpt"), int(sc.get("kill_at", 0)))
+            except Exception as e:  # a refusal the scenario expects; the test checks its text
+                got = {"error": f"{type(e).__name__}: {e}"}
+            result["scenarios"][name] = got
+    else:
+        optim, k, steps, *extra, out = rest
+        cfg = apply_overrides(TrainConfig(), D.overrides(optim, LOCAL_B, int(k), int(steps), *extra))
+        r, n = backend.init(cfg)
+        from hvd_bert.cluster import HOROVOD_KNOBS
+        result = {"rank": r, "size": n, "env": {v: os.environ[v] for v in HOROVOD_KNOBS if v in os.environ}}
+        result.update(scenario(toy, backend, r, n, mode, optim, int(k), int(steps), extra,
+                               os.environ.get("HVD_BERT_TEST_CKPT"),
+                               int(os.environ.get("HVD_BERT_TEST_KILL_AT", "0"))))
     with open(os.path.join(out, f"rank{result['rank']}.json"), "w") as f:
         json.dump(result, f)
 

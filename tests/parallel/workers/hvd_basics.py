@@ -1,10 +1,12 @@
 """One Horovod rank: allreduce, broadcast, and one DistributedOptimizer step with
 backward_passes_per_step=2 (optionally fp16 compression), in PyTorch or TensorFlow.
 
-    horovodrun -np 2 -H localhost:2 --gloo python hvd_basics.py torch none|fp16 OUT_DIR
-    mpirun -np 2 python hvd_basics.py tf none|fp16 OUT_DIR
+    horovodrun -np 2 -H localhost:2 --gloo python hvd_basics.py torch none,fp16 OUT_DIR
+    mpirun -np 2 python hvd_basics.py tf none OUT_DIR
 
-Each rank writes OUT_DIR/rank<r>.json; the test compares ranks and the hand values.
+Each rank writes OUT_DIR/rank<r>.json, ``{"rank": r, "none": {...}, "fp16": {...}}`` (one
+result per compression named, each from its own fresh model and optimizer, in one launch);
+the test compares ranks and the hand values.
 """
 
 import json
@@ -23,7 +25,7 @@ def run_torch(compress: bool) -> dict:
     import torch
     import horovod.torch as hvd
 
-    hvd.init()  # Horovod:
+    hvd.init()  # Horovod: (once; a second call in the same process does nothing)
     r, n = hvd.rank(), hvd.size()
     s = hvd.allreduce(torch.tensor([r + 1.0, 2.0 * (r + 1)]), op=hvd.Sum)
     b = hvd.broadcast(torch.tensor([10.0 * r + 7.0]), root_rank=0)
@@ -55,7 +57,7 @@ def run_tf(compress: bool) -> dict:
     import tensorflow as tf
     import horovod.tensorflow.keras as hvd
 
-    hvd.init()  # Horovod:
+    hvd.init()  # Horovod: (once; a second call in the same process does nothing)
     r, n = hvd.rank(), hvd.size()
     s = hvd.allreduce(tf.constant([r + 1.0, 2.0 * (r + 1)]), op=hvd.Sum)
     b = hvd.broadcast(tf.constant([10.0 * r + 7.0]), root_rank=0)
@@ -78,8 +80,11 @@ def run_tf(compress: bool) -> dict:
 
 
 if __name__ == "__main__":
-    framework, compression, out_dir = sys.argv[1:4]
-    compress = compression == "fp16"
-    result = run_torch(compress) if framework == "torch" else run_tf(compress)
+    framework, compressions, out_dir = sys.argv[1:4]
+    result = {}
+    for compression in compressions.split(","):
+        compress = compression == "fp16"
+        result[compression] = run_torch(compress) if framework == "torch" else run_tf(compress)
+        result["rank"] = result[compression]["rank"]
     with open(os.path.join(out_dir, f"rank{result['rank']}.json"), "w") as f:
         json.dump(result, f)

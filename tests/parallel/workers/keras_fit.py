@@ -1,11 +1,15 @@
 """One rank of the Keras model.fit tests (see tests/parallel/test_keras_fit.py).
 
     python keras_fit.py MODE OPTIM K STEPS [overrides...] OUT_DIR
+    python keras_fit.py MODE OPTIM:K[,OPTIM:K...] STEPS [overrides...] OUT_DIR
 
 MODE: reference (one process, no Horovod, one global batch per step), fit (model.fit with the
 toolkit's optimizer wrapper and callbacks), fit-resume (checkpoints in HVD_BERT_TEST_CKPT; with
 HVD_BERT_TEST_STOP_AT=n the run stops after n steps). The custom-loop engine's worker is
 engine_contract.py.
+
+With several ``OPTIM:K`` pairs one process runs them all, one fresh model and optimizer each
+(one launch instead of one per pair), and writes ``{"rank": r, "runs": {"OPTIM:K": {...}}}``.
 """
 
 import json
@@ -62,40 +66,50 @@ def reference(cfg, steps, world, k):
     return {"rank": 0, "params": flat(model)}
 
 
-def main():
-    mode, optim, k, steps, *extra, out = sys.argv[1:]
-    k, steps = int(k), int(steps)
+def run(mode, optim, k, steps, extra):
     cfg = apply_overrides(TrainConfig(), D.overrides(optim, LOCAL_B, k, steps, *extra))
     if mode == "reference":
-        result = reference(cfg, steps, int(os.environ.get("HVD_BERT_TEST_WORLD", "2")), k)
+        return reference(cfg, steps, int(os.environ.get("HVD_BERT_TEST_WORLD", "2")), k)
+    import horovod.tensorflow as hvd
+    hvd.init()  # once; a second call in the same process does nothing
+    r, n = hvd.rank(), hvd.size()
+    x, y = D.dataset()
+    result = {"rank": r, "size": n}
+    ckpt = os.environ.get("HVD_BERT_TEST_CKPT")
+    stop_at = int(os.environ.get("HVD_BERT_TEST_STOP_AT", "0")) or steps
+    if mode.startswith("fit"):
+        from hvd_bert.tf.callbacks import distributed_optimizer, fit_callbacks, restore_for_fit
+        from hvd_bert.tf.optim import build_optimizer
+        plan = cfg.batch.plan(n)
+        peak = cfg.optim.peak_lr(plan.global_batch_size)
+        model = make_model()
+        model.compile(optimizer=distributed_optimizer(build_optimizer(cfg.optim, peak), k,
+                                                      cfg.horovod.compression),
+                      loss="mse", run_eagerly=False)
+        start = restore_for_fit(model, ckpt) if mode == "fit-resume" else 0
+        micro_total = stop_at * k
+        rows = np.concatenate([D.rank_rows(r, n, LOCAL_B, k, m) for m in range(start, micro_total)])
+        cbs = fit_callbacks(make_schedule(cfg.schedule, peak), k, plan.global_batch_size,
+                            output_dir=ckpt if mode == "fit-resume" else None, log_every=1,
+                            initial_micro_step=start)
+        model.fit(x[rows], y[rows], batch_size=LOCAL_B, epochs=1, shuffle=False, verbose=0,
+                  callbacks=cbs)
+        result.update(params=flat(model), start_micro=start,
+                      applied=int(model.optimizer.applied_steps.numpy())
+                      if hasattr(model.optimizer, "applied_steps") else None)
+    return result
+
+
+def main():
+    mode, optim, *rest = sys.argv[1:]
+    if ":" in optim:
+        steps, *extra, out = rest
+        runs = {pair: run(mode, pair.split(":")[0], int(pair.split(":")[1]), int(steps), extra)
+                for pair in optim.split(",")}
+        result = {"rank": next(iter(runs.values()))["rank"], "runs": runs}
     else:
-        import horovod.tensorflow as hvd
-        hvd.init()
-        r, n = hvd.rank(), hvd.size()
-        x, y = D.dataset()
-        result = {"rank": r, "size": n}
-        ckpt = os.environ.get("HVD_BERT_TEST_CKPT")
-        stop_at = int(os.environ.get("HVD_BERT_TEST_STOP_AT", "0")) or steps
-        if mode.startswith("fit"):
-            from hvd_bert.tf.callbacks import distributed_optimizer, fit_callbacks, restore_for_fit
-            from hvd_bert.tf.optim import build_optimizer
-            plan = cfg.batch.plan(n)
-            peak = cfg.optim.peak_lr(plan.global_batch_size)
-            model = make_model()
-            model.compile(optimizer=distributed_optimizer(build_optimizer(cfg.optim, peak), k,
-                                                          cfg.horovod.compression),
-                          loss="mse", run_eagerly=False)
-            start = restore_for_fit(model, ckpt) if mode == "fit-resume" else 0
-            micro_total = stop_at * k
-            rows = np.concatenate([D.rank_rows(r, n, LOCAL_B, k, m) for m in range(start, micro_total)])
-            cbs = fit_callbacks(make_schedule(cfg.schedule, peak), k, plan.global_batch_size,
-                                output_dir=ckpt if mode == "fit-resume" else None, log_every=1,
-                                initial_micro_step=start)
-            model.fit(x[rows], y[rows], batch_size=LOCAL_B, epochs=1, shuffle=False, verbose=0,
-                      callbacks=cbs)
-            result.update(params=flat(model), start_micro=start,
-                          applied=int(model.optimizer.applied_steps.numpy())
-                          if hasattr(model.optimizer, "applied_steps") else None)
+        k, steps, *extra, out = rest
+        result = run(mode, optim, int(k), int(steps), extra)
     with open(os.path.join(out, f"rank{result['rank']}.json"), "w") as f:
         json.dump(result, f)
 
