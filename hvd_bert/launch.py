@@ -1,7 +1,8 @@
 """Start a Python program on N Horovod processes (standard library only).
 
 Used by ``hvd-bert doctor``, the benchmarks and ``tests/parallel``. Two launchers:
-    ``gloo``  ``horovodrun -np N -H localhost:N --gloo python ...``
+    ``gloo``  ``horovodrun -np N -H localhost:N --gloo python ...`` (through
+              ``python -m hvd_bert.horovodrun``: Horovod's launcher without its TensorFlow import)
     ``mpi``   ``mpirun -np N python ...`` (OpenMPI; as root it adds --allow-run-as-root)
 On several hosts (``hosts="node1:2,node2:2"``, reached over ssh) ``nic`` names the network
 interface both launchers must use (``--network-interface`` / ``btl_tcp_if_include`` and
@@ -108,7 +109,9 @@ def command(argv: Sequence[str], np: int = 2, launcher: Launcher = "gloo",
         raise ValueError(f"np must be >= 1, got {np}")
     py = python or sys.executable
     if launcher == "gloo":
-        cmd = [tool_path("horovodrun"), "-np", str(np), "-H", hosts or f"localhost:{np}", "--gloo"]
+        # horovodrun itself, its build check answered without importing TensorFlow (hvd_bert.horovodrun)
+        cmd = [sys.executable, "-m", "hvd_bert.horovodrun", "-np", str(np), "-H", hosts or f"localhost:{np}",
+               "--gloo"]
         if nic:
             cmd += ["--network-interface", nic]
         return [*prefix, *cmd, py, *argv]

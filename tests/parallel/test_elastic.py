@@ -104,7 +104,7 @@ class ElasticJob:
         self.out, self.log = tmp_path / "run", tmp_path / "job.log"
         venv_bin = str(Path(sys.executable).parent)
         cmd = [*on_node1(cluster), "env", f"PATH={venv_bin}:{os.environ['PATH']}",
-               "HOROVOD_GLOO_TIMEOUT_SECONDS=20", launch.tool_path("horovodrun"),
+               "HOROVOD_GLOO_TIMEOUT_SECONDS=20", sys.executable, "-m", "hvd_bert.horovodrun",
                "-np", "3", "--min-np", "2", "--max-np", "3",
                "--host-discovery-script", str(discover), "--network-interface", "eth0",
                "--blacklist-cooldown-range", "1", "2",
