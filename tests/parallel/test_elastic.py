@@ -20,7 +20,6 @@ import pytest
 
 from bert_jobs import TINY, metrics_of
 from conftest import fake_cluster, on_node1
-from hvd_bert import launch
 from hvd_bert.common.config import PretrainConfig, make_schedule
 
 pytestmark = pytest.mark.multinode
