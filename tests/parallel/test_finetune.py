@@ -240,7 +240,7 @@ def test_data_prepared_with_another_vocab_of_the_same_size_is_refused(task, tmp_
     shuffled.write_text("\n".join(special + rest) + "\n")
     other = prepare(task["root"] / "train.tsv", tmp_path / "other", shuffled)
     res = subprocess.run([sys.executable, "-m", "hvd_bert", "finetune", "--set", f"data={other}",
-                          "--set", f"init_checkpoint={task['root'] / 'p1'}",
+                          "--set", f"init_checkpoint={task['p1']}",
                           "--set", f"train.output_dir={tmp_path / 'run'}"],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 2, res.stderr

@@ -21,7 +21,9 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -153,6 +155,17 @@ def sandbox(tmp_path_factory):
     return work, env
 
 
+# Horovod 0.28.1's Gloo transport can abort a surviving worker when a peer dies mid-message
+# (tests/parallel/test_elastic.py meets it too): the README's elastic block is run once more then
+UPSTREAM_ABORT = "terminate called after throwing an instance of 'gloo::"
+
+
+def _upstream_abort(work: Path, since: float) -> bool:
+    """Whether a log the block wrote (``*.log`` in the sandbox) holds Gloo's abort."""
+    return any(p.stat().st_mtime >= since and UPSTREAM_ABORT in p.read_text(errors="replace")
+               for p in work.glob("*.log"))
+
+
 def _run(cmd, work: Path, env: dict, timeout: int = 1500) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -168,7 +181,19 @@ def test_readme_block_runs_as_written(sandbox, line, lang, code):
         res = _run(["bash", "-c", m.group(2)], work, env)
     else:
         kept = [ln for ln in code.splitlines() if ln.split("#")[0].strip() not in NOT_RUN]
-        res = _run(["bash", "-e", "-o", "pipefail", "-c", "\n".join(kept) + "\n"], work, env)
+        script = ["bash", "-e", "-o", "pipefail", "-c", "\n".join(kept) + "\n"]
+        started = time.time()
+        res = _run(script, work, env)
+        if "fake_cluster.sh up" in code:  # a block that failed half-way leaves no cluster up
+            _run(["bash", "scripts/fake_cluster.sh", "down"], work, env, timeout=120)
+        if res.returncode != 0 and _upstream_abort(work, started):
+            print(f"README line {line}: a surviving worker was aborted by Gloo ({UPSTREAM_ABORT}), as "
+                  f"Horovod 0.28.1 sometimes does when a peer dies mid-message; running the block once more")
+            for folder in re.findall(r"train\.output_dir=(\S+)", code):
+                shutil.rmtree(work / folder, ignore_errors=True)
+            res = _run(script, work, env)
+            if "fake_cluster.sh up" in code:
+                _run(["bash", "scripts/fake_cluster.sh", "down"], work, env, timeout=120)
     out = res.stdout + res.stderr
     assert res.returncode == 0, f"README line {line} failed ({res.returncode}):\n{code}\n---\n{out[-6000:]}"
     assert "<stderr>:Traceback" not in out and "\nTraceback" not in out, out[-6000:]
