@@ -2,8 +2,11 @@
 # The test suite as `make test` runs it (and `make test-quick`, with QUICK=1), after the set-up:
 #   1. the single-process tests (tests/common, tests/pt, tests/tf) on 2 pytest-xdist workers:
 #      they start no ranks, so one per core;
-#   2. the tests that start ranks, clusters and jobs (tests/parallel, tests/readme), one at a
-#      time: a 2-rank run already uses both cores;
+#   2. the tests that start ranks, clusters and jobs (tests/readme, tests/parallel), two test
+#      modules at a time (--dist loadfile: a module's launches and fixtures stay on one worker,
+#      the README's blocks run in order): a 2-rank run alone leaves a core idle about 40% of the
+#      time here (start-up, Gloo timeouts in the elastic tests, SLURM's scheduling, polling);
+#      the README module is collected first, so the longest module starts first;
 #   3. the report: the 25 slowest tests and the time per directory (scripts/test_report.py).
 # Both pytest runs always run; the exit status is the first failure's. Extra arguments go to
 # both pytest runs (e.g. -x, -k PATTERN).
@@ -29,7 +32,8 @@ if [[ ${QUICK:-0} == 1 ]]; then
 else
     pytest_ -n "$WORKERS" --junitxml="$REPORTS/1-unit.xml" tests/common tests/pt tests/tf "$@" || status=$?
     unit=$((SECONDS - start))
-    pytest_ --junitxml="$REPORTS/2-ranks.xml" tests/parallel tests/readme "$@" || { rc=$?; ((status)) || status=$rc; }
+    pytest_ -n "$WORKERS" --dist loadfile --junitxml="$REPORTS/2-ranks.xml" tests/readme tests/parallel "$@" \
+        || { rc=$?; ((status)) || status=$rc; }
     echo "run_tests: single-process tests ${unit} s, multi-process tests $((SECONDS - start - unit)) s"
 fi
 echo "run_tests: $((SECONDS - start)) s in all (exit $status)"
