@@ -32,15 +32,10 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("slurmdata")
-    from hvd_bert.common.corpus import write_stdlib_corpus
-    text = write_stdlib_corpus(root / "c.txt", max_bytes=100_000)
-    subprocess.run([sys.executable, "-m", "hvd_bert", "prepare-bert", "--input", str(text), "--output",
-                    str(root / "d"), "--num-shards", "4", "--vocab-size", "1500", "--max-seq-length", "64",
-                    "--max-predictions-per-seq", "10", "--dupe-factor", "1"],
-                   check=True, capture_output=True, timeout=300)
-    return root / "d"
+def data(bert_data):
+    """The session's prepared pretraining set (seq 64, 10 predictions, 4 shards, the committed
+    vocab: the same shards in every session)."""
+    return bert_data
 
 
 def job_env(cluster, data, results, **extra):
