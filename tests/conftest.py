@@ -12,3 +12,18 @@ def pytest_configure(config):
                                        "select with -m multinode, skip with -m 'not multinode'")
     config.addinivalue_line("markers", "readme: runs every README.md code block as written (tests/readme); "
                                        "select with -m readme")
+
+
+# The modules that take longest start first, so that the two workers of the multi-process phase
+# (scripts/run_tests.sh, --dist loadfile) do not end with one long module running alone; the
+# rest keep their order. From the suite's report (make test prints the slowest tests).
+LONGEST_FIRST = ["tests/readme/test_readme.py", "tests/parallel/test_elastic.py",
+                 "tests/parallel/test_multinode.py", "tests/parallel/test_faults.py",
+                 "tests/parallel/test_engine_contract.py", "tests/parallel/test_pretrain.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        path = item.nodeid.split("::")[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+    items.sort(key=rank)  # stable: each module's tests stay in their order
