@@ -4,8 +4,9 @@
 #      they start no ranks, so one per core;
 #   2. the tests that start ranks, clusters and jobs (tests/readme, tests/parallel), two test
 #      modules at a time (--dist loadfile: a module's launches and fixtures stay on one worker,
-#      the README's blocks run in order): a 2-rank run alone leaves a core idle about 40% of the
-#      time here (start-up, Gloo timeouts in the elastic tests, SLURM's scheduling, polling);
+#      the README's blocks run in order): a 2-rank run alone leaves the cores idle part of the
+#      time (start-up, Gloo timeouts in the elastic tests, SLURM's scheduling, polling; the
+#      measured gain is about 8%);
 #      the README module is collected first, so the longest module starts first;
 #   3. the report: the 25 slowest tests and the time per directory (scripts/test_report.py).
 # Both pytest runs always run; the exit status is the first failure's. Extra arguments go to
