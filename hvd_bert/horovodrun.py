@@ -26,7 +26,7 @@ _ASKED_FIRST = ("torch", "tensorflow", "mxnet")
 def _extensions() -> list[Path]:
     import horovod
     root = Path(horovod.__file__).parent
-    return sorted(p for sub in ("torch", "tensorflow", "mxnet") for p in (root / sub).glob("mpi_lib*.so"))
+    return sorted(p for sub in _ASKED_FIRST for p in (root / sub).glob("mpi_lib*.so"))
 
 
 def _cache_file() -> Path:
@@ -60,7 +60,6 @@ def built() -> dict[str, bool | None]:
     got = {w: _horovods_check(w) for w in ("gloo_built", "mpi_built")}
     if None not in got.values():  # only a definite answer is kept
         from hvd_bert.common.checkpoint import atomic_write
-        path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(got)))
     return got
 
