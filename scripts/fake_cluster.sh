@@ -8,7 +8,8 @@
 #
 #   scripts/fake_cluster.sh install                  # apt: openssh-server, iproute2 (once)
 #   scripts/fake_cluster.sh up [N] [--link-rate R]   # N nodes (2), node1..nodeN; R e.g. 200mbit
-#   scripts/fake_cluster.sh exec NODE CMD...         # run CMD on NODE (launch jobs from node1)
+#   scripts/fake_cluster.sh exec NODE CMD...         # run CMD on NODE (launch jobs from node1),
+#                                                    # OMP_NUM_THREADS=1 unless set (shared cores)
 #   scripts/fake_cluster.sh shape RATE|off           # reshape every node's link (tc tbf)
 #   scripts/fake_cluster.sh kill NODE PATTERN        # kill -9 NODE's processes whose command line
 #                                                    # matches PATTERN (a lost worker; sshd stays)
@@ -149,7 +150,9 @@ exec)
     need_root exec
     node=${2:?exec NODE CMD...}; shift 2
     ip netns list | awk '{print $1}' | grep -qx "$P-$node" || die "no node '$node' (is the cluster up? $0 status)"
-    in_node "$node" "$@"
+    # the nodes share this machine's cores: a rank that counted them all as its own (the
+    # frameworks' default on a host of its own) would oversubscribe them N times over
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} in_node "$node" "$@"
     ;;
 kill)
     need_root kill

@@ -7,6 +7,7 @@ are written once against it; the training itself goes through the engine protoco
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
@@ -16,9 +17,18 @@ from hvd_bert.common.bert_config import BertConfig
 from hvd_bert.common.config import ConfigError, TrainConfig
 from hvd_bert.common.engine import Engine
 
-__all__ = ["Backend", "ModelFunctions", "get_backend", "FRAMEWORKS"]
+__all__ = ["Backend", "ModelFunctions", "get_backend", "threads_per_rank", "FRAMEWORKS"]
 
 FRAMEWORKS = {"pt": "hvd_bert.pt.backend", "tf": "hvd_bert.tf.backend"}
+
+
+def threads_per_rank(local_size: int, env=os.environ) -> int:
+    """CPU threads for one rank's framework: ``OMP_NUM_THREADS`` when the user (or the launcher,
+    as torchrun does) set it, else the machine's cores shared between the ranks on this host."""
+    given = env.get("OMP_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    return max(1, (os.cpu_count() or 1) // max(1, local_size))
 
 
 class Backend(Protocol):

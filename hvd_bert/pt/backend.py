@@ -5,7 +5,6 @@ PyTorch. The jobs are written once against this surface (``hvd_bert.common.backe
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Iterator
 
@@ -13,7 +12,7 @@ import numpy as np
 import torch
 import horovod.torch as hvd
 
-from hvd_bert.common.backend import ModelFunctions
+from hvd_bert.common.backend import ModelFunctions, threads_per_rank
 from hvd_bert.common.bert_config import BertConfig
 from hvd_bert.common.config import TrainConfig
 from hvd_bert.pt import init_horovod
@@ -35,7 +34,7 @@ class PyTorchBackend(ModelFunctions):
             # Horovod: one GPU per process, chosen by its local rank
             torch.cuda.set_device(hvd.local_rank())
             self.device = torch.device("cuda", hvd.local_rank())
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+        torch.set_num_threads(threads_per_rank(hvd.local_size()))
         return hvd.rank(), hvd.size()
 
     def seed(self, seed: int) -> None:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Iterator
 
@@ -14,7 +13,7 @@ import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS and quiet start-up before
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
-from hvd_bert.common.backend import ModelFunctions
+from hvd_bert.common.backend import ModelFunctions, threads_per_rank
 from hvd_bert.common.bert_config import BertConfig
 from hvd_bert.common.config import TrainConfig
 from hvd_bert.tf import init_horovod
@@ -37,8 +36,8 @@ class SummaryWriter:
 
 
 def set_threads(local_size: int) -> None:
-    """One process per CPU slot: split the cores between the local ranks."""
-    n = max(1, (os.cpu_count() or 1) // local_size)
+    """One process per CPU slot: split the cores between the local ranks (or OMP_NUM_THREADS)."""
+    n = threads_per_rank(local_size)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(n)
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, n)))

@@ -25,6 +25,7 @@ import toy_data  # noqa: E402
 import toy_models  # noqa: E402
 from conftest import launch_ranks  # noqa: E402
 
+from hvd_bert.common.backend import threads_per_rank  # noqa: E402
 from hvd_bert.common.config import TrainConfig, apply_overrides  # noqa: E402
 
 FRAMEWORKS = ["pt", "tf"]
@@ -132,7 +133,8 @@ def test_gradient_predivide_factor_gives_the_same_average(contract, framework):
 def test_each_launcher_gets_the_measured_cpu_defaults_and_they_take_effect(run_ranks, tmp_path, launcher):
     """No horovod.* settings: a 5 ms cycle under both launchers, and under mpirun MPI's CPU
     operations with OpenMPI yielding while it waits (BENCHMARKS.md); the timeline shows which
-    library reduced the gradients. A setting, or the user's own variable, wins."""
+    library reduced the gradients. A setting, or the user's own variable, wins; the cores are
+    shared between the local ranks unless OMP_NUM_THREADS says how many threads a rank takes."""
     timeline = tmp_path / f"{launcher}.json"
     ranks = run_ranks("engine_contract.py", "pt", "train", "sgd", 1, 3, f"horovod.timeline={timeline}",
                       launcher=launcher)
@@ -140,13 +142,14 @@ def test_each_launcher_gets_the_measured_cpu_defaults_and_they_take_effect(run_r
     want.update({"HOROVOD_CPU_OPERATIONS": "mpi", "OMPI_MCA_mpi_yield_when_idle": "1"} if launcher == "mpi"
                 else {"HOROVOD_CPU_OPERATIONS": "gloo"})  # (horovodrun's own)
     assert [r["env"] for r in ranks] == [want] * 2
+    assert [r["threads"] for r in ranks] == [threads_per_rank(2)] * 2
     text = timeline.read_text()
     other = "GLOO" if launcher == "mpi" else "MPI"
     assert f"{launcher.upper()}_ALLREDUCE" in text and f"{other}_ALLREDUCE" not in text, \
         sorted(set(re.findall(r'"[A-Z_]+"', text)))
     ranks = run_ranks("engine_contract.py", "pt", "train", "sgd", 1, 2, launcher=launcher,
-                      env={"HOROVOD_CYCLE_TIME": "2"}, tag="-own")
-    assert ranks[0]["env"]["HOROVOD_CYCLE_TIME"] == "2"
+                      env={"HOROVOD_CYCLE_TIME": "2", "OMP_NUM_THREADS": "3"}, tag="-own")
+    assert ranks[0]["env"]["HOROVOD_CYCLE_TIME"] == "2" and [r["threads"] for r in ranks] == [3, 3]
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -160,11 +163,13 @@ def test_the_horovod_knobs_reach_horovod_before_init_and_timeline_and_autotune_t
                       "horovod.autotune=true", f"horovod.autotune_log={tune}",
                       "horovod.hierarchical_allreduce=false", "horovod.fusion_threshold_mb=4",
                       "horovod.cycle_time_ms=2.5",
-                      env={"HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "1", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "1"})
+                      env={"HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "1", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "1",
+                 "OMP_NUM_THREADS": "3"})
     assert [r["env"] for r in ranks] == [{
         "HOROVOD_TIMELINE": str(timeline), "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(tune),
         "HOROVOD_HIERARCHICAL_ALLREDUCE": "0", "HOROVOD_FUSION_THRESHOLD": str(4 * 1024 * 1024),
         "HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_CPU_OPERATIONS": "gloo"}] * 2  # (horovodrun's own)
+    assert [r["threads"] for r in ranks] == [3, 3]  # the user's OMP_NUM_THREADS, in either framework
     text = timeline.read_text()
     assert '"ph"' in text and "ALLREDUCE" in text, text[:500]
     names = set(re.findall(r'"name": "([^"]+)"', text))

@@ -89,6 +89,15 @@ def scenario(toy, backend, r, n, mode, optim, k, steps, extra=(), ckpt=None, kil
     return result
 
 
+def threads(framework: str) -> int:
+    """The CPU threads the backend gave this rank's framework."""
+    if framework == "pt":
+        import torch
+        return torch.get_num_threads()
+    import tensorflow as tf
+    return tf.config.threading.get_intra_op_parallelism_threads()
+
+
 def main():
     framework, mode, *rest = sys.argv[1:]
     toy = adapter(framework)
@@ -111,7 +120,8 @@ def main():
         cfg = apply_overrides(TrainConfig(), D.overrides(optim, LOCAL_B, int(k), int(steps), *extra))
         r, n = backend.init(cfg)
         from hvd_bert.cluster import HOROVOD_KNOBS
-        result = {"rank": r, "size": n, "env": {v: os.environ[v] for v in HOROVOD_KNOBS if v in os.environ}}
+        result = {"rank": r, "size": n, "env": {v: os.environ[v] for v in HOROVOD_KNOBS if v in os.environ},
+                  "threads": threads(framework)}
         result.update(scenario(toy, backend, r, n, mode, optim, int(k), int(steps), extra,
                                os.environ.get("HVD_BERT_TEST_CKPT"),
                                int(os.environ.get("HVD_BERT_TEST_KILL_AT", "0"))))
