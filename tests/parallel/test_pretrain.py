@@ -1,7 +1,7 @@
 """`hvd-bert pretrain` under real `horovodrun -np 2`, one suite for both frameworks (the job is
 written once: hvd_bert/jobs/pretrain.py): the loss falls, metrics, TensorBoard, the resolved
-config and checkpoints are written, a second run resumes; SIGTERM to the ranks (what SLURM
-sends) saves a checkpoint and the next run resumes from it; phase 2 starts from phase-1
+config and checkpoints are written; SIGTERM to the ranks (what SLURM sends) saves a checkpoint
+and the next run, with another horizon, resumes from it; phase 2 starts from phase-1
 weights (TensorFlow from a PyTorch run converted with `hvd-bert convert`); 2 ranks x k match
 1 rank on the global batch."""
 
@@ -40,10 +40,7 @@ def test_loss_falls_and_outputs_are_written(bert_data, tmp_path, framework):
     assert "\r" not in stdout and "progress 40/40 (100%)" in stdout
     if framework == "pt":  # a PyTorch job never starts TensorFlow
         assert "oneDNN" not in stdout and "cuda drivers" not in stdout
-    metrics2, stdout2 = run_job(framework, bert_data, out, "--set", "train.schedule.total_steps=50",
-                                "--set", "train.checkpoint_every=20")
-    assert "resumed from step 40" in stdout2
-    assert [m["step"] for m in metrics2][-2:] == [45, 50]
+    # (a second run with a longer horizon resumes: the SIGTERM test's second run, below)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
