@@ -8,7 +8,9 @@ message that does not say why. :func:`check_launch` turns that into an error wit
 
 from __future__ import annotations
 
+import atexit
 import os
+import threading
 
 __all__ = ["LaunchError", "check_launch", "check_world", "slurm_tasks"]
 
@@ -180,6 +182,8 @@ def init_horovod(hvd, horovod_cfg=None) -> None:
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         hvd.init()  # Horovod:
         check_world(hvd.size())
+        if os.environ.get("HOROVOD_TIMELINE"):
+            atexit.register(_flush_timeline, hvd)
         global _NO_HIERARCHICAL
         # Horovod 0.28 reduces hierarchically only through NCCL (or DDL): on a CPU build it
         # forces the setting off at init, silently (horovod/common/operations.cc)
@@ -187,6 +191,25 @@ def init_horovod(hvd, horovod_cfg=None) -> None:
 
 
 _NO_HIERARCHICAL = False
+
+
+def _flush_timeline(hvd, timeout_s: float = 30.0) -> None:
+    """At exit, before Horovod's own shutdown (atexit runs in reverse): stop the timeline, which
+    waits until its writer has written every queued record. Horovod 0.28's shutdown stops the
+    writer first and drops what is still queued (common/timeline.cc), so a short run's timeline
+    could end before its first allreduce. In a thread, so that a writer that is gone cannot hold
+    the exit."""
+    if not hvd.is_initialized():
+        return
+    def stop() -> None:
+        try:
+            hvd.stop_timeline()
+        except Exception:  # (Horovod already shut down: nothing left to write)
+            pass
+
+    t = threading.Thread(target=stop, daemon=True)
+    t.start()
+    t.join(timeout_s)
 
 
 HOROVOD_KNOBS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_OPERATIONS",
