@@ -1,10 +1,30 @@
 """Shared test settings: one thread per process (2 ranks share 2 cores), quiet TensorFlow."""
 
 import os
+import random
+import sys
+
+import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+
+@pytest.fixture(autouse=True)
+def _fixed_global_seeds():
+    """A test that draws from a global generator (random, numpy's, PyTorch's, TensorFlow's)
+    gets the same numbers in every run, whichever tests ran before it on its xdist worker:
+    seed 0, or tests/bounds/measure.py's shift of it (tests/closeness.py)."""
+    from closeness import seed_of
+    s = seed_of(0)
+    random.seed(s)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(s)
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(s)
+    if "tensorflow" in sys.modules and hasattr(sys.modules["tensorflow"], "random"):
+        sys.modules["tensorflow"].random.set_seed(s)
 
 
 def pytest_configure(config):

@@ -23,6 +23,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import toy_data  # noqa: E402
 import toy_models  # noqa: E402
+from closeness import assert_close  # noqa: E402
 from conftest import launch_ranks  # noqa: E402
 
 from hvd_bert.common.backend import threads_per_rank  # noqa: E402
@@ -110,7 +111,9 @@ def test_two_ranks_with_accumulation_equal_one_process_on_the_global_batch(contr
     assert ranks[0]["params"] == ranks[1]["params"]  # identical on both ranks
     # fp32: summing k micro-batch means vs one full-batch mean rounds differently; LARS's
     # excluded tensors take raw lr * g steps at lr 2.0, which shows it at up to ~2e-5.
-    np.testing.assert_allclose(ranks[0]["params"], want, rtol=2e-5, atol=3e-5 if optim == "lars" else 5e-6)
+    assert_close(ranks[0]["params"], want, rtol=2e-5, atol=3e-5 if optim == "lars" else 5e-6,
+                 site=f"parallel/engine_contract::test_two_ranks_with_accumulation_equal_one_process_on_the_"
+                      f"global_batch/{framework}-{optim}")
     assert [s["step"] for s in ranks[0]["steps"]] == list(range(1, STEPS + 1))
     if k > 1:  # before the sync step the ranks hold different local gradients
         assert not np.allclose(ranks[0]["local_grad"], ranks[1]["local_grad"])
@@ -125,8 +128,8 @@ def test_accumulation_is_not_a_no_op(framework):
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_gradient_predivide_factor_gives_the_same_average(contract, framework):
     ranks = contract(framework)[1]["predivide"]
-    np.testing.assert_allclose(ranks[0]["params"], reference(framework, "lamb", 2, STEPS),
-                               rtol=2e-5, atol=5e-6)
+    assert_close(ranks[0]["params"], reference(framework, "lamb", 2, STEPS), rtol=2e-5, atol=5e-6,
+                 site=f"parallel/engine_contract::test_gradient_predivide_factor_gives_the_same_average/{framework}")
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from closeness import assert_close
 from conftest import LAUNCHERS, launch_ranks
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
@@ -42,7 +43,8 @@ def test_allreduce_broadcast_and_accumulated_step(basics, framework, launcher, c
         assert r["size"] == 2
         assert r["sum"] == E.expected_allreduce_sum(2)
         assert r["bcast"] == [E.BROADCAST_ROOT_VALUE]
-        np.testing.assert_allclose(r["w"], want_w, **TOL[compression])
+        assert_close(r["w"], want_w, **TOL[compression],
+                     site=f"parallel/horovod_basics::test_allreduce_broadcast_and_accumulated_step/{compression}")
         # every rank ends with the same weights, bit for bit
         assert r["gathered"] == [results[0]["w"]] * 2
     # the step really moved the weights, by the global-batch gradient

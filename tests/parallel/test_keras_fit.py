@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from closeness import assert_close
 from conftest import launch_ranks
 
 WORKER = Path(__file__).parent / "workers" / "keras_fit.py"
@@ -44,7 +45,8 @@ def test_two_ranks_with_accumulation_equal_one_process(fits, optim, k):
     assert ranks[0]["params"] == ranks[1]["params"]
     # fp32: summing k micro-batch means vs one full-batch mean rounds differently; LARS's
     # excluded tensors take raw lr * g steps at lr 2.0, which shows it at ~4e-6.
-    np.testing.assert_allclose(ranks[0]["params"], want, rtol=2e-5, atol=5e-6)
+    assert_close(ranks[0]["params"], want, rtol=2e-5, atol=5e-6,
+                 site=f"parallel/keras_fit::test_two_ranks_with_accumulation_equal_one_process/{optim}")
     if optim != "sgd":
         # the optimizer applied STEPS updates, not one per micro-batch
         assert ranks[0]["applied"] == STEPS

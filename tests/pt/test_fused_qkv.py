@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from closeness import assert_close, seed_of
 from hvd_bert.common.bert_config import bert_preset
 from hvd_bert.pt.models.bert import BertLayer, qkv_heads
 
@@ -15,7 +16,7 @@ B, S, H, NH = 2, 5, 12, 3
 
 
 def _linears(dtype):
-    torch.manual_seed(0)
+    torch.manual_seed(seed_of(0))
     return [nn.Linear(H, H).to(dtype) for _ in range(3)]
 
 
@@ -43,12 +44,14 @@ def test_equals_three_linear_projections_in_double(use):
     ref, ref_grads = _grads(_oracle, x, mods, use)
     for a, b in zip(out, ref):
         assert a.shape == (B, NH, S, H // NH)
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        assert_close(a, b, rtol=1e-12, atol=1e-12,
+                     site="pt/fused_qkv::test_equals_three_linear_projections_in_double")
     for a, b in zip(grads, ref_grads):
         if b is None:  # the unused projection: autograd gives nothing, the fused one zeros
             assert a is None or not a.any()
         else:
-            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+            assert_close(a, b, rtol=1e-12, atol=1e-12,
+                         site="pt/fused_qkv::test_equals_three_linear_projections_in_double")
 
 
 def test_an_input_without_gradient():
@@ -72,7 +75,7 @@ def _layer_step(layer, x, flag, monkeypatch, autocast=False):
     monkeypatch.setenv("HVD_BERT_FUSED_QKV", flag)
     layer.zero_grad(set_to_none=True)
     x.grad = None
-    torch.manual_seed(7)  # the same dropout masks
+    torch.manual_seed(seed_of(7))  # the same dropout masks
     with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
         y = layer(x, torch.zeros(x.shape[0], 1, 1, x.shape[1]))
     (y.float() * torch.linspace(0, 1, y.numel()).view_as(y)).sum().backward()
@@ -81,14 +84,15 @@ def _layer_step(layer, x, flag, monkeypatch, autocast=False):
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
 def test_a_training_layer_fused_equals_unfused(autocast, monkeypatch):
-    torch.manual_seed(0)
+    torch.manual_seed(seed_of(0))
     layer = BertLayer(bert_preset("base", hidden_size=64, num_heads=4, intermediate_size=128)).train()
     x = torch.randn(2, 16, 64, requires_grad=True)
     y1, gx1, g1 = _layer_step(layer, x, "1", monkeypatch, autocast)
     y0, gx0, g0 = _layer_step(layer, x, "0", monkeypatch, autocast)
     tol = dict(rtol=2e-2, atol=2e-2) if autocast else dict(rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(y1, y0, **tol)
-    torch.testing.assert_close(gx1, gx0, **tol)
+    site = f"pt/fused_qkv::test_a_training_layer_fused_equals_unfused/{'bf16' if autocast else 'fp32'}"
+    assert_close(y1, y0, **tol, site=site)
+    assert_close(gx1, gx0, **tol, site=site)
     for n in g0:
         assert g1[n].dtype == torch.float32, n
-        torch.testing.assert_close(g1[n], g0[n], **tol, msg=n)
+        assert_close(g1[n], g0[n], **tol, err_msg=n, site=site)

@@ -4,11 +4,11 @@ F.linear on the same model, weights and batch."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from closeness import assert_close, seed_of
 from hvd_bert.common.bert_config import bert_preset
 from hvd_bert.pt.models import bert
 from hvd_bert.pt.models.bert import BertForPreTraining, pretraining_loss
@@ -31,7 +31,7 @@ def _grads(monkeypatch, tied: bool, loss_fn):
         if not tied:
             m.setattr(bert, "tie_for", lambda w: None)
         cfg = bert_preset("tiny", vocab_size=100, hidden_dropout=0.0, attention_dropout=0.0)
-        torch.manual_seed(0)
+        torch.manual_seed(seed_of(0))
         model = BertForPreTraining(cfg).train()
         loss_fn(model).backward()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -41,7 +41,8 @@ def _same(monkeypatch, loss_fn):
     want, got = _grads(monkeypatch, False, loss_fn), _grads(monkeypatch, True, loss_fn)
     assert want.keys() == got.keys()
     for n in want:
-        np.testing.assert_allclose(got[n].numpy(), want[n].numpy(), rtol=1e-5, atol=1e-7, err_msg=n)
+        assert_close(got[n].numpy(), want[n].numpy(), rtol=1e-5, atol=1e-7, err_msg=n,
+                     site="pt/tied_embedding::_same")
     return got
 
 
@@ -51,17 +52,18 @@ def _eager(monkeypatch):
 
 
 def test_the_gradients_are_autograds_through_embedding_and_linear(monkeypatch):
-    got = _same(monkeypatch, lambda m: pretraining_loss(m, _batch(0))[0])
+    got = _same(monkeypatch, lambda m: pretraining_loss(m, _batch(seed_of(0)))[0])
     assert got["embeddings.word_embeddings.weight"].abs().sum() > 0
 
 
 def test_a_loss_summed_over_two_forward_passes(monkeypatch):
-    _same(monkeypatch, lambda m: pretraining_loss(m, _batch(0))[0] + 0.5 * pretraining_loss(m, _batch(1))[0])
+    _same(monkeypatch, lambda m: pretraining_loss(m, _batch(seed_of(0)))[0]
+          + 0.5 * pretraining_loss(m, _batch(seed_of(1)))[0])
 
 
 def test_a_loss_without_the_masked_lm_term(monkeypatch):
     def nsp_only(m):
-        b = _batch(0)
+        b = _batch(seed_of(0))
         _, nsp = m(b["input_ids"], b["segment_ids"], b["input_mask"], b["masked_lm_positions"])
         return F.cross_entropy(nsp, b["next_sentence_labels"].view(-1))
     _same(monkeypatch, nsp_only)
@@ -69,8 +71,8 @@ def test_a_loss_without_the_masked_lm_term(monkeypatch):
 
 def test_gradients_accumulate_over_two_backward_passes(monkeypatch):
     def two(m):
-        pretraining_loss(m, _batch(0))[0].backward()  # .grad exists for the second one
-        return pretraining_loss(m, _batch(1))[0]
+        pretraining_loss(m, _batch(seed_of(0)))[0].backward()  # .grad exists for the second one
+        return pretraining_loss(m, _batch(seed_of(1)))[0]
     _same(monkeypatch, two)
 
 
@@ -79,7 +81,7 @@ def test_the_weight_gets_one_buffer_and_no_zero_fill_of_its_size():
     model = BertForPreTraining(cfg).train()
     shape = list(model.embeddings.word_embeddings.weight.shape)
     with torch.profiler.profile(record_shapes=True) as prof:
-        pretraining_loss(model, _batch(0))[0].backward()
+        pretraining_loss(model, _batch(seed_of(0)))[0].backward()
     big = [(e.name, e.input_shapes) for e in prof.events()
            if e.name in ("aten::zeros", "aten::fill_", "aten::zero_", "aten::add", "aten::copy_")
            and e.input_shapes and shape in e.input_shapes]
@@ -105,6 +107,6 @@ def test_a_frozen_word_embedding_gets_no_gradient(monkeypatch):
     cfg = bert_preset("tiny", vocab_size=100)
     model = BertForPreTraining(cfg).train()
     model.embeddings.word_embeddings.weight.requires_grad_(False)
-    pretraining_loss(model, _batch(0))[0].backward()
+    pretraining_loss(model, _batch(seed_of(0)))[0].backward()
     assert model.embeddings.word_embeddings.weight.grad is None
     assert model.mlm_bias.grad is not None

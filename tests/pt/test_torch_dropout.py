@@ -5,11 +5,11 @@ PyTorch fallback for what the kernel does not serve. BERT's layers use it in tra
 
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from closeness import assert_close, seed_of
 from hvd_bert.common.bert_config import bert_preset
 from hvd_bert.pt import dropout as D
 from hvd_bert.pt.models.bert import BertForPreTraining, attention
@@ -28,7 +28,8 @@ def test_kept_fraction_and_scale_follow_p(p):
     kept = (y != 0).double()
     sd = math.sqrt(p * (1 - p) / n)
     assert abs(kept.mean().item() - (1 - p)) < 5 * sd
-    np.testing.assert_allclose(y[y != 0].numpy(), 1 / (1 - p), rtol=1e-6)
+    assert_close(y[y != 0].numpy(), 1 / (1 - p), rtol=1e-6,
+                 site="pt/torch_dropout::test_kept_fraction_and_scale_follow_p")
     assert abs(y.double().mean().item() - 1.0) < 5 * sd / (1 - p)  # unbiased, like F.dropout
 
 
@@ -42,11 +43,11 @@ def test_masks_are_independent_between_neighbours_and_calls():
 
 def test_the_generator_seed_decides_the_mask():
     x = torch.randn(4, 128, 64)
-    torch.manual_seed(7)
+    torch.manual_seed(seed_of(7))
     a = D.dropout(x, 0.1)
-    torch.manual_seed(7)
+    torch.manual_seed(seed_of(7))
     b = D.dropout(x, 0.1)
-    torch.manual_seed(8)
+    torch.manual_seed(seed_of(8))
     c = D.dropout(x, 0.1)
     assert torch.equal(a, b) and not torch.equal(a, c)
 
@@ -57,10 +58,12 @@ def test_gradient_is_the_forward_mask_times_the_scale_and_the_residual_gets_all(
     y = D.dropout_add(x, r, 0.3)
     d = (y - r).detach()  # the dropped-out x
     mask = d != 0
-    np.testing.assert_allclose(d[mask].numpy(), (x.detach()[mask] / 0.7).numpy(), rtol=1e-5, atol=1e-5)
+    assert_close(d[mask].numpy(), (x.detach()[mask] / 0.7).numpy(), rtol=1e-5, atol=1e-5,
+                 site="pt/torch_dropout::test_gradient_is_the_forward_mask_times_the_scale_and_the_residual_gets_all")
     g = torch.randn_like(y)
     y.backward(g)
-    np.testing.assert_allclose(x.grad.numpy(), torch.where(mask, g / 0.7, 0.0).numpy(), rtol=1e-6)
+    assert_close(x.grad.numpy(), torch.where(mask, g / 0.7, 0.0).numpy(), rtol=1e-6,
+                 site="pt/torch_dropout::test_gradient_is_the_forward_mask_times_the_scale_and_the_residual_gets_all")
     assert torch.equal(r.grad, g)
 
 
@@ -70,7 +73,8 @@ def test_non_contiguous_input_and_gradient():
     mask = y != 0
     (y * torch.arange(y.numel(), dtype=y.dtype).view_as(y)).sum().backward()
     want = torch.where(mask, torch.arange(y.numel(), dtype=y.dtype).view_as(y) / 0.8, 0.0)
-    np.testing.assert_allclose(x.grad.numpy(), want.numpy(), rtol=1e-6)
+    assert_close(x.grad.numpy(), want.numpy(), rtol=1e-6,
+                 site="pt/torch_dropout::test_non_contiguous_input_and_gradient")
 
 
 def test_eval_and_p_zero_are_the_identity_and_bad_p_is_refused():
@@ -83,20 +87,20 @@ def test_eval_and_p_zero_are_the_identity_and_bad_p_is_refused():
 
 def test_what_the_kernel_does_not_serve_is_pytorchs_dropout(monkeypatch):
     x = torch.randn(1000, dtype=torch.float64)
-    torch.manual_seed(3)
+    torch.manual_seed(seed_of(3))
     got = D.dropout(x, 0.25)
-    torch.manual_seed(3)
+    torch.manual_seed(seed_of(3))
     assert torch.equal(got, F.dropout(x, 0.25, True))  # fp64: PyTorch's, the same draws
     monkeypatch.setenv("HVD_BERT_FAST_DROPOUT", "0")
     x32 = torch.randn(1000)
-    torch.manual_seed(3)
+    torch.manual_seed(seed_of(3))
     got = D.dropout(x32, 0.25)
-    torch.manual_seed(3)
+    torch.manual_seed(seed_of(3))
     assert torch.equal(got, F.dropout(x32, 0.25, True)) and not D.served(x32)
 
 
 def test_written_out_attention_is_sdpa_without_dropout_and_keeps_its_law():
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed_of(0))
     q, k, v = (torch.randn(2, 4, 16, 8, generator=g) for _ in range(3))
     mask = torch.ones(2, 16)
     mask[1, 12:] = 0
@@ -104,11 +108,14 @@ def test_written_out_attention_is_sdpa_without_dropout_and_keeps_its_law():
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     # the written-out path with p -> 0 through the kernel: the same softmax(q k^T / sqrt(d) + b) v
     got = attention(q, k, v, bias, 1e-9, True)
-    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    assert_close(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6,
+                 site="pt/torch_dropout::test_written_out_attention_is_sdpa_without_dropout_and_keeps_its_law")
     # with dropout the expectation over masks is the same output
-    torch.manual_seed(0)
+    torch.manual_seed(seed_of(0))
     mean = sum(attention(q, k, v, bias, 0.5, True) for _ in range(400)) / 400
-    np.testing.assert_allclose(mean.numpy(), want.numpy(), atol=0.25)
+    assert_close(mean.numpy(), want.numpy(), atol=0.25,
+                 site="pt/torch_dropout::test_written_out_attention_is_sdpa_without_dropout_and_keeps_its_law"
+                      "/mean-of-400")
 
 
 def test_a_bert_training_step_uses_the_kernel_and_learns(monkeypatch):
@@ -119,7 +126,7 @@ def test_a_bert_training_step_uses_the_kernel_and_learns(monkeypatch):
     real = D._run
     monkeypatch.setattr(D, "_run", lambda *a: calls.append(1) or real(*a))
     cfg = bert_preset("tiny", vocab_size=100)
-    torch.manual_seed(0)
+    torch.manual_seed(seed_of(0))
     model = BertForPreTraining(cfg).train()
     ids = torch.randint(5, 100, (4, 32))
     seg, msk = torch.zeros_like(ids), torch.ones_like(ids)

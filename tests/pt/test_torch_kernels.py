@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from closeness import assert_close, seed_of
 from hvd_bert.pt import kernels as K
 from hvd_bert.pt.cbuild import CKernels
 
@@ -23,7 +24,8 @@ def test_eager_composition_equals_torch_gelu(approximate):
     want = grads_of(lambda x, b: F.gelu(x + b, approximate=approximate), x, b)
     got = grads_of(lambda x, b: K.bias_gelu_eager(x, b, approximate), x, b)
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+        assert_close(g, w, rtol=1e-12, atol=1e-12,
+                     site="pt/torch_kernels::test_eager_composition_equals_torch_gelu")
 
 
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
@@ -36,26 +38,31 @@ def test_compiled_equals_unfused_forward_and_backward(approximate, monkeypatch):
     assert not K._failed, "torch.compile fell back to eager"
     assert approximate in K._compiled
     y, gx, gb = got
-    torch.testing.assert_close(y.double(), want[0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(gx.double(), want[1], rtol=1e-5, atol=1e-6)
+    assert_close(y.double(), want[0], rtol=1e-5, atol=1e-6,
+                 site="pt/torch_kernels::test_compiled_equals_unfused_forward_and_backward")
+    assert_close(gx.double(), want[1], rtol=1e-5, atol=1e-6,
+                 site="pt/torch_kernels::test_compiled_equals_unfused_forward_and_backward")
     # the bias gradient sums 128 rows: fp32 summation order shows at ~1e-5 of the terms
-    torch.testing.assert_close(gb.double(), want[2], rtol=1e-5, atol=5e-5)
+    assert_close(gb.double(), want[2], rtol=1e-5, atol=5e-5,
+                 site="pt/torch_kernels::test_compiled_equals_unfused_forward_and_backward")
 
 
 def test_disabled_compile_uses_eager(monkeypatch):
     monkeypatch.setenv("HVD_BERT_COMPILE", "0")
     x, b = torch.randn(4, 8), torch.randn(8)
-    torch.testing.assert_close(K.bias_gelu(x, b), F.gelu(x + b, approximate="tanh"))
+    assert_close(K.bias_gelu(x, b), F.gelu(x + b, approximate="tanh"), rtol=1.3e-6, atol=1e-5,
+                 site="pt/torch_kernels::test_disabled_compile_uses_eager")
 
 
 def test_linear_gelu_matches_linear_then_gelu(monkeypatch):
     monkeypatch.setenv("HVD_BERT_COMPILE", "0")
-    torch.manual_seed(0)
+    torch.manual_seed(seed_of(0))
     m = K.LinearGELU(8, 16, approximate="none")
     ref = torch.nn.Linear(8, 16)
     ref.load_state_dict(m.state_dict())
     x = torch.randn(5, 8)
-    torch.testing.assert_close(m(x), F.gelu(ref(x)))
+    assert_close(m(x), F.gelu(ref(x)), rtol=1.3e-6, atol=1e-5,  # (torch.testing's float32 default)
+                 site="pt/torch_kernels::test_linear_gelu_matches_linear_then_gelu")
     assert [n for n, _ in m.named_parameters()] == ["weight", "bias"]
 
 
@@ -68,7 +75,7 @@ def test_bad_form_is_rejected():
 @pytest.mark.parametrize("shape", [(128, 96), (3, 37, 100), (1, 5), (7, 3072)])
 def test_the_c_kernel_equals_torch_gelu_in_double(approximate, shape, monkeypatch):
     monkeypatch.setenv("HVD_BERT_COMPILE", "1")
-    g = torch.Generator().manual_seed(sum(shape))
+    g = torch.Generator().manual_seed(seed_of(sum(shape)))
     x, b = 3 * torch.randn(*shape, generator=g), torch.randn(shape[-1], generator=g)
     assert K.c_served(x, b)
     calls = []
@@ -80,10 +87,13 @@ def test_the_c_kernel_equals_torch_gelu_in_double(approximate, shape, monkeypatc
     # fp32 bounds: the tanh form's derivative has 1 - tanh^2, which cancels for large |x|; PyTorch's
     # own fp32 F.gelu backward is 1.04e-6 off the double one on these inputs, and the kernel with
     # AVX-512's libmvec tanhf (Zen 4) 1.23e-6
-    torch.testing.assert_close(y.double(), want[0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(gx.double(), want[1], rtol=1e-5, atol=2e-6)
+    assert_close(y.double(), want[0], rtol=1e-5, atol=1e-6,
+                 site="pt/torch_kernels::test_the_c_kernel_equals_torch_gelu_in_double")
+    assert_close(gx.double(), want[1], rtol=1e-5, atol=2e-6,
+                 site="pt/torch_kernels::test_the_c_kernel_equals_torch_gelu_in_double")
     rows = x.numel() // shape[-1]  # the bias gradient sums this many fp32 terms per column
-    torch.testing.assert_close(gb.double(), want[2], rtol=1e-5, atol=5e-7 * rows)
+    assert_close(gb.double(), want[2], rtol=1e-5, atol=5e-7 * rows,
+                 site="pt/torch_kernels::test_the_c_kernel_equals_torch_gelu_in_double")
 
 
 def test_the_c_kernel_takes_a_non_contiguous_input(monkeypatch):
@@ -91,7 +101,8 @@ def test_the_c_kernel_takes_a_non_contiguous_input(monkeypatch):
     x, b = torch.randn(64, 40).t(), torch.randn(64)  # a transposed view
     want = grads_of(lambda x, b: F.gelu(x + b, approximate="tanh"), x.double(), b.double())
     for got, w in zip(grads_of(K.bias_gelu, x, b), want):
-        torch.testing.assert_close(got.double(), w, rtol=1e-5, atol=2e-5)
+        assert_close(got.double(), w, rtol=1e-5, atol=2e-5,
+                     site="pt/torch_kernels::test_the_c_kernel_takes_a_non_contiguous_input")
 
 
 def test_what_the_c_kernel_does_not_serve(monkeypatch):
@@ -119,4 +130,5 @@ def test_the_c_kernel_falls_back_to_compile_with_one_warning_without_a_compiler(
         got = grads_of(K.bias_gelu, x, b)
     want = grads_of(lambda x, b: F.gelu(x + b, approximate="tanh"), x.double(), b.double())
     for g, w in zip(got, want):
-        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=5e-5)
+        assert_close(g.double(), w, rtol=1e-5, atol=5e-5,
+                     site="pt/torch_kernels::test_the_c_kernel_falls_back_to_compile_with_one_warning_without_a_compiler")

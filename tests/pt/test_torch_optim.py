@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from closeness import assert_close, seed_of
 from hvd_bert.common import optim as O
 from hvd_bert.common.config import OptimConfig
 from hvd_bert.pt import fused_optim
@@ -70,7 +71,7 @@ def chunking(request, monkeypatch):
 @pytest.mark.parametrize("zero_first", [False, True])
 @pytest.mark.parametrize("bias_correction", [True, False])
 def test_lamb_matches_common(dtype, zero_first, bias_correction, chunking):
-    ws, gs, params = make_case(1, dtype, zero_first)
+    ws, gs, params = make_case(seed_of(1), dtype, zero_first)
     mask = [True, False, True, True, False, True]
     opt = Lamb(groups_of(params, mask, 0.01, lambda d: True), lr=0.01, weight_decay=0.01,
                bias_correction=bias_correction)
@@ -78,14 +79,14 @@ def test_lamb_matches_common(dtype, zero_first, bias_correction, chunking):
     want = run_common("lamb", ws, gs, lr=0.01, weight_decay=0.01, decay_mask=mask,
                       bias_correction=bias_correction)
     for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, **TOL[dtype])
+        assert_close(a, b, **TOL[dtype], site=f"pt/optim::test_lamb_matches_common/{dtype}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("use_nvlamb", [False, True])
 @pytest.mark.parametrize("grad_scale", [1.0, 30.0])  # below and above the clip norm
 def test_nvlamb_matches_common(dtype, use_nvlamb, grad_scale, chunking):
-    ws, gs, params = make_case(2, dtype)
+    ws, gs, params = make_case(seed_of(2), dtype)
     gs = [[g * grad_scale for g in step] for step in gs]
     mask = [True, False, True, False, True, True]
     opt = NVLamb([{"params": [p], "weight_decay": 0.01 if d else 0.0} for p, d in zip(params, mask)],
@@ -93,13 +94,13 @@ def test_nvlamb_matches_common(dtype, use_nvlamb, grad_scale, chunking):
     got = run_torch(opt, params, gs)
     want = run_common("nvlamb", ws, gs, lr=0.01, decay_mask=mask, use_nvlamb=use_nvlamb)
     for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, **TOL[dtype])
+        assert_close(a, b, **TOL[dtype], site=f"pt/optim::test_nvlamb_matches_common/{dtype}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("zero_first", [False, True])
 def test_lars_matches_common(dtype, zero_first, chunking):
-    ws, gs, params = make_case(3, dtype, zero_first)
+    ws, gs, params = make_case(seed_of(3), dtype, zero_first)
     mask = [True, False, True, True, False, True]
     opt = Lars([{"params": [p], "weight_decay": 5e-4 if a else 0.0, "adapt": a}
                 for p, a in zip(params, mask)], lr=1.0, momentum=0.9, eta=1e-3)
@@ -107,19 +108,19 @@ def test_lars_matches_common(dtype, zero_first, chunking):
     want = run_common("lars", ws, gs, lr=1.0, momentum=0.9, weight_decay=5e-4, eta=1e-3,
                       adapt_mask=mask)
     for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, **TOL[dtype])
+        assert_close(a, b, **TOL[dtype], site=f"pt/optim::test_lars_matches_common/{dtype}")
 
 
 @pytest.mark.parametrize("name", ["sgd", "adamw", "lamb", "nvlamb", "lars"])
 def test_build_optimizer_from_config_matches_common(name):
-    torch.manual_seed(0)
+    torch.manual_seed(seed_of(0))
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
     names = [n.replace("1.", "1.LayerNorm.") if n.startswith("1.") else n
              for n, _ in model.named_parameters()]
     named = list(zip(names, model.parameters()))
     cfg = OptimConfig(name=name, lr=0.05, weight_decay=0.01, eps=1e-6)
     ws = [p.detach().double().numpy().copy() for _, p in named]
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed_of(0))
     gs = [[rng.normal(size=w.shape) for w in ws] for _ in range(3)]
     opt = build_optimizer(named, cfg)
     for g in opt.param_groups:  # run in float64 to compare tightly
@@ -129,23 +130,26 @@ def test_build_optimizer_from_config_matches_common(name):
     got = run_torch(opt, [p for _, p in named], gs)
     want = run_common(name, ws, gs, lr=0.05, **cfg.step_kwargs(names))
     for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+        assert_close(a, b, rtol=1e-9, atol=1e-11,
+                     site="pt/optim::test_build_optimizer_from_config_matches_common")
 
 
 def test_reference_vectors_in_float32():
     w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
     opt = Lamb([w], lr=0.01, weight_decay=0.01)
     run_torch(opt, [w], [[np.array([0.1, 0.2, -0.3])], [np.array([-0.05, 0.1, 0.2])]])
-    np.testing.assert_allclose(w.detach().numpy(), [0.9670593971, -2.057225312, 3.025718234], rtol=1e-6)
+    assert_close(w.detach().numpy(), [0.9670593971, -2.057225312, 3.025718234], rtol=1e-6,
+                 site="pt/optim::test_reference_vectors_in_float32")
     w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
     opt = Lars([w], lr=1.0, momentum=0.9, weight_decay=5e-4, eta=1e-3)
     run_torch(opt, [w], [[np.array([0.1, 0.2, -0.3])], [np.array([-0.05, 0.1, 0.2])]])
-    np.testing.assert_allclose(w.detach().numpy(), [0.9989024676, -2.005367092, 3.002376682], rtol=1e-6)
+    assert_close(w.detach().numpy(), [0.9989024676, -2.005367092, 3.002376682], rtol=1e-6,
+                 site="pt/optim::test_reference_vectors_in_float32")
 
 
 @pytest.mark.parametrize("cls", [Lamb, NVLamb, Lars])
 def test_state_dict_round_trip_continues_identically(cls):
-    torch.manual_seed(0)
+    torch.manual_seed(seed_of(0))
     a = torch.nn.Linear(5, 3)
     b = torch.nn.Linear(5, 3)
     b.load_state_dict(a.state_dict())
@@ -178,7 +182,8 @@ def test_init_state_takes_no_step():
     assert torch.equal(w, torch.tensor([1.0, -2.0, 3.0]))  # no weight decay applied
     # the first real step is then t = 1, as in the reference vector
     run_torch(opt, [w], [[np.array([0.1, 0.2, -0.3])]])
-    np.testing.assert_allclose(w.detach().numpy(), [0.9778900231, -2.021453348, 3.021234472], rtol=1e-6)
+    assert_close(w.detach().numpy(), [0.9778900231, -2.021453348, 3.021234472], rtol=1e-6,
+                 site="pt/optim::test_init_state_takes_no_step")
 
 
 def test_init_state_for_torch_optimizers_and_refusal():
@@ -215,7 +220,7 @@ def test_invalid_hyperparameters_are_rejected():
 ])
 def test_rebuilding_from_param_groups_keeps_every_setting(make):
     """hvd.DistributedOptimizer rebuilds the optimizer as type(opt)(opt.param_groups, ...)."""
-    ws, gs, params_a = make_case(5, torch.float64)
+    ws, gs, params_a = make_case(seed_of(5), torch.float64)
     params_b = [torch.nn.Parameter(p.detach().clone()) for p in params_a]
     a = make([{"params": params_a[:3], "weight_decay": 0.0}, {"params": params_a[3:]}])
     template = make([{"params": params_b[:3], "weight_decay": 0.0}, {"params": params_b[3:]}])
@@ -231,7 +236,7 @@ def test_fused_kernels_on_large_tensors_match_common(name, dtype, monkeypatch):
     """Tensors big enough for the kernels' OpenMP loops (and lengths that are no multiple of
     the vector width), against the reference and against the foreach path."""
     monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "1")
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed_of(7))
     shapes = [(300_001,), (513, 257), (5,)]
     ws = [rng.normal(size=s) * 0.05 for s in shapes]
     gs = [[rng.normal(size=s) * (0.5 if name == "nvlamb" else 1e-3) for s in shapes] for _ in range(3)]
@@ -263,8 +268,10 @@ def test_fused_kernels_on_large_tensors_match_common(name, dtype, monkeypatch):
     want = run_common(name, ws, gs, **kw)
     tol = TOL[dtype] if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-6)
     for a, b, c in zip(got, foreach, want):
-        np.testing.assert_allclose(a, c, **tol)
-        np.testing.assert_allclose(a, b, **tol)
+        assert_close(a, c, **tol,
+                     site=f"pt/optim::test_fused_kernels_on_large_tensors_match_common/{dtype}")
+        assert_close(a, b, **tol,
+                     site=f"pt/optim::test_fused_kernels_on_large_tensors_match_common/{dtype}")
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -277,7 +284,7 @@ def test_fused_group_of_many_tensors_matches_common_and_repeats_bit_for_bit(name
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        rng = np.random.default_rng(11)
+        rng = np.random.default_rng(seed_of(11))
         shapes = [(70_000,), (5,), (300_001,), (3, 7), (65_536,), (65_535,), (1,)]
         mask = [True, True, True, False, True, False, True]  # decay / trust ratio per tensor
         ws = [rng.normal(size=s) * 0.05 for s in shapes]
@@ -305,14 +312,15 @@ def test_fused_group_of_many_tensors_matches_common_and_repeats_bit_for_bit(name
               nvlamb=dict(lr=0.01, weight_decay=0.01, decay_mask=mask, max_grad_norm=1.0))[name]
     want = run_common(name, ws, gs, **kw)
     for a, b, c in zip(got, again, want):
-        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
+        assert_close(a, c, rtol=1e-4, atol=1e-6,
+                     site="pt/optim::test_fused_group_of_many_tensors_matches_common_and_repeats_bit_for_bit")
         np.testing.assert_array_equal(a, b)
 
 
 def test_fused_sum_of_squares_matches_float64_and_keeps_inf_and_nan():
     """The global-norm kernel (NVLamb's clip, the engine's grad norm): squares summed in double,
     so a large finite gradient keeps a finite norm; inf and nan come through."""
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed_of(3))
     arrays = [rng.normal(size=s) for s in [(70_000,), (5,), (300_001,), (0,), (65_535,)]]
     for dtype in (torch.float32, torch.float64):
         ts = [torch.tensor(a, dtype=dtype) for a in arrays]
@@ -330,7 +338,7 @@ def test_fused_kernels_fall_back_with_one_warning_without_a_compiler(monkeypatch
     monkeypatch.setenv("HVD_BERT_CACHE", str(tmp_path))
     k = fused_optim._KERNELS  # a fresh, unbuilt copy: the build is tried again with this CC
     monkeypatch.setattr(fused_optim, "_KERNELS", CKernels(k.name, k.source, k.declare, k.what, k.fallback))
-    ws, gs, params = make_case(4, torch.float32)
+    ws, gs, params = make_case(seed_of(4), torch.float32)
     opt = Lamb(params, lr=0.01, weight_decay=0.01)
     with pytest.warns(UserWarning, match="fused CPU optimizer kernels could not be built"):
         got = run_torch(opt, params, gs)
@@ -338,4 +346,5 @@ def test_fused_kernels_fall_back_with_one_warning_without_a_compiler(monkeypatch
     assert not list(tmp_path.rglob("*.so")), "a failed build left a file behind"
     want = run_common("lamb", ws, gs, lr=0.01, weight_decay=0.01, decay_mask=[True] * len(ws))
     for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, **TOL[torch.float32])
+        assert_close(a, b, **TOL[torch.float32],
+                     site="pt/optim::test_fused_kernels_fall_back_with_one_warning_without_a_compiler")

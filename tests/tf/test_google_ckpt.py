@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("bert")  # bert-tensorflow; modeling.py itself imports only in the oracle process
 
+from closeness import assert_close
 import hvd_bert.tf  # noqa: E402,F401
 import tensorflow as tf  # noqa: E402
 
@@ -33,7 +34,7 @@ def google(tmp_path_factory):
 
 
 def close(a, b):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-5 * np.abs(b).max())
+    assert_close(a, b, rtol=1e-5, atol=2e-5 * np.abs(b).max(), site="tf/google_ckpt::close")
 
 
 def tf_outputs(arrays, config, batch):
@@ -83,8 +84,10 @@ def test_to_google_loads_back_into_googles_model(google, tmp_path):
     out = write_google(tmp_path / "back", arrays, config)
     oracle("outputs", out, google / "batch.npz", tmp_path / "again.npz")
     again, want = np.load(tmp_path / "again.npz"), np.load(google / "outputs.npz")
-    np.testing.assert_allclose(again["pooled"], want["pooled"], rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(again["sequence"], want["sequence"], rtol=1e-6, atol=1e-6)
+    assert_close(again["pooled"], want["pooled"], rtol=1e-6, atol=1e-6,
+                 site="tf/google_ckpt::test_to_google_loads_back_into_googles_model")
+    assert_close(again["sequence"], want["sequence"], rtol=1e-6, atol=1e-6,
+                 site="tf/google_ckpt::test_to_google_loads_back_into_googles_model")
 
 
 def test_a_truncated_google_checkpoint_is_a_clear_error(google, tmp_path):

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from closeness import assert_close, seed_of
 import hvd_bert.tf  # noqa: F401
 import tensorflow as tf
 
@@ -22,10 +23,10 @@ def fp32_policy():
 
 
 def model_and_data():
-    keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(seed_of(0))
     model = keras.Sequential([keras.layers.Dense(8, activation="tanh", input_shape=(4,)),
                               keras.layers.Dense(1, dtype="float32")])
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed_of(0))
     return model, rng.normal(size=(32, 4)).astype("float32"), rng.normal(size=(32, 1)).astype("float32")
 
 
@@ -42,9 +43,11 @@ def test_fused_bias_gelu_equals_unfused(approximate):
         tape.watch([x, b])
         fused = K.bias_gelu(x, b, approximate)
         ref = tf.nn.gelu(x + b, approximate=approximate == "tanh")
-    np.testing.assert_allclose(fused.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    assert_close(fused.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6,
+                 site="tf/keras_engine::test_fused_bias_gelu_equals_unfused")
     for a, r in zip(tape.gradient(fused, [x, b]), tape.gradient(ref, [x, b])):
-        np.testing.assert_allclose(a.numpy(), r.numpy(), rtol=1e-4, atol=5e-5)
+        assert_close(a.numpy(), r.numpy(), rtol=1e-4, atol=5e-5,
+                     site="tf/keras_engine::test_fused_bias_gelu_equals_unfused")
 
 
 def test_dense_gelu_matches_dense_then_gelu():
@@ -52,7 +55,8 @@ def test_dense_gelu_matches_dense_then_gelu():
     x = tf.random.normal((3, 5), seed=3)
     y = layer(x)
     ref = tf.nn.gelu(tf.matmul(x, layer.kernel) + layer.bias, approximate=False)
-    np.testing.assert_allclose(y.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    assert_close(y.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6,
+                 site="tf/keras_engine::test_dense_gelu_matches_dense_then_gelu")
     assert sorted(v.name.split("/")[-1] for v in layer.weights) == ["bias:0", "kernel:0"]
 
 

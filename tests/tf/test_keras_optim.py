@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from closeness import assert_close, seed_of
 import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
 
@@ -44,14 +45,14 @@ def run_common(name, ws, gs, lr, **kw):
 
 def check(got, want, dtype):
     for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, **TOL[dtype])
+        assert_close(a, b, **TOL[dtype], site=f"tf/keras_optim::check/{dtype}")
 
 
 @pytest.mark.parametrize("dtype", [tf.float64, tf.float32])
 @pytest.mark.parametrize("zero_first", [False, True])
 @pytest.mark.parametrize("bias_correction", [True, False])
 def test_lamb_matches_common(dtype, zero_first, bias_correction):
-    ws, gs, vs = case(1, dtype, zero_first)
+    ws, gs, vs = case(seed_of(1), dtype, zero_first)
     opt = Lamb(0.01, weight_decay=0.01, bias_correction=bias_correction,
                exclude_from_weight_decay=list(O.BERT_EXCLUDE))
     check(run_tf(opt, vs, gs), run_common("lamb", ws, gs, lr=0.01, weight_decay=0.01, decay_mask=DECAY,
@@ -62,7 +63,7 @@ def test_lamb_matches_common(dtype, zero_first, bias_correction):
 @pytest.mark.parametrize("use_nvlamb", [False, True])
 @pytest.mark.parametrize("grad_scale", [1.0, 30.0])
 def test_nvlamb_matches_common(dtype, use_nvlamb, grad_scale):
-    ws, gs, vs = case(2, dtype)
+    ws, gs, vs = case(seed_of(2), dtype)
     gs = [[g * grad_scale for g in step] for step in gs]
     opt = NVLamb(0.01, exclude_from_weight_decay=list(O.BERT_EXCLUDE), use_nvlamb=use_nvlamb)
     check(run_tf(opt, vs, gs), run_common("nvlamb", ws, gs, lr=0.01, decay_mask=DECAY,
@@ -72,7 +73,7 @@ def test_nvlamb_matches_common(dtype, use_nvlamb, grad_scale):
 @pytest.mark.parametrize("dtype", [tf.float64, tf.float32])
 @pytest.mark.parametrize("zero_first", [False, True])
 def test_lars_matches_common(dtype, zero_first):
-    ws, gs, vs = case(3, dtype, zero_first)
+    ws, gs, vs = case(seed_of(3), dtype, zero_first)
     opt = Lars(1.0, momentum=0.9, weight_decay=5e-4, eta=1e-3, exclude=list(O.BERT_EXCLUDE))
     check(run_tf(opt, vs, gs), run_common("lars", ws, gs, lr=1.0, momentum=0.9, weight_decay=5e-4,
                                           eta=1e-3, adapt_mask=DECAY), dtype)
@@ -81,7 +82,7 @@ def test_lars_matches_common(dtype, zero_first):
 @pytest.mark.parametrize("dtype", [tf.float64, tf.float32])
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_sgd_matches_common(dtype, nesterov):
-    ws, gs, vs = case(4, dtype)
+    ws, gs, vs = case(seed_of(4), dtype)
     opt = SGD(0.1, momentum=0.9, weight_decay=0.01, nesterov=nesterov,
               exclude_from_weight_decay=list(O.BERT_EXCLUDE))
     check(run_tf(opt, vs, gs), run_common("sgd", ws, gs, lr=0.1, momentum=0.9, weight_decay=0.01,
@@ -91,7 +92,7 @@ def test_sgd_matches_common(dtype, nesterov):
 @pytest.mark.parametrize("name", ["sgd", "adamw", "lamb", "nvlamb", "lars"])
 def test_build_optimizer_from_config_matches_common(name):
     cfg = OptimConfig(name=name, lr=0.05, weight_decay=0.01)
-    ws, gs, vs = case(5, tf.float64)
+    ws, gs, vs = case(seed_of(5), tf.float64)
     check(run_tf(build_optimizer(cfg), vs, gs),
           run_common(name, ws, gs, lr=0.05, **cfg.step_kwargs(NAMES)), tf.float64)
 
@@ -99,7 +100,8 @@ def test_build_optimizer_from_config_matches_common(name):
 def test_reference_vectors_in_float32():
     v = tf.Variable([1.0, -2.0, 3.0])
     run_tf(Lamb(0.01, weight_decay=0.01), [v], [[np.array([0.1, 0.2, -0.3])], [np.array([-0.05, 0.1, 0.2])]])
-    np.testing.assert_allclose(v.numpy(), [0.9670593971, -2.057225312, 3.025718234], rtol=1e-6)
+    assert_close(v.numpy(), [0.9670593971, -2.057225312, 3.025718234], rtol=1e-6,
+                 site="tf/keras_optim::test_reference_vectors_in_float32")
 
 
 @pytest.mark.parametrize("cls", [Lamb, NVLamb, AdamW, Lars, SGD])
@@ -112,7 +114,7 @@ def test_config_round_trip(cls):
 
 @pytest.mark.parametrize("cls", [Lamb, NVLamb, AdamW, Lars])
 def test_checkpoint_round_trip_continues_identically(cls, tmp_path):
-    ws, gs, vs = case(6, tf.float32)
+    ws, gs, vs = case(seed_of(6), tf.float32)
     opt = cls(learning_rate=0.01)
     run_tf(opt, vs, gs[:2])
     ckpt = tf.train.Checkpoint(vars=vs, opt=opt)
@@ -128,8 +130,8 @@ def test_checkpoint_round_trip_continues_identically(cls, tmp_path):
 
 
 def test_under_loss_scale_optimizer_skips_non_finite_and_matches_otherwise():
-    ws, gs, vs = case(7, tf.float32)
-    _, _, vs_ref = case(7, tf.float32)
+    ws, gs, vs = case(seed_of(7), tf.float32)
+    _, _, vs_ref = case(seed_of(7), tf.float32)
     lso = keras.mixed_precision.LossScaleOptimizer(Lamb(0.01, weight_decay=0.01))
     scale = float(lso.loss_scale)
     # Keras' custom-loop pattern: scaled gradients, get_unscaled_gradients, apply_gradients
@@ -137,7 +139,8 @@ def test_under_loss_scale_optimizer_skips_non_finite_and_matches_otherwise():
     lso.apply_gradients(zip(lso.get_unscaled_gradients(scaled), vs))
     run_tf(Lamb(0.01, weight_decay=0.01), vs_ref, gs[:1])
     for a, b in zip(vs, vs_ref):  # float32, one graph-mode apply vs one eager apply
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)
+        assert_close(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6,
+                     site="tf/keras_optim::test_under_loss_scale_optimizer_skips_non_finite_and_matches_otherwise")
     before = [v.numpy().copy() for v in vs]
     bad = [np.full(s, np.inf) for s in SHAPES]
     lso.apply_gradients([(tf.constant(g, tf.float32), v) for g, v in zip(bad, vs)])
@@ -147,7 +150,7 @@ def test_under_loss_scale_optimizer_skips_non_finite_and_matches_otherwise():
 
 @pytest.mark.parametrize("dtype", [tf.float64, tf.float32])
 def test_adamw_matches_common(dtype):
-    ws, gs, vs = case(8, dtype)
+    ws, gs, vs = case(seed_of(8), dtype)
     opt = AdamW(0.01, weight_decay=0.01, epsilon=1e-6, exclude_from_weight_decay=list(O.BERT_EXCLUDE))
     check(run_tf(opt, vs, gs), run_common("adamw", ws, gs, lr=0.01, weight_decay=0.01, eps=1e-6,
                                           decay_mask=DECAY), dtype)

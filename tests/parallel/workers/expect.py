@@ -5,6 +5,8 @@ data; with backward_passes_per_step = K, a rank's K micro-batches of LOCAL_B row
 averaged, then the ranks' gradients are averaged: one step on the global batch.
 """
 
+import os
+
 import numpy as np
 
 K = 2            # backward_passes_per_step
@@ -14,7 +16,7 @@ W0 = np.array([[0.5], [-0.25], [1.0]], dtype=np.float32)
 
 
 def rank_data(rank: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(100 + rank)
+    rng = np.random.default_rng(100 + rank + int(os.environ.get("HVD_BERT_TEST_SEED_SHIFT", "0")))
     x = rng.normal(size=(K * LOCAL_B, 3)).astype(np.float32)
     y = rng.normal(size=(K * LOCAL_B, 1)).astype(np.float32)
     return x, y

@@ -15,7 +15,7 @@ class Torch:
     def make_model(self, dropout: float = 0.0, seed: int = 0):
         from collections import OrderedDict
         nn = self.torch.nn
-        self.torch.manual_seed(seed)
+        self.torch.manual_seed(seed + D.SHIFT)
         return nn.Sequential(OrderedDict(
             dense_in=nn.Linear(D.IN, D.HID), act=nn.Tanh(), LayerNorm=nn.LayerNorm(D.HID),
             drop=nn.Dropout(dropout), dense_out=nn.Linear(D.HID, D.OUT)))
@@ -60,7 +60,7 @@ class TensorFlow:
 
     def make_model(self, dropout: float = 0.0, seed: int = 0):
         keras = self.tf.keras
-        keras.utils.set_random_seed(seed)
+        keras.utils.set_random_seed(seed + D.SHIFT)
         return keras.Sequential([
             keras.layers.Dense(D.HID, activation="tanh", input_shape=(D.IN,), name="dense_in"),
             keras.layers.LayerNormalization(name="layer_norm"), keras.layers.Dropout(dropout),

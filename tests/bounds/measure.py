@@ -1,0 +1,93 @@
+"""Measures the suite's float tolerances (tests/closeness.py): runs the tests that use them on
+several inputs (seed shifts 0..N-1; shift 0 is the suite's own) and prints, for each site, the
+worst ratio of a difference to its bound over all of them (below 1 passes; the margin is its
+inverse). Not collected by pytest. Run it on every CPU kind CI runs on; ``--write`` puts this
+machine's table into tests/bounds/MEASURED.md (a section per CPU model, others kept).
+
+    .venv/bin/python tests/bounds/measure.py [--shifts 8] [--write] [PYTEST_ARGS ...]
+
+Without PYTEST_ARGS: every test module that calls ``assert_close`` or ``approx_ok``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+ROOT = TESTS.parent
+TABLE = TESTS / "bounds" / "MEASURED.md"
+
+
+def modules() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in TESTS.rglob("test_*.py")
+                  if re.search(r"\b(assert_close|approx_ok)\(", p.read_text()))
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shifts", type=int, default=8)
+    ap.add_argument("--write", action="store_true", help="update tests/bounds/MEASURED.md")
+    ap.add_argument("pytest_args", nargs="*")
+    args = ap.parse_args(argv)
+    targets = args.pytest_args or modules()
+    worst: dict[str, tuple[float, int]] = {}
+    counts: dict[str, int] = defaultdict(int)
+    with tempfile.TemporaryDirectory() as tmp:
+        for shift in range(args.shifts):
+            log = Path(tmp) / f"shift{shift}.jsonl"
+            env = dict(os.environ, HVD_BERT_TEST_SEED_SHIFT=str(shift), HVD_BERT_BOUNDS_LOG=str(log))
+            res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                  "-n", "2", *targets], cwd=ROOT, env=env, capture_output=True, text=True)
+            tail = res.stdout.strip().splitlines()[-1:] or [res.stderr.strip()[-300:]]
+            print(f"shift {shift}: {tail[0]}", flush=True)
+            for line in log.read_text().splitlines() if log.exists() else []:
+                rec = json.loads(line)
+                counts[rec["site"]] += 1
+                if rec["site"] not in worst or rec["ratio"] > worst[rec["site"]][0]:
+                    worst[rec["site"]] = (rec["ratio"], shift)
+    cpu = cpu_model()
+    rows = [f"| `{site}` | {counts[site]} | {r:.3g} | {shift} | {(1 / r if r else float('inf')):.3g}x |"
+            for site, (r, shift) in sorted(worst.items())]
+    command = " ".join(["measure.py", f"--shifts {args.shifts}", *args.pytest_args])
+    section = "\n".join([f"## {cpu}", "", f"Seed shifts 0-{args.shifts - 1}: `{command}`", "",
+                         "| site | comparisons | worst ratio to the bound | at shift | margin |",
+                         "|---|---|---|---|---|", *rows, ""])
+    print("\n" + section)
+    if args.write:
+        head = ("# Measured float tolerances\n\nWritten by tests/bounds/measure.py: for each comparison "
+                "site of tests/closeness.py, the worst ratio of |actual - desired| to the bound "
+                "(atol + rtol |desired|) over the seed shifts, on each CPU kind measured. "
+                "A ratio below 1 passes; the margin is its inverse.\n")
+        sections = {}
+        if TABLE.exists():
+            for part in re.split(r"(?m)^## ", TABLE.read_text())[1:]:
+                sections[part.splitlines()[0].strip()] = "## " + part.rstrip() + "\n"
+        sections[cpu] = section
+        tmp = TABLE.with_suffix(".tmp")
+        tmp.write_text(head + "\n" + "\n".join(sections[k] for k in sorted(sections)))
+        tmp.replace(TABLE)
+        print(f"wrote {TABLE}")
+    return 0 if all(r <= 1 for r, _ in worst.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
