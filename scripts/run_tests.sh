@@ -12,7 +12,7 @@
 # Both pytest runs always run; the exit status is the first failure's. Extra arguments go to
 # both pytest runs (e.g. -x, -k PATTERN).
 #   QUICK=1 FRAMEWORK=pt|tf   the editing loop: the framework-free core and one framework's
-#                             unit tests only (about 3 minutes here)
+#                             unit tests only (about a minute here)
 #   REPORTS=DIR               where the JUnit files go (default .test-reports)
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -33,13 +33,43 @@ def modules() -> list[str]:
 
 
 def cpu_model() -> str:
+    """The model name and the vector ISAs the kernels pick from (a VM may hide the model)."""
+    name, flags = platform.processor() or "unknown CPU", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return platform.processor() or "unknown CPU"
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    return f"{name} ({', '.join(isa) or 'no AVX2'})"
+
+
+HEADER = "| site | seed shifts | comparisons | worst ratio to the bound | margin |\n|---|---|---|---|---|"
+
+
+def write(cpu: str, rows: dict[str, str]) -> None:
+    """Merge ``rows`` into this CPU kind's table in MEASURED.md (a site measured again replaces
+    its row; other sites and other CPU kinds are kept); atomic."""
+    sections: dict[str, dict[str, str]] = {}
+    if TABLE.exists():
+        for part in re.split(r"(?m)^## ", TABLE.read_text())[1:]:
+            lines = part.splitlines()
+            sections[lines[0].strip()] = {m.group(1): ln for ln in lines
+                                          if (m := re.match(r"\| `([^`]+)` \|", ln))}
+    sections.setdefault(cpu, {}).update(rows)
+    text = ["# Measured float tolerances", "",
+            "Written by `tests/bounds/measure.py --write`: for each comparison site of tests/closeness.py, "
+            "the worst ratio of |actual - desired| to its bound (atol + rtol |desired|) over the seed "
+            "shifts measured, per CPU kind. Below 1 passes; the margin is the inverse.", ""]
+    for name in sorted(sections):
+        text += [f"## {name}", "", HEADER, *(sections[name][k] for k in sorted(sections[name])), ""]
+    tmp = TABLE.with_suffix(".tmp")
+    tmp.write_text("\n".join(text))
+    tmp.replace(TABLE)
+    print(f"wrote {TABLE}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,27 +95,11 @@ def main(argv: list[str] | None = None) -> int:
                 if rec["site"] not in worst or rec["ratio"] > worst[rec["site"]][0]:
                     worst[rec["site"]] = (rec["ratio"], shift)
     cpu = cpu_model()
-    rows = [f"| `{site}` | {counts[site]} | {r:.3g} | {shift} | {(1 / r if r else float('inf')):.3g}x |"
-            for site, (r, shift) in sorted(worst.items())]
-    command = " ".join(["measure.py", f"--shifts {args.shifts}", *args.pytest_args])
-    section = "\n".join([f"## {cpu}", "", f"Seed shifts 0-{args.shifts - 1}: `{command}`", "",
-                         "| site | comparisons | worst ratio to the bound | at shift | margin |",
-                         "|---|---|---|---|---|", *rows, ""])
-    print("\n" + section)
+    rows = {site: f"| `{site}` | 0-{args.shifts - 1} | {counts[site]} | {r:.2g} | "
+                  f"{(1 / r if r else float('inf')):.3g}x |" for site, (r, _) in worst.items()}
+    print("\n".join([f"\n{cpu}", HEADER, *(rows[k] for k in sorted(rows))]))
     if args.write:
-        head = ("# Measured float tolerances\n\nWritten by tests/bounds/measure.py: for each comparison "
-                "site of tests/closeness.py, the worst ratio of |actual - desired| to the bound "
-                "(atol + rtol |desired|) over the seed shifts, on each CPU kind measured. "
-                "A ratio below 1 passes; the margin is its inverse.\n")
-        sections = {}
-        if TABLE.exists():
-            for part in re.split(r"(?m)^## ", TABLE.read_text())[1:]:
-                sections[part.splitlines()[0].strip()] = "## " + part.rstrip() + "\n"
-        sections[cpu] = section
-        tmp = TABLE.with_suffix(".tmp")
-        tmp.write_text(head + "\n" + "\n".join(sections[k] for k in sorted(sections)))
-        tmp.replace(TABLE)
-        print(f"wrote {TABLE}")
+        write(cpu, rows)
     return 0 if all(r <= 1 for r, _ in worst.values()) else 1
 
 

@@ -15,8 +15,10 @@ from conftest import LAUNCHERS, launch_ranks
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import expect as E  # noqa: E402
 
-# fp16 compression rounds each rank's gradient to 11 significant bits before the sum.
-TOL = {"none": dict(rtol=1e-6, atol=1e-7), "fp16": dict(rtol=2e-3, atol=2e-3)}
+# fp16 compression rounds each rank's gradient to 11 significant bits before the sum. Worst case
+# over 4 seeds (tests/bounds/MEASURED.md, Zen 4) as a share of the bound: none 0.15 (margin 6.8x;
+# at rtol 1e-6, atol 1e-7 it was 0.29), fp16 0.064 (16x)
+TOL = {"none": dict(rtol=2e-6, atol=2e-7), "fp16": dict(rtol=2e-3, atol=2e-3)}
 
 
 @pytest.fixture(scope="module")

@@ -44,8 +44,10 @@ def test_two_ranks_with_accumulation_equal_one_process(fits, optim, k):
     want = refs[f"{optim}:{k}"]
     assert ranks[0]["params"] == ranks[1]["params"]
     # fp32: summing k micro-batch means vs one full-batch mean rounds differently; LARS's
-    # excluded tensors take raw lr * g steps at lr 2.0, which shows it at ~4e-6.
-    assert_close(ranks[0]["params"], want, rtol=2e-5, atol=5e-6,
+    # excluded tensors take raw lr * g steps at lr 2.0, which shows it at ~4e-6. Worst case over
+    # 4 seeds (tests/bounds/MEASURED.md, Zen 4) as a share of the bound: LARS 0.20 (margin 5.0x;
+    # at atol 5e-6 it was 0.76 on the suite's own seed), the others 0.01 (100x)
+    assert_close(ranks[0]["params"], want, rtol=2e-5, atol=2e-5 if optim == "lars" else 5e-6,
                  site=f"parallel/keras_fit::test_two_ranks_with_accumulation_equal_one_process/{optim}")
     if optim != "sgd":
         # the optimizer applied STEPS updates, not one per micro-batch

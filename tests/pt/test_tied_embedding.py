@@ -40,7 +40,7 @@ def _grads(monkeypatch, tied: bool, loss_fn):
 def _same(monkeypatch, loss_fn):
     want, got = _grads(monkeypatch, False, loss_fn), _grads(monkeypatch, True, loss_fn)
     assert want.keys() == got.keys()
-    for n in want:
+    for n in want:  # worst case 0.11 of the bound, margin 9x (tests/bounds/MEASURED.md, 8 seeds, Zen 4)
         assert_close(got[n].numpy(), want[n].numpy(), rtol=1e-5, atol=1e-7, err_msg=n,
                      site="pt/tied_embedding::_same")
     return got

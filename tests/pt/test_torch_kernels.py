@@ -38,13 +38,15 @@ def test_compiled_equals_unfused_forward_and_backward(approximate, monkeypatch):
     assert not K._failed, "torch.compile fell back to eager"
     assert approximate in K._compiled
     y, gx, gb = got
+    # fp32 against double; worst case over 8 seeds (tests/bounds/MEASURED.md, Zen 4) as a share
+    # of each bound: y 0.25 (margin 4.0x), gx 0.23 (4.4x), gb 0.18 (5.6x); the bias gradient sums
+    # 128 rows, so fp32 summation order shows at ~1e-5 of the terms
     assert_close(y.double(), want[0], rtol=1e-5, atol=1e-6,
-                 site="pt/torch_kernels::test_compiled_equals_unfused_forward_and_backward")
-    assert_close(gx.double(), want[1], rtol=1e-5, atol=1e-6,
-                 site="pt/torch_kernels::test_compiled_equals_unfused_forward_and_backward")
-    # the bias gradient sums 128 rows: fp32 summation order shows at ~1e-5 of the terms
-    assert_close(gb.double(), want[2], rtol=1e-5, atol=5e-5,
-                 site="pt/torch_kernels::test_compiled_equals_unfused_forward_and_backward")
+                 site="pt/torch_kernels::test_compiled_equals_unfused_forward_and_backward/y")
+    assert_close(gx.double(), want[1], rtol=3e-5, atol=3e-6,
+                 site="pt/torch_kernels::test_compiled_equals_unfused_forward_and_backward/gx")
+    assert_close(gb.double(), want[2], rtol=2e-5, atol=1e-4,
+                 site="pt/torch_kernels::test_compiled_equals_unfused_forward_and_backward/gb")
 
 
 def test_disabled_compile_uses_eager(monkeypatch):
@@ -86,14 +88,15 @@ def test_the_c_kernel_equals_torch_gelu_in_double(approximate, shape, monkeypatc
     want = grads_of(lambda x, b: F.gelu(x + b, approximate=approximate), x.double(), b.double())
     # fp32 bounds: the tanh form's derivative has 1 - tanh^2, which cancels for large |x|; PyTorch's
     # own fp32 F.gelu backward is 1.04e-6 off the double one on these inputs, and the kernel with
-    # AVX-512's libmvec tanhf (Zen 4) 1.23e-6
-    assert_close(y.double(), want[0], rtol=1e-5, atol=1e-6,
-                 site="pt/torch_kernels::test_the_c_kernel_equals_torch_gelu_in_double")
-    assert_close(gx.double(), want[1], rtol=1e-5, atol=2e-6,
-                 site="pt/torch_kernels::test_the_c_kernel_equals_torch_gelu_in_double")
+    # AVX-512's libmvec tanhf (Zen 4) 1.23e-6. Worst case over 8 seeds (tests/bounds/MEASURED.md,
+    # Zen 4) as a share of each bound: y 0.21 (margin 4.9x), gx 0.19 (5.2x), gb 0.19 (5.2x)
+    assert_close(y.double(), want[0], rtol=3e-5, atol=3e-6,
+                 site="pt/torch_kernels::test_the_c_kernel_equals_torch_gelu_in_double/y")
+    assert_close(gx.double(), want[1], rtol=3e-5, atol=6e-6,
+                 site="pt/torch_kernels::test_the_c_kernel_equals_torch_gelu_in_double/gx")
     rows = x.numel() // shape[-1]  # the bias gradient sums this many fp32 terms per column
-    assert_close(gb.double(), want[2], rtol=1e-5, atol=5e-7 * rows,
-                 site="pt/torch_kernels::test_the_c_kernel_equals_torch_gelu_in_double")
+    assert_close(gb.double(), want[2], rtol=2e-5, atol=1e-6 * rows,
+                 site="pt/torch_kernels::test_the_c_kernel_equals_torch_gelu_in_double/gb")
 
 
 def test_the_c_kernel_takes_a_non_contiguous_input(monkeypatch):

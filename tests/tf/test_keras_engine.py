@@ -43,11 +43,13 @@ def test_fused_bias_gelu_equals_unfused(approximate):
         tape.watch([x, b])
         fused = K.bias_gelu(x, b, approximate)
         ref = tf.nn.gelu(x + b, approximate=approximate == "tanh")
-    assert_close(fused.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6,
-                 site="tf/keras_engine::test_fused_bias_gelu_equals_unfused")
-    for a, r in zip(tape.gradient(fused, [x, b]), tape.gradient(ref, [x, b])):
+    # XLA's fused kernel against TensorFlow's own; worst case over 8 seeds (tests/bounds/MEASURED.md,
+    # Zen 4) as a share of each bound: y 0.20 (margin 4.9x), gx 0.094 (10.6x), gb 0.065 (15x)
+    assert_close(fused.numpy(), ref.numpy(), rtol=4e-5, atol=4e-6,
+                 site="tf/keras_engine::test_fused_bias_gelu_equals_unfused/y")
+    for q, a, r in zip(("gx", "gb"), tape.gradient(fused, [x, b]), tape.gradient(ref, [x, b])):
         assert_close(a.numpy(), r.numpy(), rtol=1e-4, atol=5e-5,
-                     site="tf/keras_engine::test_fused_bias_gelu_equals_unfused")
+                     site=f"tf/keras_engine::test_fused_bias_gelu_equals_unfused/{q}")
 
 
 def test_dense_gelu_matches_dense_then_gelu():
@@ -55,6 +57,7 @@ def test_dense_gelu_matches_dense_then_gelu():
     x = tf.random.normal((3, 5), seed=3)
     y = layer(x)
     ref = tf.nn.gelu(tf.matmul(x, layer.kernel) + layer.bias, approximate=False)
+    # worst case 0.078 of the bound, margin 13x (tests/bounds/MEASURED.md, 8 seeds, Zen 4)
     assert_close(y.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6,
                  site="tf/keras_engine::test_dense_gelu_matches_dense_then_gelu")
     assert sorted(v.name.split("/")[-1] for v in layer.weights) == ["bias:0", "kernel:0"]
