@@ -115,6 +115,7 @@ class ElasticJob:
         with open(self.log, "w") as f:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
                                          cwd=tmp_path)
+        self.aborted_at: float | None = None
         JOBS.append(self)
 
     def kill(self) -> None:
@@ -147,8 +148,17 @@ class ElasticJob:
             if self.proc.poll() is not None:
                 pytest.fail(f"the job ended (rc {self.proc.returncode}) before {what}:\n"
                             f"{self.text()[-6000:]}")
+            self.check_not_stuck(what)
             time.sleep(0.5)
         pytest.fail(f"no {what} after {timeout} s:\n{self.text()[-6000:]}")
+
+    def check_not_stuck(self, what: str) -> None:
+        """Fail 90 s after Gloo's abort (UPSTREAM_ABORT) shows in the log: Horovod's driver then
+        starts no new workers, and the job would only wait out its elastic timeout (600 s)."""
+        if self.aborted_at is None and UPSTREAM_ABORT in self.text():
+            self.aborted_at = time.time()
+        if self.aborted_at is not None and time.time() - self.aborted_at > 90:
+            pytest.fail(f"stuck 90 s after {UPSTREAM_ABORT} (waiting for {what}):\n{self.text()[-6000:]}")
 
     def steps(self) -> list[int]:
         return logged_steps(self.out)
@@ -164,7 +174,7 @@ class ElasticJob:
 
     def finish(self, timeout=400) -> str:
         try:
-            self.proc.wait(timeout=timeout)
+            self.wait_for(lambda: self.proc.poll() is not None, timeout, "the end of the job")
         finally:
             self.kill()
         text = self.text()

@@ -22,6 +22,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -170,6 +171,43 @@ def _run(cmd, work: Path, env: dict, timeout: int = 1500) -> subprocess.Complete
     return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _kill_strays(work: Path) -> None:
+    """kill -9 every process still working in the sandbox (a job's workers started over ssh live
+    in the fake nodes' sshd sessions, outside the block's process group)."""
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and Path(os.readlink(p / "cwd")).is_relative_to(work):
+                os.kill(int(p.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+def _run_block(script: list[str], work: Path, env: dict, timeout: int = 1500) -> subprocess.CompletedProcess:
+    """Run a bash block in its own session. It is stopped (the session and its strays killed)
+    after ``timeout`` s, or 90 s after a log of it shows Gloo's abort (UPSTREAM_ABORT): Horovod's
+    elastic driver then starts no new workers and the job would wait out its 600 s elastic
+    timeout, after which horovodrun does not exit either."""
+    started = time.time()
+    out, err = work / ".block.out", work / ".block.err"
+    with open(out, "w") as fo, open(err, "w") as fe:
+        proc = subprocess.Popen(script, cwd=work, env=env, stdout=fo, stderr=fe, text=True,
+                                start_new_session=True)
+        aborted_at, why = None, ""
+        while proc.poll() is None:
+            time.sleep(2)
+            if aborted_at is None and _upstream_abort(work, started):
+                aborted_at = time.time()
+            if time.time() - started > timeout:
+                why = f"\n(stopped after {timeout} s)"
+            elif aborted_at is not None and time.time() - aborted_at > 90:
+                why = f"\n(stopped 90 s after {UPSTREAM_ABORT})"
+            if why:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                _kill_strays(work)
+    return subprocess.CompletedProcess(script, proc.returncode, out.read_text(), err.read_text() + why)
+
+
 @pytest.mark.parametrize("line,lang,code", [b for b in BLOCKS if b[1] != "text"],
                          ids=[f"line{b[0]}-{b[1]}" for b in BLOCKS if b[1] != "text"])
 def test_readme_block_runs_as_written(sandbox, line, lang, code):
@@ -183,7 +221,7 @@ def test_readme_block_runs_as_written(sandbox, line, lang, code):
         kept = [ln for ln in code.splitlines() if ln.split("#")[0].strip() not in NOT_RUN]
         script = ["bash", "-e", "-o", "pipefail", "-c", "\n".join(kept) + "\n"]
         started = time.time()
-        res = _run(script, work, env)
+        res = _run_block(script, work, env)
         if "fake_cluster.sh up" in code:  # a block that failed half-way leaves no cluster up
             _run(["bash", "scripts/fake_cluster.sh", "down"], work, env, timeout=120)
         if res.returncode != 0 and _upstream_abort(work, started):
@@ -191,7 +229,7 @@ def test_readme_block_runs_as_written(sandbox, line, lang, code):
                   f"Horovod 0.28.1 sometimes does when a peer dies mid-message; running the block once more")
             for folder in re.findall(r"train\.output_dir=(\S+)", code):
                 shutil.rmtree(work / folder, ignore_errors=True)
-            res = _run(script, work, env)
+            res = _run_block(script, work, env)
             if "fake_cluster.sh up" in code:
                 _run(["bash", "scripts/fake_cluster.sh", "down"], work, env, timeout=120)
     out = res.stdout + res.stderr
