@@ -35,9 +35,11 @@ def cluster3(tmp_path_factory):
     yield from fake_cluster(tmp_path_factory, 3, "hvde", "10.213.10")
 
 
-def workers_on(host: str) -> list[int]:
-    """The pids of the pretrain workers Horovod started on ``host`` (the nodes share one process
-    table; each worker's environment names its host)."""
+def workers_on(host: str, out: Path) -> list[int]:
+    """The pids of the pretrain workers Horovod started on ``host`` for the job writing to ``out``
+    (the nodes share one process table; each worker's environment names its host, its command
+    line the job's output folder: another job on nodes of the same names, e.g. the README's, is
+    not this one)."""
     pids = []
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
@@ -47,7 +49,8 @@ def workers_on(host: str) -> list[int]:
             env = (p / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"pretrain" in argv and f"HOROVOD_HOSTNAME={host}".encode() in env:
+        if (b"pretrain" in argv and f"HOROVOD_HOSTNAME={host}".encode() in env
+                and f"train.output_dir={out}".encode() in argv):
             pids.append(int(p.name))
     return pids
 
@@ -128,7 +131,7 @@ class ElasticJob:
         """End the whole job: horovodrun, and the workers it started over ssh (they live in the
         sshd sessions, outside its process group)."""
         self.kill()
-        for pid in (p for h in ("node1", "node2", "node3") for p in workers_on(h)):
+        for pid in (p for h in ("node1", "node2", "node3") for p in workers_on(h, self.out)):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -167,7 +170,7 @@ class ElasticJob:
         """kill -9 rank 0's worker after 6 logged steps: ``(its host, last logged step, time)``."""
         self.wait_for(lambda: len(self.steps()) >= 6, 400, "6 logged steps")
         host = PLACEMENT.search(self.text()).group(1).split(",")[0].split()[0]  # "node3 rank 0" -> node3
-        pids = workers_on(host)
+        pids = workers_on(host, self.out)
         assert len(pids) == 1, (host, pids)
         os.kill(pids[0], signal.SIGKILL)  # rank 0: its log and its broadcasts must move to another rank
         return host, self.steps()[-1], time.time()
@@ -181,7 +184,7 @@ class ElasticJob:
         assert self.proc.returncode == 0, text[-6000:]
         assert f"finished step {TOTAL}" in text, text[-6000:]
         assert logged_steps(self.out) == list(range(1, TOTAL + 1)), text[-6000:]  # every step once
-        assert not any(workers_on(h) for h in ("node1", "node2", "node3"))
+        assert not any(workers_on(h, self.out) for h in ("node1", "node2", "node3"))
         return text
 
 
