@@ -57,11 +57,3 @@ def assert_close(actual, desired, *, rtol: float = 1e-7, atol: float = 0.0, site
     record(site, worst_ratio(actual, desired, rtol, atol))
     np.testing.assert_allclose(_array(actual), _array(desired), rtol=rtol, atol=atol, err_msg=err_msg)
 
-
-def approx_ok(actual: float, desired: float, *, rel: float, abs_: float = 0.0, site: str) -> bool:
-    """``actual == pytest.approx(desired, rel=rel, abs=abs_)`` (either bound suffices, as in
-    pytest), recorded like :func:`assert_close`."""
-    allowed = max(rel * abs(desired), abs_)
-    diff = abs(actual - desired)
-    record(site, diff / allowed if allowed else (0.0 if diff == 0 else float("inf")))
-    return diff <= allowed
