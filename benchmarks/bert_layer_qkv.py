@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from hvd_bert.common.bert_config import bert_preset
+from hvd_bert.config.bert import bert_preset
 from hvd_bert.pt.models.bert import BertLayer
 
 

@@ -46,7 +46,7 @@ def run_variant(variant: str, preset: str, b: int, s: int, p: int, steps: int, w
         os.environ["HVD_BERT_COMPILE"] = "0"
     import torch
     torch.set_num_threads(threads)
-    from hvd_bert.common.bert_config import bert_preset
+    from hvd_bert.config.bert import bert_preset
     cfg = bert_preset(preset, vocab_size=30522)
     batch = _batch(torch, cfg.vocab_size, b, s, p, device)
     torch.manual_seed(0)
@@ -102,7 +102,7 @@ def kernels(threads: int, repeats: int) -> list[dict]:
     """bias+GELU fused vs unfused at BERT-Base's intermediate shape, forward + backward."""
     import torch
     torch.set_num_threads(threads)
-    from hvd_bert.pt import kernels as K
+    from hvd_bert.pt.kernels import gelu as K
     out = []
     x0 = torch.randn(16 * 128, 3072)
     bias0 = torch.randn(3072)

@@ -40,8 +40,8 @@ VARIANTS = ("hvd_bert", "hvd_bert-fixed-padding", "transformers")
 
 def prepare(task: str, root: Path, examples: int) -> Path:
     """The prepared set (and its token lengths) in ``root``; made once."""
-    from hvd_bert.common.bert_data import prepare_classification, train_vocab
-    from hvd_bert.common.corpus import stdlib_documents
+    from hvd_bert.data.bert import prepare_classification, train_vocab
+    from hvd_bert.data.corpus import stdlib_documents
 
     out = root / task
     if (out / "dataset.json").is_file():
@@ -60,7 +60,7 @@ def prepare(task: str, root: Path, examples: int) -> Path:
         prepare_classification(table, out, vocab, text_a="sentence", label="label", max_seq_length=128,
                                num_shards=1)
         return out
-    from hvd_bert.common.squad import prepare_squad
+    from hvd_bert.data.squad import prepare_squad
 
     words = [w for d in docs for s in d for w in s.split()]
     articles, at = [], 0
@@ -84,8 +84,8 @@ def prepare(task: str, root: Path, examples: int) -> Path:
 
 
 def lengths(folder: Path) -> list[int]:
-    from hvd_bert.common.bert_data import spec_for_meta
-    from hvd_bert.common.records import decode_batch, iter_records, read_sidecar
+    from hvd_bert.data.bert import spec_for_meta
+    from hvd_bert.data.records import decode_batch, iter_records, read_sidecar
 
     meta = read_sidecar(folder, ("bert-classification", "bert-squad"))
     recs = [r for s in meta["shards"] for _, r in iter_records(folder / s["file"])]
@@ -96,8 +96,8 @@ def run_variant(variant: str, folder: str, preset: str, b: int, steps: int, warm
                 threads: int) -> dict:
     import torch
     torch.set_num_threads(threads)
-    from hvd_bert.common.bert_config import bert_preset
-    from hvd_bert.common.records import read_sidecar
+    from hvd_bert.config.bert import bert_preset
+    from hvd_bert.data.records import read_sidecar
     from hvd_bert.pt.data import ShardedDataset
 
     meta = read_sidecar(folder, ("bert-classification", "bert-squad"))

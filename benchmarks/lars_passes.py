@@ -4,7 +4,7 @@ its tensor shapes), against what the memory of this machine can do.
 A LARS step with trust ratios is two passes over each tensor: the norms (read w and g, 8 B a
 parameter) and the update (read w, g, v, write w, v, 20 B: the floor). This times, in
 interleaved rounds (one call each per round, medians):
-  - the whole step (``hvd_bert.pt.fused_optim.lars_step``, trust ratios on);
+  - the whole step (``hvd_bert.pt.kernels.optim.lars_step``, trust ratios on);
   - the update pass alone (the same kernel without trust ratios: one pass, the floor's 20 B);
   - the norms pass alone (``sumsq`` over w and g: a read-only pass);
 and the machine's bandwidth for each access pattern over 512 MiB: a read-only sum of squares
@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from bert_shapes import bert_parameter_shapes  # noqa: E402
 
-from hvd_bert.pt import fused_optim  # noqa: E402
+from hvd_bert.pt.kernels import optim as fused_optim  # noqa: E402
 
 
 def timed(fn) -> float:

@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hvd_bert import launch  # noqa: E402
+from hvd_bert.cluster import launch  # noqa: E402
 
 B0 = 1024
 MODEL = ["--set", "model.factors=32", "--set", "model.layers=[64, 32]"]
@@ -114,12 +114,12 @@ def main() -> None:
     args = ap.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
     if args.movielens:
-        from hvd_bert.common.ncf_data import prepare_ncf
+        from hvd_bert.data.ncf import prepare_ncf
         args.data = str(Path(args.work) / "data")
         if not (Path(args.data) / "dataset.json").is_file():
             prepare_ncf(args.data, movielens=args.movielens, overwrite=True)
     from hvd_bert.cli import default_ncf_data
-    from hvd_bert.common.ncf_data import load_ncf
+    from hvd_bert.data.ncf import load_ncf
     data = load_ncf(args.data or default_ncf_data())
     pairs = len(data.train_users) * 5
     spe = {m: pairs // (B0 * m) for m in (1, 16, 192)}  # steps per epoch at each batch

@@ -2,7 +2,7 @@
 tensor shapes): hvd_bert's Lamb / NVLamb / Lars against torch-optimizer's Lamb, a naive
 per-tensor LAMB loop, torch's AdamW (foreach), and the memory-traffic floor (the bytes the
 update must read and write over this machine's measured copy bandwidth). hvd_bert's
-optimizers run twice: through the fused CPU kernels (``hvd_bert.pt.fused_optim``, the
+optimizers run twice: through the fused CPU kernels (``hvd_bert.pt.kernels.optim``, the
 default) and through the foreach path (``HVD_BERT_FUSED_OPTIM=0``). The candidates take their
 steps in turn, round after round (one step each per round), so the machine's drift hits all
 of them alike.
@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from bert_shapes import bert_parameter_shapes  # noqa: E402
 
-from hvd_bert.common.config import OptimConfig  # noqa: E402
+from hvd_bert.config import OptimConfig  # noqa: E402
 from hvd_bert.pt.optim import Lamb, Lars, NVLamb, param_groups  # noqa: E402
 
 

@@ -102,8 +102,8 @@ def main() -> int:
         worker(int(args.worker[0]), args.worker[1])
         return 0
 
-    from hvd_bert import launch
-    from hvd_bert.common import simulate as S
+    from hvd_bert.cluster import launch
+    from hvd_bert.core import cost_model as S
 
     if not launch.is_root():
         print("shaped_link: needs root (network namespaces): sudo .venv/bin/python benchmarks/shaped_link.py",
@@ -126,7 +126,7 @@ def main() -> int:
         measured = json.loads(out.read_text())
         out.unlink()
         wall = time.time() - t0
-        probe_run = launch.run(["-m", "hvd_bert._allreduce_probe"], np=4, hosts="node1:2,node2:2", nic="eth0",
+        probe_run = launch.run(["-m", "hvd_bert.cluster.allreduce_probe"], np=4, hosts="node1:2,node2:2", nic="eth0",
                                prefix=prefix, env=env, timeout=900)
         if not probe_run.ok:
             print(probe_run.explain(), file=sys.stderr)

@@ -69,7 +69,7 @@ def worker(variant: str, k: int, steps: int, warmup: int) -> None:
             opt.step()
             opt.zero_grad()
     elif variant == "hvd_bert":
-        from hvd_bert.common.schedules import Constant
+        from hvd_bert.core.schedules import Constant
         from hvd_bert.pt.engine import Engine
         engine = Engine(model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9),
                         schedule=Constant(1e-3), backward_passes_per_step=k)
@@ -111,7 +111,7 @@ def main():
         return
     if args.sweep:
         return sweep(args)
-    from hvd_bert import launch
+    from hvd_bert.cluster import launch
     rows = []
     for k in args.k:
         for variant in ("ddp", "horovod", "hvd_bert"):
@@ -141,7 +141,7 @@ def main():
 
 # (label, launcher, variant, environment): DDP is the peer; Horovod's defaults are a 1 ms cycle
 # and, under mpirun, MPI's CPU operations; hvd_bert's Engine runs with hvd_bert's defaults
-# (hvd_bert.cluster.CPU_DEFAULTS), which are the "cycle 5 ms" rows (and "MPI yields" under mpirun)
+# (hvd_bert.cluster.horovod.CPU_DEFAULTS), which are the "cycle 5 ms" rows (and "MPI yields" under mpirun)
 SWEEP = [("DDP (gloo)", "gloo", "ddp", {}),
          ("horovodrun --gloo", "gloo", "horovod", {}),
          ("horovodrun --gloo, cycle 5 ms", "gloo", "horovod", {"HOROVOD_CYCLE_TIME": "5"}),
@@ -162,7 +162,7 @@ SWEEP = [("DDP (gloo)", "gloo", "ddp", {}),
 
 
 def sweep(args) -> None:
-    from hvd_bert import launch
+    from hvd_bert.cluster import launch
     runs: dict[tuple[int, str], list[float]] = {}
     chosen = [c for i, c in enumerate(SWEEP) if i == 0 or not args.only or any(o in c[0] for o in args.only)]
     for rep in range(args.repeats):

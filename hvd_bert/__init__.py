@@ -1,10 +1,18 @@
 """hvd_bert: distributed large-batch training on Horovod for TensorFlow (Keras) and PyTorch.
 
-Subpackages:
-    hvd_bert.common  framework-free core (numpy + stdlib): schedules, optimizer math,
-                     batch arithmetic, shard assignment, typed configuration.
-    hvd_bert.tf      TensorFlow / tf-keras frontend.
-    hvd_bert.pt      PyTorch frontend.
+Subpackages (docs/architecture.md has the map). Framework-free (numpy, the standard library,
+the data libraries):
+    core        the math: optimizers, schedules, batch arithmetic, sharding, the cost model
+    config      typed configuration: sections, job configs, BERT sizes, recipes
+    data        data preparation and readers (published formats -> TFRecord shards)
+    weights     published weight formats (Hugging Face, Google, NVIDIA) and the portable form
+    evaluation  SQuAD, GLUE, NCF and pretraining metrics, computed exactly across ranks
+    train       the training run: backend and engine protocols, the loop, checkpoints, the log
+    jobs        pretrain, finetune, ncf: each written once as run(cfg, backend)
+    cluster     Horovod's initialisation, launching, doctor
+The two backends, which never import each other:
+    pt          PyTorch (models, engine, reader, kernels/)
+    tf          TensorFlow / tf-keras (models, engine, reader, Keras callbacks)
 
 Importing hvd_bert imports no framework. It does set ``TF_USE_LEGACY_KERAS=1`` (unless the
 user set it) so that a TensorFlow imported afterwards resolves ``tf.keras`` to tf-keras,

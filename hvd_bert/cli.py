@@ -27,7 +27,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from hvd_bert.doctor import parse_hosts, run_doctor, run_host_checks
+    from hvd_bert.cluster.doctor import parse_hosts, run_doctor, run_host_checks
 
     if args.hosts:
         try:
@@ -42,7 +42,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
-    from hvd_bert.common import config as C
+    from hvd_bert import config as C
 
     cls = _config_class(args.job)
     if args.explain:
@@ -62,9 +62,9 @@ def default_cache():
 def default_corpus(vocab_size: int = 8192, lower: bool = True, build: bool = True, vocab=None):
     """The built-in corpus and its WordPiece vocab, made once and cached (a trained vocab is not
     bit-reproducible: the trainer breaks frequency ties in hash order)."""
-    from hvd_bert.common.bert_data import train_vocab
-    from hvd_bert.common.checkpoint import atomic_write
-    from hvd_bert.common.corpus import write_stdlib_corpus
+    from hvd_bert.data.bert import train_vocab
+    from hvd_bert.train.checkpoint import atomic_write
+    from hvd_bert.data.corpus import write_stdlib_corpus
 
     folder = default_cache() / "corpus"
     corpus = folder / f"stdlib-py{sys.version_info[0]}.{sys.version_info[1]}.txt"
@@ -95,7 +95,7 @@ def _vocab_and_case(args: argparse.Namespace):
     """``(vocab.txt or None, do_lower_case)``: ``--vocab`` resolved (a vocab.txt, a tokenizer.json
     or a checkpoint folder), and the case from ``--cased``/``--uncased``, else the checkpoint's,
     else lower-case."""
-    from hvd_bert.common.vocab import resolve_vocab
+    from hvd_bert.data.vocab import resolve_vocab
 
     vocab = resolve_vocab(args.vocab) if args.vocab else None
     if args.cased or args.uncased:
@@ -112,7 +112,7 @@ def _vocab_and_case(args: argparse.Namespace):
 def _like_phase_one(args: argparse.Namespace, rank: int) -> None:
     """``--like``: the text, vocabulary and case of phase-1 data (or of a run folder's data),
     for what the command line does not give itself."""
-    from hvd_bert.common.bert_data import phase_one_data
+    from hvd_bert.data.bert import phase_one_data
 
     folder, meta = phase_one_data(args.like)
     if not args.input:  # phase 1's files, read as phase 1 read them
@@ -132,8 +132,8 @@ def _like_phase_one(args: argparse.Namespace, rank: int) -> None:
 
 
 def _cmd_prepare_bert(args: argparse.Namespace) -> int:
-    from hvd_bert.common.bert_data import PretrainingSettings, prepare_bert
-    from hvd_bert.common.records import DatasetError
+    from hvd_bert.data.bert import PretrainingSettings, prepare_bert
+    from hvd_bert.data.records import DatasetError
 
     rank, size, comm = _mpi_world()
     try:
@@ -174,8 +174,8 @@ def _cmd_prepare_bert(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare_classification(args: argparse.Namespace) -> int:
-    from hvd_bert.common.bert_data import prepare_classification
-    from hvd_bert.common.records import DatasetError
+    from hvd_bert.data.bert import prepare_classification
+    from hvd_bert.data.records import DatasetError
 
     try:
         vocab, lower = _vocab_and_case(args)
@@ -193,8 +193,8 @@ def _cmd_prepare_classification(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare_squad(args: argparse.Namespace) -> int:
-    from hvd_bert.common.records import DatasetError
-    from hvd_bert.common.squad import prepare_squad
+    from hvd_bert.data.records import DatasetError
+    from hvd_bert.data.squad import prepare_squad
 
     rank, size, comm = _mpi_world()
     try:
@@ -215,8 +215,8 @@ def _cmd_prepare_squad(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare_ncf(args: argparse.Namespace) -> int:
-    from hvd_bert.common.ncf_data import prepare_ncf
-    from hvd_bert.common.records import DatasetError
+    from hvd_bert.data.ncf import prepare_ncf
+    from hvd_bert.data.records import DatasetError
 
     try:
         meta = prepare_ncf(args.output, movielens=args.movielens,
@@ -242,7 +242,7 @@ def default_ncf_data() -> Path:
     (a file lock keeps concurrent ranks from preparing it twice)."""
     import fcntl
 
-    from hvd_bert.common.ncf_data import prepare_ncf
+    from hvd_bert.data.ncf import prepare_ncf
 
     folder = default_cache() / "data" / "ncf-synthetic-ml-1m"
     if not (folder / "dataset.json").is_file():
@@ -270,8 +270,8 @@ def _pretrain_data_hint(cfg) -> str:
 
 
 def _config_class(job: str):
-    from hvd_bert.common import config as C
-    from hvd_bert.common.ncf import NCFConfig
+    from hvd_bert import config as C
+    from hvd_bert.evaluation.ncf import NCFConfig
 
     return {"train": C.TrainConfig, "pretrain": C.PretrainConfig, "finetune": C.FinetuneConfig,
             "ncf": NCFConfig}[job]
@@ -295,12 +295,12 @@ EXIT_STOPPED = 3  # a job stopped by a signal after saving its checkpoint: rerun
 def user_errors() -> tuple[type, ...]:
     """The errors that are the user's to fix (bad settings, data, checkpoints, a diverged run):
     one line and exit status 2, never a traceback."""
-    from hvd_bert.common.bert_weights import WeightsError
-    from hvd_bert.common.checkpoint import RunFolderBusy
-    from hvd_bert.common.config import ConfigError
-    from hvd_bert.common.engine import CheckpointError, ResumeError
-    from hvd_bert.common.records import DatasetError
-    from hvd_bert.common.runlog import DivergedError
+    from hvd_bert.weights.portable import WeightsError
+    from hvd_bert.train.checkpoint import RunFolderBusy
+    from hvd_bert.config import ConfigError
+    from hvd_bert.train.engine import CheckpointError, ResumeError
+    from hvd_bert.data.records import DatasetError
+    from hvd_bert.train.log import DivergedError
 
     return (ConfigError, DatasetError, WeightsError, CheckpointError, ResumeError, DivergedError,
             RunFolderBusy)
@@ -311,10 +311,10 @@ def _cmd_job(args: argparse.Namespace) -> int:
     user error is one clear line on every rank and exit status 2 (``main``)."""
     import importlib
 
-    from hvd_bert.common.backend import get_backend
-    from hvd_bert.common.config import load_config
+    from hvd_bert.train.backend import get_backend
+    from hvd_bert.config import load_config
 
-    from hvd_bert.common.records import DatasetError
+    from hvd_bert.data.records import DatasetError
 
     _, module, defaults, hint = JOBS[args.command]
     overrides = list(args.overrides) + ([f"framework={args.framework}"] if args.framework else [])
@@ -353,7 +353,7 @@ def _cmd_evaluate_squad(args: argparse.Namespace) -> int:
     scripts print it (the version comes from the data file)."""
     import json
 
-    from hvd_bert.common.squad_metrics import evaluate_files, format_result
+    from hvd_bert.evaluation.squad import evaluate_files, format_result
 
     result = evaluate_files(args.data_file, args.pred_file, args.na_prob)
     version = json.loads(Path(args.data_file).read_text(encoding="utf-8")).get("version")
@@ -364,9 +364,9 @@ def _cmd_evaluate_squad(args: argparse.Namespace) -> int:
 def _cmd_convert(args: argparse.Namespace) -> int:
     """A checkpoint of either framework, a portable .npz or a Hugging Face folder -> portable
     weights (.npz) or a Hugging Face folder (``--to hf``)."""
-    from hvd_bert.common.bert_weights import WeightsError, save_weights
-    from hvd_bert.common.checkpoint import latest_checkpoint
-    from hvd_bert.common.hf_format import is_hf_folder, write_hf_folder
+    from hvd_bert.weights.portable import WeightsError, save_weights
+    from hvd_bert.train.checkpoint import latest_checkpoint
+    from hvd_bert.weights.hf import is_hf_folder, write_hf_folder
 
     src = Path(args.checkpoint).expanduser()
     if not src.exists():
@@ -411,12 +411,12 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from hvd_bert.common import simulate as S
+    from hvd_bert.core import cost_model as S
 
     net = S.INTERCONNECTS[args.interconnect]
     if args.calibrate:
-        from hvd_bert import launch
-        from hvd_bert.doctor import parse_hosts
+        from hvd_bert.cluster import launch
+        from hvd_bert.cluster.doctor import parse_hosts
         np_ = args.calibrate_np
         if args.calibrate_hosts and np_ is None:  # every slot of the hosts
             try:
@@ -424,7 +424,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             except ValueError as e:
                 print(f"hvd-bert simulate: {str(e).replace('--hosts', '--calibrate-hosts')}", file=sys.stderr)
                 return 2
-        res = launch.run(["-m", "hvd_bert._allreduce_probe"], np=np_ or 2, timeout=600,
+        res = launch.run(["-m", "hvd_bert.cluster.allreduce_probe"], np=np_ or 2, timeout=600,
                          hosts=args.calibrate_hosts, nic=args.calibrate_nic)
         if not res.ok:
             print(res.explain(), file=sys.stderr)
@@ -548,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True)
     p.add_argument("--vocab", required=True, help="the checkpoint's vocabulary: a vocab.txt, a "
                                                   "tokenizer.json, or the checkpoint folder itself")
-    from hvd_bert.common.glue import TASKS  # numpy only
+    from hvd_bert.data.glue import TASKS  # numpy only
 
     p.add_argument("--task", choices=sorted(TASKS),
                    help="a GLUE task's published TSV (its columns, header and labels); reports its metric")
@@ -634,7 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which framework reads the checkpoint (auto: from its suffix)")
     p.set_defaults(func=_cmd_convert)
 
-    from hvd_bert.common.simulate import INTERCONNECTS, WORKLOADS
+    from hvd_bert.core.cost_model import INTERCONNECTS, WORKLOADS
     p = sub.add_parser("simulate", help="project step time and scaling efficiency on N GPUs "
                                         "(alpha-beta allreduce model)")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="bert-large-p1")

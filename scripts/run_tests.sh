@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite as `make test` runs it (and `make test-quick`, with QUICK=1), after the set-up:
-#   1. the single-process tests (tests/common, tests/pt, tests/tf) on 2 pytest-xdist workers:
+#   1. the single-process tests (tests/core, tests/pt, tests/tf) on 2 pytest-xdist workers:
 #      they start no ranks, so one per core;
 #   2. the tests that start ranks, clusters and jobs (tests/readme, tests/parallel), two test
 #      modules at a time (--dist loadfile: a module's launches and fixtures stay on one worker,
@@ -29,9 +29,9 @@ status=0
 if [[ ${QUICK:-0} == 1 ]]; then
     fw=${FRAMEWORK:-pt}
     [[ $fw == pt || $fw == tf ]] || { echo "run_tests: FRAMEWORK must be pt or tf, not '$fw'" >&2; exit 2; }
-    pytest_ -n "$WORKERS" --junitxml="$REPORTS/1-unit.xml" tests/common "tests/$fw" "$@" || status=$?
+    pytest_ -n "$WORKERS" --junitxml="$REPORTS/1-unit.xml" tests/core "tests/$fw" "$@" || status=$?
 else
-    pytest_ -n "$WORKERS" --junitxml="$REPORTS/1-unit.xml" tests/common tests/pt tests/tf "$@" || status=$?
+    pytest_ -n "$WORKERS" --junitxml="$REPORTS/1-unit.xml" tests/core tests/pt tests/tf "$@" || status=$?
     unit=$((SECONDS - start))
     pytest_ -n "$WORKERS" --dist loadfile --junitxml="$REPORTS/2-ranks.xml" tests/readme tests/parallel "$@" \
         || { rc=$?; ((status)) || status=$rc; }

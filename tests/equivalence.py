@@ -3,7 +3,7 @@ part of tests/pt/test_training_equivalence.py and tests/tf/test_training_equival
 
 One random ``transformers.BertForPreTraining`` (the size of hvd_bert's ``tiny`` preset, dropout
 off) is saved with ``save_pretrained``; small pretraining shards are prepared with
-``hvd_bert.common.bert_data.prepare_bert``. ``run_job`` runs ``hvd-bert pretrain`` on them
+``hvd_bert.data.bert.prepare_bert``. ``run_job`` runs ``hvd-bert pretrain`` on them
 from that folder (one process, AdamW, global-norm clipping, Google's linear warmup and decay,
 a metrics line every step) and returns its per-step losses and its final weights under
 Hugging Face's names.
@@ -55,8 +55,8 @@ def make_inputs(tmp: Path, seed: int) -> tuple[Path, Path]:
     import torch
     import transformers
 
-    from hvd_bert.common.bert_data import PretrainingSettings, prepare_bert
-    from hvd_bert.common.corpus import write_stdlib_corpus
+    from hvd_bert.data.bert import PretrainingSettings, prepare_bert
+    from hvd_bert.data.corpus import write_stdlib_corpus
 
     corpus = write_stdlib_corpus(tmp / "corpus.txt", max_bytes=120_000)
     data = tmp / "data"
@@ -90,7 +90,7 @@ def run_job(framework: str, data: Path, init: Path, out: Path, seed: int) -> tup
         from hvd_bert.pt.models.bert import read_checkpoint_weights
     else:
         from hvd_bert.tf.models.bert import read_checkpoint_weights
-    from hvd_bert.common.hf_format import portable_to_hf
+    from hvd_bert.weights.hf import portable_to_hf
 
     arrays, config = read_checkpoint_weights(out)
     return losses, portable_to_hf(arrays, config)

@@ -6,5 +6,5 @@
 
 A job reads top to bottom: the backend's process set-up, the data checked against the config,
 the model, the engine (``backend.engine``: optimizer, schedule, accumulation, precision,
-broadcast), then ``common.engine.fit``. ``backend`` is ``common.backend.get_backend(cfg.framework)``.
+broadcast), then ``train.engine.fit``. ``backend`` is ``train.backend.get_backend(cfg.framework)``.
 """

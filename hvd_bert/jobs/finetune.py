@@ -1,5 +1,5 @@
 """BERT fine-tuning on Horovod, in either framework: sentence(-pair) classification,
-regression (STS-B) or SQuAD, as the prepared training set says (``common.finetune.task_of``).
+regression (STS-B) or SQuAD, as the prepared training set says (``evaluation.finetune.task_of``).
 
     horovodrun -np 2 -H localhost:2 --gloo hvd-bert finetune --framework pt \\
         --set data=TRAIN_DIR --set eval_data=DEV_DIR --set init_checkpoint=runs/pretrain-pt-stdlib-seq128
@@ -19,13 +19,13 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from hvd_bert.common.bert_weights import WeightsError
-from hvd_bert.common.config import ConfigError, FinetuneConfig
-from hvd_bert.common.engine import fit
-from hvd_bert.common.finetune import (REGRESSION, SQUAD, Evaluation, check_finetune_data, eval_batches,
+from hvd_bert.weights.portable import WeightsError
+from hvd_bert.config import ConfigError, FinetuneConfig
+from hvd_bert.train.engine import fit
+from hvd_bert.evaluation.finetune import (REGRESSION, SQUAD, Evaluation, check_finetune_data, eval_batches,
                                       evaluate_classification, evaluate_regression, evaluate_squad,
                                       resolve_init, task_of, total_steps)
-from hvd_bert.jobs._output import finish_line, open_run, with_run_folder
+from hvd_bert.jobs.run_folder import finish_line, open_run, with_run_folder
 
 __all__ = ["run"]
 

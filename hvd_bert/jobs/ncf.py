@@ -5,10 +5,10 @@
 
 Each epoch's training pairs (positives and fresh sampled negatives, shuffled) are the same
 for any number of ranks; each rank computes only its own every ``world_size``-th pair
-(``common.ncf.EpochData``); binary cross-entropy
+(``evaluation.ncf.EpochData``); binary cross-entropy
 on the logits; any optimizer and schedule of the toolkit through the shared loop. After every
 ``eval_every`` epochs HR@K and NDCG@K are computed on all users, split across the ranks and
-summed with an allreduce (``common.ncf.evaluate``); the run stops early once HR@K reaches
+summed with an allreduce (``evaluation.ncf.evaluate``); the run stops early once HR@K reaches
 ``target_hr``.
 """
 
@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from hvd_bert.common.config import ConfigError
-from hvd_bert.common.engine import fit
-from hvd_bert.common.ncf import EpochData, EpochEvaluation, NCFConfig, evaluate
-from hvd_bert.common.ncf_data import load_ncf
-from hvd_bert.jobs._output import finish_line, open_run, with_run_folder
+from hvd_bert.config import ConfigError
+from hvd_bert.train.engine import fit
+from hvd_bert.evaluation.ncf import EpochData, EpochEvaluation, NCFConfig, evaluate
+from hvd_bert.data.ncf import load_ncf
+from hvd_bert.jobs.run_folder import finish_line, open_run, with_run_folder
 
 __all__ = ["run"]
 

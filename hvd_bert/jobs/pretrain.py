@@ -16,16 +16,16 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from hvd_bert.common.bert_config import bert_preset
-from hvd_bert.common.bert_data import check_pretraining_data
-from hvd_bert.common.bert_weights import WeightsError
-from hvd_bert.common.config import BatchConfig, PretrainConfig, make_schedule
-from hvd_bert.common.elastic import elastic_layout, fit_elastic, launched_elastic
-from hvd_bert.common.engine import fit
-from hvd_bert.common.finetune import eval_batches, evaluate_pretraining
-from hvd_bert.common.vocab import init_vocab_error
-from hvd_bert.cluster import horovod_settings_line
-from hvd_bert.jobs._output import finish_line, open_elastic_run, open_run, with_run_folder
+from hvd_bert.config.bert import bert_preset
+from hvd_bert.data.bert import check_pretraining_data
+from hvd_bert.weights.portable import WeightsError
+from hvd_bert.config import BatchConfig, PretrainConfig, make_schedule
+from hvd_bert.train.elastic import elastic_layout, fit_elastic, launched_elastic
+from hvd_bert.train.engine import fit
+from hvd_bert.evaluation.finetune import eval_batches, evaluate_pretraining
+from hvd_bert.data.vocab import init_vocab_error
+from hvd_bert.cluster.horovod import horovod_settings_line
+from hvd_bert.jobs.run_folder import finish_line, open_elastic_run, open_run, with_run_folder
 
 __all__ = ["run"]
 

@@ -3,9 +3,9 @@
 
 
 def init_horovod(horovod_cfg=None) -> None:
-    """``hvd.init()`` once, with the ``horovod.*`` settings (``hvd_bert.cluster.init_horovod``)."""
+    """``hvd.init()`` once, with the ``horovod.*`` settings (``hvd_bert.cluster.horovod.init_horovod``)."""
     import horovod.torch as hvd
 
-    from hvd_bert import cluster
+    from hvd_bert.cluster import horovod as cluster
 
     cluster.init_horovod(hvd, horovod_cfg)

@@ -1,5 +1,5 @@
 """The PyTorch backend of the jobs (``hvd_bert.jobs``): what a job needs of a framework, in
-PyTorch. The jobs are written once against this surface (``hvd_bert.common.backend.Backend``);
+PyTorch. The jobs are written once against this surface (``hvd_bert.train.backend.Backend``);
 ``hvd_bert.tf.backend`` is the same surface in TensorFlow.
 """
 
@@ -12,9 +12,9 @@ import numpy as np
 import torch
 import horovod.torch as hvd
 
-from hvd_bert.common.backend import ModelFunctions, threads_per_rank
-from hvd_bert.common.bert_config import BertConfig
-from hvd_bert.common.config import TrainConfig
+from hvd_bert.train.backend import ModelFunctions, threads_per_rank
+from hvd_bert.config.bert import BertConfig
+from hvd_bert.config import TrainConfig
 from hvd_bert.pt import init_horovod
 
 __all__ = ["BACKEND", "PyTorchBackend"]

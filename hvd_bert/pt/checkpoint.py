@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from hvd_bert.common.engine import CheckpointError
+from hvd_bert.train.engine import CheckpointError
 
 __all__ = ["load_checkpoint_file"]
 
@@ -37,7 +37,7 @@ def load_checkpoint_file(path: str | Path, map_location="cpu") -> dict:
 def load_state_dict_file(path: str | Path) -> dict:
     """A PyTorch ``state_dict`` file (a Hugging Face ``pytorch_model.bin``, an NVIDIA checkpoint's
     ``{"model": ...}``) as float32 numpy arrays, loaded with ``weights_only=True``."""
-    from hvd_bert.common.bert_weights import WeightsError
+    from hvd_bert.weights.portable import WeightsError
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)

@@ -1,6 +1,6 @@
 """PyTorch reader of hvd_bert's TFRecord shards (BERT pretraining, classification).
 
-Files are assigned to ranks by ``hvd_bert.common.sharding`` (whole files, or record striding
+Files are assigned to ranks by ``hvd_bert.core.sharding`` (whole files, or record striding
 when there are fewer files than ranks), read in the toolkit's order (``records.read_ordered``:
 the same examples in the same order as the TensorFlow reader for the same files, seed, rank
 and world size), decoded and batched in a background thread that runs ahead of the training
@@ -19,10 +19,10 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from hvd_bert.common.bert_data import spec_for_meta
-from hvd_bert.common.padding import length_grouped
-from hvd_bert.common.records import decode_batch, read_ordered, read_sidecar
-from hvd_bert.common.sharding import TooFewShardsError, epoch_batches, plan_reads, stream_seed
+from hvd_bert.data.bert import spec_for_meta
+from hvd_bert.data.padding import length_grouped
+from hvd_bert.data.records import decode_batch, read_ordered, read_sidecar
+from hvd_bert.core.sharding import TooFewShardsError, epoch_batches, plan_reads, stream_seed
 
 __all__ = ["ShardedDataset"]
 
@@ -44,7 +44,7 @@ class ShardedDataset(torch.utils.data.IterableDataset):
         expect: settings the data must have been prepared with (e.g. ``max_seq_length``).
         prefetch: batches decoded ahead in the background.
         length_grouping: > 0: batches padded to their longest sequence, after regrouping
-            this many batches at a time by length (``common.padding.length_grouped``).
+            this many batches at a time by length (``data.padding.length_grouped``).
     """
 
     def __init__(self, folder: str | Path, kind: str, rank: int, world_size: int, local_batch_size: int,

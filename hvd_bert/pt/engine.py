@@ -37,15 +37,16 @@ from typing import Any, Callable, Iterator
 import torch
 import horovod.torch as hvd
 
-from hvd_bert.common.batch import is_sync_step
-from hvd_bert.common.checkpoint import atomic_write, checkpoint_path, prune
-from hvd_bert.common.config import PrecisionConfig, TrainConfig
-from hvd_bert.common.engine import (FitResult, StepResult, check_engine_args, checkpoint_meta,
+from hvd_bert.core.batch import is_sync_step
+from hvd_bert.train.checkpoint import atomic_write, checkpoint_path, prune
+from hvd_bert.config import PrecisionConfig, TrainConfig
+from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, checkpoint_meta,
                                     engine_settings, fit, host_rng_state, resume_on_rank0, rng_for_rank,
                                     set_host_rng_state)
-from hvd_bert.common.runlog import StopSignal
-from hvd_bert.common.schedules import Schedule
-from hvd_bert.pt import fused_optim, init_horovod
+from hvd_bert.train.log import StopSignal
+from hvd_bert.core.schedules import Schedule
+from hvd_bert.pt import init_horovod
+from hvd_bert.pt.kernels import optim as fused_optim
 from hvd_bert.pt.checkpoint import load_checkpoint_file
 from hvd_bert.pt.optim import build_optimizer, init_state
 
@@ -71,7 +72,7 @@ class Engine:
     Args:
         model: the model; its parameters are broadcast from rank 0.
         optimizer: a plain torch optimizer over ``model``'s parameters.
-        schedule: ``step -> lr`` (``hvd_bert.common.schedules``), called with the 1-based
+        schedule: ``step -> lr`` (``hvd_bert.core.schedules``), called with the 1-based
             step number of each update.
         backward_passes_per_step: micro-batches per optimizer step (k).
         compression: ``"none"`` or ``"fp16"`` allreduce wire format.
@@ -106,7 +107,7 @@ class Engine:
         self.skipped_steps = 0
         self.loss_fn, self.resume_resized = loss_fn, resume_resized
         self.plan = None
-        self.target_global_batch = None  # set by an elastic run (common.elastic)
+        self.target_global_batch = None  # set by an elastic run (train.elastic)
         self.last_metrics: dict = {}
 
         # Horovod: DistributedOptimizer builds a new optimizer of a subclass of
@@ -147,7 +148,7 @@ class Engine:
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)  # Horovod:
         hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)  # Horovod:
 
-    # ------------------------------------------------------------------ elastic (common.elastic)
+    # ------------------------------------------------------------------ elastic (train.elastic)
     def snapshot(self) -> dict:
         """The training state in host memory (what an elastic commit keeps)."""
         return {"model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
@@ -269,7 +270,7 @@ class Engine:
         """Write ``folder/ckpt-<step>.pt`` atomically from rank 0 and keep the newest ``keep``
         (a collective: every rank must call it). The file holds tensors and plain types only
         (it loads with ``weights_only=True``); the metadata, every rank's RNG included, is
-        ``common.engine.checkpoint_meta`` as JSON. Returns the path on rank 0."""
+        ``train.engine.checkpoint_meta`` as JSON. Returns the path on rank 0."""
         rng = hvd.allgather_object(_rng_state(), name="hvd_bert.rng")  # Horovod:
         path = None
         if self.rank == 0:

@@ -1,6 +1,6 @@
 """LAMB, NVLAMB and LARS as ``torch.optim.Optimizer`` subclasses.
 
-They implement the math of :mod:`hvd_bert.common.optim` (the reference they are tested
+They implement the math of :mod:`hvd_bert.core.optim` (the reference they are tested
 against) with multi-tensor ``torch._foreach_*`` kernels: one call per operation over all
 tensors of a parameter group, no Python loop over elements. Per-group options:
 
@@ -8,7 +8,7 @@ tensors of a parameter group, no Python loop over elements. Per-group options:
     ``adapt``         whether the group gets the layer-wise trust ratio
 
 :func:`param_groups` builds the groups from parameter names (BERT: no weight decay for
-``bias`` and ``LayerNorm``) through :class:`hvd_bert.common.config.OptimConfig`, and
+``bias`` and ``LayerNorm``) through :class:`hvd_bert.config.OptimConfig`, and
 :func:`build_optimizer` makes any of the toolkit's optimizers from that config.
 
 ``init_state()`` creates the zero state explicitly. Horovod's ``broadcast_optimizer_state``
@@ -24,8 +24,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from hvd_bert.common.config import OptimConfig
-from hvd_bert.pt import fused_optim
+from hvd_bert.config import OptimConfig
+from hvd_bert.pt.kernels import optim as fused_optim
 
 __all__ = ["Lamb", "NVLamb", "Lars", "param_groups", "build_optimizer", "init_state"]
 
@@ -98,7 +98,7 @@ def _trust_ratios(w_norms: list[torch.Tensor], u_norms: list[torch.Tensor]) -> t
 
 
 class Lamb(torch.optim.Optimizer):
-    """LAMB (You et al. 2019, arXiv:1904.00962, Alg. 2), as ``hvd_bert.common.optim.lamb_step``.
+    """LAMB (You et al. 2019, arXiv:1904.00962, Alg. 2), as ``hvd_bert.core.optim.lamb_step``.
 
     Args:
         lr, betas, eps, weight_decay: as in the paper; eps is outside the square root.
@@ -242,7 +242,7 @@ class Lamb(torch.optim.Optimizer):
 
     @staticmethod
     def _update_fused(group, params, grads, m, v, clip, sqrt_c2, rc1, adapt) -> None:
-        """The same update with :mod:`hvd_bert.pt.fused_optim`'s kernels: the whole group in
+        """The same update with :mod:`hvd_bert.pt.kernels.optim`'s kernels: the whole group in
         one call, tensor by tensor, pass 2 right after pass 1 (a tensor that fits in the
         last-level cache, every BERT matrix but the word embeddings, is read back from there)."""
         beta1, beta2 = group["betas"]
@@ -254,7 +254,7 @@ class NVLamb(Lamb):
     """NVLAMB (NVIDIA apex FusedLAMB): clip the global gradient norm to ``max_grad_norm``
     (default 1.0), then LAMB with bias correction. As in apex, groups without weight decay
     skip the trust ratio unless ``use_nvlamb=True`` (a group's explicit ``adapt`` wins).
-    As ``hvd_bert.common.optim.nvlamb_step``.
+    As ``hvd_bert.core.optim.nvlamb_step``.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
@@ -274,7 +274,7 @@ class NVLamb(Lamb):
 
 class Lars(torch.optim.Optimizer):
     """LARS (You, Gitman, Ginsburg 2017) in the MLPerf form, as
-    ``hvd_bert.common.optim.lars_step``:
+    ``hvd_bert.core.optim.lars_step``:
 
         trust = eta ||w|| / (||g|| + wd ||w|| + eps)  (1 when ||w|| or ||g|| is 0)
         v = momentum v + lr trust (g + wd w);  w -= v
@@ -331,7 +331,7 @@ class Lars(torch.optim.Optimizer):
 
     @staticmethod
     def _update_fused(group, params, grads, bufs) -> None:
-        """The same update with :mod:`hvd_bert.pt.fused_optim`'s kernels, the group in one
+        """The same update with :mod:`hvd_bert.pt.kernels.optim`'s kernels, the group in one
         call: per tensor the norms of w and g in one pass, then momentum and update in another."""
         fused_optim.lars_step(params, grads, bufs, *(group[k] for k in ("lr", "momentum", "weight_decay",
                                                                           "eta", "eps", "adapt")))

@@ -68,10 +68,10 @@ _use_generator_rng()
 
 
 def init_horovod(horovod_cfg=None) -> None:
-    """``hvd.init()`` once, with the ``horovod.*`` settings (``hvd_bert.cluster.init_horovod``)."""
+    """``hvd.init()`` once, with the ``horovod.*`` settings (``hvd_bert.cluster.horovod.init_horovod``)."""
     import horovod.tensorflow as hvd
 
-    from hvd_bert import cluster
+    from hvd_bert.cluster import horovod as cluster
 
     cluster.init_horovod(hvd, horovod_cfg)
 

@@ -13,9 +13,9 @@ import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS and quiet start-up before
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
-from hvd_bert.common.backend import ModelFunctions, threads_per_rank
-from hvd_bert.common.bert_config import BertConfig
-from hvd_bert.common.config import TrainConfig
+from hvd_bert.train.backend import ModelFunctions, threads_per_rank
+from hvd_bert.config.bert import BertConfig
+from hvd_bert.config import TrainConfig
 from hvd_bert.tf import init_horovod
 
 __all__ = ["BACKEND", "TensorFlowBackend", "SummaryWriter", "set_threads"]

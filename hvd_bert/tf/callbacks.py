@@ -27,9 +27,9 @@ import tensorflow as tf
 import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 
-from hvd_bert.common.batch import optimizer_steps_done
-from hvd_bert.common.checkpoint import latest_checkpoint
-from hvd_bert.common.schedules import Schedule
+from hvd_bert.core.batch import optimizer_steps_done
+from hvd_bert.train.checkpoint import latest_checkpoint
+from hvd_bert.core.schedules import Schedule
 from hvd_bert.tf import check_keras
 from hvd_bert.tf.engine import CKPT_SUFFIX, restore_checkpoint, save_checkpoint
 

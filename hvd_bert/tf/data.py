@@ -2,7 +2,7 @@
 the toolkit's windowed shuffle, batching and ``prefetch(AUTOTUNE)``.
 
 It yields the same examples in the same order as ``hvd_bert.pt.data`` for the same files,
-seed, rank and world size: files from ``hvd_bert.common.sharding.plan_reads``, record
+seed, rank and world size: files from ``hvd_bert.core.sharding.plan_reads``, record
 striding with ``Dataset.shard``, then windows of ``shuffle_buffer`` records sorted by the same
 integer keys (``sharding.shuffle_keys``, computed here with int64 ops).
 """
@@ -14,16 +14,16 @@ from pathlib import Path
 import hvd_bert.tf  # noqa: F401
 import tensorflow as tf
 
-from hvd_bert.common.bert_data import spec_for_meta
-from hvd_bert.common.records import CorruptRecordError, DatasetError, iter_records, read_sidecar
-from hvd_bert.common.sharding import (LEHMER_M, TooFewShardsError, _round_constants, epoch_batches,
+from hvd_bert.data.bert import spec_for_meta
+from hvd_bert.data.records import CorruptRecordError, DatasetError, iter_records, read_sidecar
+from hvd_bert.core.sharding import (LEHMER_M, TooFewShardsError, _round_constants, epoch_batches,
                                       plan_reads, stream_seed)
 
 __all__ = ["make_dataset", "feature_spec", "stream"]
 
 
 def feature_spec(meta: dict) -> dict:
-    """``tf.io`` parsing spec from the folder's feature layout (``common.bert_data``)."""
+    """``tf.io`` parsing spec from the folder's feature layout (``data.bert``)."""
     kinds = {"int": tf.int64, "float": tf.float32}
     return {name: tf.io.FixedLenFeature([n], kinds[kind]) for name, (kind, n) in spec_for_meta(meta).items()}
 
@@ -84,8 +84,8 @@ def stream(folder: str | Path, kind: str, rank: int, world_size: int, local_batc
     """This rank's batches over consecutive epochs from global batch number ``start_batch`` on
     (the data position a checkpoint records), as ``hvd_bert.pt.data.ShardedDataset.stream``;
     ``length_grouping`` > 0: padded to their longest sequence after regrouping by length
-    (``common.padding.length_grouped``, on the decoded batches: the same batches as PyTorch's)."""
-    from hvd_bert.common.padding import length_grouped
+    (``data.padding.length_grouped``, on the decoded batches: the same batches as PyTorch's)."""
+    from hvd_bert.data.padding import length_grouped
 
     folder, epoch, skip = Path(folder), 0, start_batch
     while True:

@@ -31,14 +31,14 @@ import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
-from hvd_bert.common.batch import is_sync_step
-from hvd_bert.common.checkpoint import checkpoint_path, list_checkpoints
-from hvd_bert.common.config import PrecisionConfig, TrainConfig
-from hvd_bert.common.engine import (CheckpointError, FitResult, StepResult, check_engine_args,
+from hvd_bert.core.batch import is_sync_step
+from hvd_bert.train.checkpoint import checkpoint_path, list_checkpoints
+from hvd_bert.config import PrecisionConfig, TrainConfig
+from hvd_bert.train.engine import (CheckpointError, FitResult, StepResult, check_engine_args,
                                     checkpoint_meta, engine_settings, fit, host_rng_state, resume_on_rank0,
                                     rng_for_rank, set_host_rng_state)
-from hvd_bert.common.runlog import StopSignal
-from hvd_bert.common.schedules import Schedule
+from hvd_bert.train.log import StopSignal
+from hvd_bert.core.schedules import Schedule
 from hvd_bert.tf import check_keras, init_horovod
 from hvd_bert.tf.optim import build_optimizer
 
@@ -101,7 +101,7 @@ class Engine:
         self.stop_signal = StopSignal()
         self.last_metrics: dict = {}
         self.plan, self.resume_resized = None, resume_resized
-        self.target_global_batch = None  # set by an elastic run (common.elastic)
+        self.target_global_batch = None  # set by an elastic run (train.elastic)
         self.jit_compile = jit_compile
         self.step_count = 0
         self.micro_step = 0
@@ -144,7 +144,7 @@ class Engine:
         hvd.broadcast_variables(self.optimizer.variables(), root_rank=0)  # Horovod:
         hvd.broadcast_variables([self.loss_scale, self.good_steps], root_rank=0)  # Horovod:
 
-    # ------------------------------------------------------------------ elastic (common.elastic)
+    # ------------------------------------------------------------------ elastic (train.elastic)
     def _state_variables(self) -> list:
         return [*self.model.variables, *self.optimizer.variables(), self.loss_scale, self.good_steps]
 
@@ -273,7 +273,7 @@ class Engine:
 
     def save(self, folder: str | Path, data_state: Any = None, keep: int = 3) -> Path | None:
         """Atomic rank-0 checkpoint ``folder/ckpt-<step>.tf/`` with the metadata of
-        ``common.engine.checkpoint_meta`` (every rank's RNG included) in ``meta.json``
+        ``train.engine.checkpoint_meta`` (every rank's RNG included) in ``meta.json``
         (a collective)."""
         rng = hvd.allgather_object(self._rng_state(), name="hvd_bert.rng")  # Horovod:
         path = None

@@ -1,7 +1,7 @@
 """Google TF1 BERT checkpoints (``bert_config.json`` + ``bert_model.ckpt.{index,data-*}``):
 read with TensorFlow's checkpoint reader, written with a TF1 ``Saver`` in a graph, so that
 Google's ``modeling.py`` restores them. The names and layouts are in
-``hvd_bert.common.google_format``.
+``hvd_bert.weights.google``.
 
 A PyTorch process reads such a checkpoint through this module in its own process
 (``python -m hvd_bert.tf.google_ckpt to-npz SRC OUT.npz``), never importing TensorFlow itself.
@@ -19,10 +19,10 @@ import numpy as np
 import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
 
-from hvd_bert.common.bert_config import BertConfig
-from hvd_bert.common.bert_weights import WeightsError, save_weights
-from hvd_bert.common.hf_format import new_folder
-from hvd_bert.common.google_format import (google_checkpoint_prefix, google_config, google_to_portable,
+from hvd_bert.config.bert import BertConfig
+from hvd_bert.weights.portable import WeightsError, save_weights
+from hvd_bert.weights.hf import new_folder
+from hvd_bert.weights.google import (google_checkpoint_prefix, google_config, google_to_portable,
                                            portable_to_google, read_google_config)
 
 __all__ = ["read_google", "write_google"]

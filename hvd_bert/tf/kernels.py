@@ -1,6 +1,6 @@
 """Fused bias + GELU for TensorFlow: XLA (``jit_compile=True``) fuses the add and the GELU
 (forward and backward) into one loop over memory. ``approximate="tanh"`` is BERT's tanh form,
-``"none"`` the exact erf form (PyTorch's names, as in ``hvd_bert.pt.kernels``).
+``"none"`` the exact erf form (PyTorch's names, as in ``hvd_bert.pt.kernels.gelu``).
 ``HVD_BERT_COMPILE=0`` (or empty) uses the eager composition."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 import hvd_bert.tf  # noqa: F401
 import tensorflow as tf
 
-from hvd_bert.common.kernels import GELU_FORMS, check_gelu_form, compile_enabled
+from hvd_bert.core.kernels import GELU_FORMS, check_gelu_form, compile_enabled
 
 __all__ = ["bias_gelu", "bias_gelu_eager", "DenseGELU"]
 

@@ -1,6 +1,6 @@
 """LAMB, NVLAMB and LARS as tf-keras optimizers (the Keras 2 API of ``TF_USE_LEGACY_KERAS=1``).
 
-They implement :mod:`hvd_bert.common.optim` (the reference they are tested against) and
+They implement :mod:`hvd_bert.core.optim` (the reference they are tested against) and
 work alone, under ``hvd.DistributedOptimizer`` (model.fit) and under Keras'
 ``LossScaleOptimizer``. Exclusions are regular expressions over variable names
 (``re.search``; BERT: ``bias``, ``LayerNorm``, ``layer_norm``):
@@ -8,7 +8,7 @@ work alone, under ``hvd.DistributedOptimizer`` (model.fit) and under Keras'
     ``exclude_from_weight_decay``       no weight decay for matching variables
     ``exclude_from_layer_adaptation``   no trust ratio for matching variables
 
-Defaults follow ``hvd_bert.common``: LAMB applies the trust ratio to every variable (as
+Defaults follow ``hvd_bert.core.optim``: LAMB applies the trust ratio to every variable (as
 optax; tfa's LAMB instead falls back to the weight-decay exclusions), NVLAMB skips it where
 there is no weight decay (apex) unless ``use_nvlamb=True``, LARS gives excluded variables
 neither trust ratio nor weight decay.
@@ -27,7 +27,7 @@ from typing import Sequence
 import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
 
-from hvd_bert.common.config import OptimConfig
+from hvd_bert.config import OptimConfig
 from hvd_bert.tf import check_keras
 
 check_keras()
@@ -119,7 +119,7 @@ class _MomentumOptimizer(_HvdBertOptimizer):
 
 @keras.utils.register_keras_serializable(package="hvd_bert")
 class Lamb(_HvdBertOptimizer):
-    """LAMB (You et al. 2019, arXiv:1904.00962, Alg. 2), as ``hvd_bert.common.optim.lamb_step``.
+    """LAMB (You et al. 2019, arXiv:1904.00962, Alg. 2), as ``hvd_bert.core.optim.lamb_step``.
 
     ``max_grad_norm`` clips the global gradient norm first (NVLAMB); ``None`` does not.
     """
@@ -172,7 +172,7 @@ class Lamb(_HvdBertOptimizer):
 class NVLamb(Lamb):
     """NVLAMB (apex FusedLAMB): clip the global gradient norm to ``max_grad_norm`` (default
     1.0), then LAMB with bias correction; no trust ratio for variables without weight decay
-    unless ``use_nvlamb=True``. As ``hvd_bert.common.optim.nvlamb_step``."""
+    unless ``use_nvlamb=True``. As ``hvd_bert.core.optim.nvlamb_step``."""
 
     def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
                  weight_decay=0.01, exclude_from_weight_decay=None, max_grad_norm=1.0,
@@ -196,9 +196,9 @@ class NVLamb(Lamb):
 
 @keras.utils.register_keras_serializable(package="hvd_bert")
 class AdamW(Lamb):
-    """AdamW (decoupled weight decay) as ``hvd_bert.common.optim.adamw_step``:
+    """AdamW (decoupled weight decay) as ``hvd_bert.core.optim.adamw_step``:
     w -= lr (m_hat / (sqrt(v_hat) + eps) + wd w). Keras' own AdamW puts epsilon inside the
-    bias-corrected step size instead, so its updates differ from PyTorch's and ``common``'s."""
+    bias-corrected step size instead, so its updates differ from PyTorch's and the core's."""
 
     def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-8, weight_decay=0.0,
                  exclude_from_weight_decay=None, name="AdamW", **kwargs):
@@ -220,7 +220,7 @@ class AdamW(Lamb):
 
 @keras.utils.register_keras_serializable(package="hvd_bert")
 class Lars(_MomentumOptimizer):
-    """LARS (MLPerf form), as ``hvd_bert.common.optim.lars_step``:
+    """LARS (MLPerf form), as ``hvd_bert.core.optim.lars_step``:
     trust = eta ||w|| / (||g|| + wd ||w|| + eps); v = mu v + lr trust (g + wd w); w -= v.
     Variables matching ``exclude`` get neither trust ratio nor weight decay."""
 
@@ -260,7 +260,7 @@ class Lars(_MomentumOptimizer):
 
 @keras.utils.register_keras_serializable(package="hvd_bert")
 class SGD(_MomentumOptimizer):
-    """SGD with momentum in PyTorch's form, as ``hvd_bert.common.optim.sgd_step``:
+    """SGD with momentum in PyTorch's form, as ``hvd_bert.core.optim.sgd_step``:
     d = g + wd w; v = mu v + d; w -= lr v (Nesterov: w -= lr (d + mu v)). Keras' own SGD keeps
     ``mu m - lr g`` instead, which differs from this as soon as the learning rate changes."""
 

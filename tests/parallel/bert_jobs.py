@@ -2,7 +2,7 @@
 
 import json
 
-from hvd_bert import launch
+from hvd_bert.cluster import launch
 
 TINY = ["--set", "progress=false", "--set", "max_seq_length=64", "--set", "max_predictions_per_seq=10",
         "--set", "train.log_every=5", "--set", "train.optim.lr=1e-2", "--set", "shuffle_buffer=64",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_bert import launch
+from hvd_bert.cluster import launch
 
 WORKERS = Path(__file__).parent / "workers"
 FAKE_CLUSTER = Path(__file__).resolve().parents[2] / "scripts" / "fake_cluster.sh"
@@ -52,7 +52,7 @@ def bert_data(tmp_path_factory):
     with a fixed vocab (trained once on this text by `prepare-bert`; a vocab trained afresh
     differs from run to run, tokenizers#1794), the shards are bit-identical."""
     root = tmp_path_factory.mktemp("pretrain")
-    from hvd_bert.common.corpus import write_stdlib_corpus
+    from hvd_bert.data.corpus import write_stdlib_corpus
     text = write_stdlib_corpus(root / "c.txt", max_bytes=150_000)
     subprocess.run([sys.executable, "-m", "hvd_bert", "prepare-bert", "--input", str(text), "--output",
                     str(root / "data"), "--num-shards", "4", "--vocab", str(VOCAB_1500),

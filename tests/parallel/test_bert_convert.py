@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvd_bert.common.bert_weights import WeightsError, fit_weights, read_weights
+from hvd_bert.weights.portable import WeightsError, fit_weights, read_weights
 
 WORKER = Path(__file__).parent / "workers" / "bert_logits.py"
 # |PyTorch - TensorFlow| on the same weights: at most 4.8e-7 over 6 batches x both directions on

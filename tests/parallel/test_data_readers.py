@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_bert import launch
+from hvd_bert.cluster import launch
 
 WORKERS = Path(__file__).parent / "workers"
 HVD_BERT = [sys.executable, "-m", "hvd_bert"]
@@ -20,7 +20,7 @@ HVD_BERT = [sys.executable, "-m", "hvd_bert"]
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("data")
     text = root / "corpus.txt"
-    from hvd_bert.common.corpus import write_stdlib_corpus
+    from hvd_bert.data.corpus import write_stdlib_corpus
     write_stdlib_corpus(text, max_bytes=200_000)
     one = root / "one"
     subprocess.run([*HVD_BERT, "prepare-bert", "--input", str(text), "--output", str(one),
@@ -137,7 +137,7 @@ def test_bad_input_under_mpirun_is_the_same_line_on_every_rank_and_writes_nothin
 def test_mixed_inputs_split_across_ranks_equal_one_process(tmp_path):
     """A Wikipedia dump (bz2), a large Google-format file read in byte ranges and a
     one-document-per-line file: 1 process and mpirun -np 2 write the same bytes."""
-    from tests.common.test_text_input import google_text, make_docs
+    from tests.core.test_text_input import google_text, make_docs
     from tests.wiki_dump import article_pages, write_dump
 
     docs = make_docs(120, seed=5)

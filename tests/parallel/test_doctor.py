@@ -23,7 +23,7 @@ def test_an_mpi_launch_from_below_an_mpi_singleton_works():
     calls ``hvd.init()`` in the pytest process starts an OpenMPI singleton, which putenv()s its
     wiring (OMPI_MCA_ess, PMIX_*, ...). Every later child inherits it, and an mpirun started
     from such a child believed it was inside that job. The launcher now drops that wiring."""
-    child = ("import sys; from hvd_bert import launch; "
+    child = ("import sys; from hvd_bert.cluster import launch; "
              "r = launch.run(['-c', 'import os, horovod.torch as hvd; hvd.init(); "
                  "os.write(1, b\"SIZE %d\\\\n\" % hvd.size())'], "
              "np=2, launcher='mpi', timeout=120); print(r.explain()); sys.exit(0 if r.ok else 1)")

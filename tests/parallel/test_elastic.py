@@ -20,7 +20,7 @@ import pytest
 
 from bert_jobs import TINY, metrics_of
 from conftest import fake_cluster, on_node1
-from hvd_bert.common.config import PretrainConfig, make_schedule
+from hvd_bert.config import PretrainConfig, make_schedule
 
 pytestmark = pytest.mark.multinode
 
@@ -106,7 +106,7 @@ class ElasticJob:
         self.out, self.log = tmp_path / "run", tmp_path / "job.log"
         venv_bin = str(Path(sys.executable).parent)
         cmd = [*on_node1(cluster), "env", f"PATH={venv_bin}:{os.environ['PATH']}",
-               "HOROVOD_GLOO_TIMEOUT_SECONDS=20", sys.executable, "-m", "hvd_bert.horovodrun",
+               "HOROVOD_GLOO_TIMEOUT_SECONDS=20", sys.executable, "-m", "hvd_bert.cluster.horovodrun",
                "-np", "3", "--min-np", "2", "--max-np", "3",
                "--host-discovery-script", str(discover), "--network-interface", "eth0",
                "--blacklist-cooldown-range", "1", "2",

@@ -1,5 +1,5 @@
 """The engine contract, one suite run against each framework's engine under real
-`horovodrun -np 2` (both implement ``hvd_bert.common.engine.Engine``): N ranks x k
+`horovodrun -np 2` (both implement ``hvd_bert.train.engine.Engine``): N ranks x k
 micro-batches equal one process on the global batch, an inf on one rank skips the step on
 every rank, SIGTERM then resume continues bit-identically (dropout on), and both write the
 same checkpoint metadata. (Horovod's own suite has no test of gradient accumulation.)
@@ -26,8 +26,8 @@ import toy_models  # noqa: E402
 from closeness import assert_close  # noqa: E402
 from conftest import launch_ranks  # noqa: E402
 
-from hvd_bert.common.backend import threads_per_rank  # noqa: E402
-from hvd_bert.common.config import TrainConfig, apply_overrides  # noqa: E402
+from hvd_bert.train.backend import threads_per_rank  # noqa: E402
+from hvd_bert.config import TrainConfig, apply_overrides  # noqa: E402
 
 FRAMEWORKS = ["pt", "tf"]
 STEPS = 5

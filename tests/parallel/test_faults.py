@@ -18,7 +18,7 @@ import time
 import psutil
 from bert_jobs import TINY
 
-from hvd_bert import launch
+from hvd_bert.cluster import launch
 
 FAULTS = ["kill -9 rank 1", "kill -9 every rank", "SIGTERM rank 1", "SIGTERM every rank", "SIGTERM launcher",
           "kill -9 rank 0 mid-checkpoint", "kill -9 rank 0"]
@@ -150,7 +150,7 @@ def test_kill_9_of_one_tensorflow_rank_ends_the_job_and_the_rerun_resumes(bert_d
     """Without elastic training a lost rank must end the whole job in bounded time (the other
     rank is stuck in a collective; Horovod's launcher kills it), the newest checkpoint stays
     whole, and the same command resumes from it. (PyTorch: the test above.)"""
-    from hvd_bert.common.checkpoint import list_checkpoints
+    from hvd_bert.train.checkpoint import list_checkpoints
 
     out = tmp_path / "run"
     job = ["-m", "hvd_bert", "pretrain", "--framework", "tf", "--set", f"data={bert_data}",

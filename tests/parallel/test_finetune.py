@@ -11,7 +11,7 @@ import sys
 import pytest
 from bert_jobs import metrics_of
 
-from hvd_bert import launch
+from hvd_bert.cluster import launch
 
 POSITIVE, NEGATIVE = ["true", "open", "start", "first"], ["false", "close", "end", "error"]
 FILLER = [

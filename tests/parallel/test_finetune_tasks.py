@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from bert_jobs import metrics_of
 
-from hvd_bert import launch
+from hvd_bert.cluster import launch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import squad_task  # noqa: E402

@@ -1,4 +1,4 @@
-"""``python -m hvd_bert.horovodrun``, the Gloo launch of ``hvd_bert.launch``: Horovod's own
+"""``python -m hvd_bert.cluster.horovodrun``, the Gloo launch of ``hvd_bert.cluster.launch``: Horovod's own
 launcher with its build check answered from a cached file instead of a TensorFlow import. Its
 answers must be Horovod's own (``horovod.common.util``), computed once per install, and a
 PyTorch job launched through it must not start TensorFlow anywhere (launcher included)."""
@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from hvd_bert import launch
+from hvd_bert.cluster import launch
 
 TF_NOISE = ("oneDNN custom operations", "Could not find cuda drivers", "absl::InitializeLog")
 
@@ -20,7 +20,7 @@ def answers(code, cache):
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-OURS = "from hvd_bert.horovodrun import built; print(json.dumps(built()))"
+OURS = "from hvd_bert.cluster.horovodrun import built; print(json.dumps(built()))"
 HOROVODS = ("from horovod.common.util import gloo_built, mpi_built; "
             "print(json.dumps({'gloo_built': gloo_built(), 'mpi_built': mpi_built()}))")
 
@@ -42,4 +42,4 @@ def test_a_pytorch_gloo_launch_starts_no_tensorflow(tmp_path):
     assert "rank 0" in res.stdout and "rank 1" in res.stdout
     out = res.stdout + res.stderr
     assert not any(n in out for n in TF_NOISE), out[-3000:]
-    assert "hvd_bert.horovodrun" in " ".join(res.command)
+    assert "hvd_bert.cluster.horovodrun" in " ".join(res.command)

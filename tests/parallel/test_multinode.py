@@ -14,7 +14,7 @@ import pytest
 
 from bert_jobs import TINY, metrics_of
 from conftest import FAKE_CLUSTER, WORKERS, fake_cluster, on_node1, wait_queue_empty
-from hvd_bert import launch
+from hvd_bert.cluster import launch
 
 pytestmark = pytest.mark.multinode
 

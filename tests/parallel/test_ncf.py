@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from hvd_bert import launch
-from hvd_bert.common.ncf import eval_users, hit_rate_ndcg, popularity_scores
-from hvd_bert.common.ncf_data import load_ncf
+from hvd_bert.cluster import launch
+from hvd_bert.evaluation.ncf import eval_users, hit_rate_ndcg, popularity_scores
+from hvd_bert.data.ncf import load_ncf
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 from bert_jobs import TINY, metrics_of
 from bert_jobs import pretrain as run_job
 
-from hvd_bert import launch
+from hvd_bert.cluster import launch
 
 FRAMEWORKS = ["pt", "tf"]
 

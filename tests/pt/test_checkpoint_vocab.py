@@ -11,8 +11,8 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from hvd_bert.common.records import DatasetError  # noqa: E402
-from hvd_bert.common.vocab import resolve_vocab  # noqa: E402
+from hvd_bert.data.records import DatasetError  # noqa: E402
+from hvd_bert.data.vocab import resolve_vocab  # noqa: E402
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "file", "is", "open", "closed", "##s", "a", "b"]
 

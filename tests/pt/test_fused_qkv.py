@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from closeness import assert_close, seed_of
-from hvd_bert.common.bert_config import bert_preset
+from hvd_bert.config.bert import bert_preset
 from hvd_bert.pt.models.bert import BertLayer, qkv_heads
 
 B, S, H, NH = 2, 5, 12, 3

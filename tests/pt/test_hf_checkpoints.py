@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from hf_oracle import CONFIGS, batch, close, hf_logits, hf_model  # noqa: E402
 
-from hvd_bert.common.hf_format import read_hf_folder, write_hf_folder  # noqa: E402
+from hvd_bert.weights.hf import read_hf_folder, write_hf_folder  # noqa: E402
 from hvd_bert.pt.models.bert import (BertForPreTraining, BertForSequenceClassification,  # noqa: E402
                                      export_weights, load_weights, read_checkpoint_weights)
 
@@ -97,7 +97,7 @@ def test_a_fine_tuned_classifier_exports_as_bert_for_sequence_classification(tmp
     ("shape", "do not fit this model|rows, config.json's vocab_size"),
 ])
 def test_bad_hf_folders_are_clear_errors(tmp_path, damage, match):
-    from hvd_bert.common.bert_weights import WeightsError
+    from hvd_bert.weights.portable import WeightsError
 
     hf_model("erf").save_pretrained(tmp_path / "hf")
     st, cfg = tmp_path / "hf" / "model.safetensors", tmp_path / "hf" / "config.json"

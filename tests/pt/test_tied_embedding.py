@@ -1,5 +1,5 @@
 """The tied word embeddings / masked-LM decoder with one gradient buffer
-(hvd_bert/pt/tied_embedding.py), against PyTorch's own autograd through F.embedding and
+(hvd_bert/pt/kernels/tied_embedding.py), against PyTorch's own autograd through F.embedding and
 F.linear on the same model, weights and batch."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from closeness import assert_close, seed_of
-from hvd_bert.common.bert_config import bert_preset
+from hvd_bert.config.bert import bert_preset
 from hvd_bert.pt.models import bert
 from hvd_bert.pt.models.bert import BertForPreTraining, pretraining_loss
-from hvd_bert.pt import tied_embedding as T
+from hvd_bert.pt.kernels import tied_embedding as T
 
 
 def _batch(seed, b=3, s=16, p=4, vocab=100):

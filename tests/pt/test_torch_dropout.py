@@ -1,4 +1,4 @@
-"""The hash-mask dropout (hvd_bert.pt.dropout) against PyTorch's dropout: the same law (kept
+"""The hash-mask dropout (hvd_bert.pt.kernels.dropout) against PyTorch's dropout: the same law (kept
 with probability 1 - p, scaled by 1 / (1 - p), masks independent between elements and calls),
 the gradient through the recomputed mask, the fused residual, the generator's seed, and the
 PyTorch fallback for what the kernel does not serve. BERT's layers use it in training only."""
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from closeness import assert_close, seed_of
-from hvd_bert.common.bert_config import bert_preset
-from hvd_bert.pt import dropout as D
+from hvd_bert.config.bert import bert_preset
+from hvd_bert.pt.kernels import dropout as D
 from hvd_bert.pt.models.bert import BertForPreTraining, attention
 
 

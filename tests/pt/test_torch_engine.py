@@ -4,8 +4,8 @@ The multi-process behaviour is in tests/parallel/test_engine_contract.py."""
 import pytest
 import torch
 
-from hvd_bert.common.config import ConfigError, TrainConfig, apply_overrides
-from hvd_bert.common.schedules import Constant
+from hvd_bert.config import ConfigError, TrainConfig, apply_overrides
+from hvd_bert.core.schedules import Constant
 from hvd_bert.pt.engine import Engine
 from hvd_bert.pt.optim import Lamb
 
@@ -95,7 +95,7 @@ def _planted(path, marker):
 
 
 def test_a_planted_checkpoint_is_refused_and_its_code_never_runs(tmp_path):
-    from hvd_bert.common.engine import CheckpointError
+    from hvd_bert.train.engine import CheckpointError
 
     marker = tmp_path / "pwned"
     _planted(tmp_path / "ckpt-00000099.pt", marker)
@@ -111,7 +111,7 @@ def test_a_planted_checkpoint_as_init_checkpoint_or_to_convert_is_refused(tmp_pa
     import subprocess
     import sys
 
-    from hvd_bert.common.bert_weights import WeightsError
+    from hvd_bert.weights.portable import WeightsError
     from hvd_bert.pt.models.bert import read_checkpoint_weights
 
     marker = tmp_path / "pwned"

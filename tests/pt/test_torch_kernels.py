@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from closeness import assert_close, seed_of
-from hvd_bert.pt import kernels as K
-from hvd_bert.pt.cbuild import CKernels
+from hvd_bert.pt.kernels import gelu as K
+from hvd_bert.pt.kernels.build import CKernels
 
 
 def grads_of(fn, x, b):

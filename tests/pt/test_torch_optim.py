@@ -1,4 +1,4 @@
-"""hvd_bert.pt optimizers against hvd_bert.common.optim on the same inputs."""
+"""hvd_bert.pt optimizers against hvd_bert.core.optim on the same inputs."""
 
 import io
 
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from closeness import assert_close, seed_of
-from hvd_bert.common import optim as O
-from hvd_bert.common.config import OptimConfig
-from hvd_bert.pt import fused_optim
-from hvd_bert.pt.cbuild import CKernels
+from hvd_bert.core import optim as O
+from hvd_bert.config import OptimConfig
+from hvd_bert.pt.kernels import optim as fused_optim
+from hvd_bert.pt.kernels.build import CKernels
 from hvd_bert.pt.optim import Lamb, Lars, NVLamb, build_optimizer, init_state, param_groups
 
 SHAPES = [(3,), (), (1,), (4, 5), (2, 3, 4), (7,)]

@@ -120,7 +120,7 @@ def sandbox(tmp_path_factory):
             (work / name).symlink_to(ROOT / name)
     _tsv(work / "train.tsv", _sentences(400, 1))
     _tsv(work / "dev.tsv", _sentences(100, 2))
-    from hvd_bert.common.corpus import stdlib_documents
+    from hvd_bert.data.corpus import stdlib_documents
     docs = stdlib_documents(max_bytes=600_000)
     assert len(docs) >= 128
     for name, part in (("a.txt", docs[0::2]), ("b.txt", docs[1::2])):

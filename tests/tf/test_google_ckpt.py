@@ -94,7 +94,7 @@ def test_to_google_loads_back_into_googles_model(google, tmp_path):
 def test_a_truncated_google_checkpoint_is_a_clear_error(google, tmp_path):
     import shutil
 
-    from hvd_bert.common.bert_weights import WeightsError
+    from hvd_bert.weights.portable import WeightsError
     from hvd_bert.tf.models.bert import read_checkpoint_weights
 
     bad = tmp_path / "bad"

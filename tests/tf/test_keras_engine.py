@@ -7,7 +7,7 @@ from closeness import assert_close, seed_of
 import hvd_bert.tf  # noqa: F401
 import tensorflow as tf
 
-from hvd_bert.common.schedules import Constant
+from hvd_bert.core.schedules import Constant
 from hvd_bert.tf import kernels as K
 from hvd_bert.tf.callbacks import distributed_optimizer, fit_callbacks
 from hvd_bert.tf.engine import Engine, set_precision_policy

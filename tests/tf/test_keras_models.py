@@ -8,7 +8,7 @@ import pytest
 import hvd_bert.tf  # noqa: F401
 import tensorflow as tf
 
-from hvd_bert.common.bert_config import bert_preset
+from hvd_bert.config.bert import bert_preset
 from hvd_bert.tf.models import bert as B
 from hvd_bert.tf.engine import set_precision_policy
 from hvd_bert.tf.models.ncf import NeuMF, ncf_loss

@@ -1,4 +1,4 @@
-"""hvd_bert.tf optimizers against hvd_bert.common.optim on the same inputs (one process)."""
+"""hvd_bert.tf optimizers against hvd_bert.core.optim on the same inputs (one process)."""
 
 import numpy as np
 import pytest
@@ -7,8 +7,8 @@ from closeness import assert_close, seed_of
 import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
 
-from hvd_bert.common import optim as O
-from hvd_bert.common.config import OptimConfig
+from hvd_bert.core import optim as O
+from hvd_bert.config import OptimConfig
 from hvd_bert.tf.optim import SGD, AdamW, Lamb, Lars, NVLamb, build_optimizer
 
 keras = tf.keras

@@ -1,4 +1,4 @@
-"""hvd_bert.common.records codes ``tf.train.Example`` by hand; TensorFlow's own protobuf is the
+"""hvd_bert.data.records codes ``tf.train.Example`` by hand; TensorFlow's own protobuf is the
 oracle: the same example gives the same bytes as TF's deterministic serialization, TF parses
 ours, ours decodes TF's, and TF's TFRecord reader reads our files (CRCs included)."""
 
@@ -8,7 +8,7 @@ import pytest
 import hvd_bert.tf  # noqa: F401
 import tensorflow as tf
 
-from hvd_bert.common.records import _serialize, decode_example, iter_records, write_examples
+from hvd_bert.data.records import _serialize, decode_example, iter_records, write_examples
 
 CASES = [
     {"input_ids": (np.arange(128), "int"), "weights": (np.linspace(0, 1, 20), "float")},

@@ -2,14 +2,14 @@
 initialisation), free of parallelism: the engine applies Horovod from outside.
 
 Speed-ups: the intermediate layer's bias + GELU is one fused kernel
-(``hvd_bert.pt.kernels``); dropout, with the residual add after it, is one C loop whose
-mask comes from a hash (``hvd_bert.pt.dropout``; PyTorch's draws an element at a time);
+(``hvd_bert.pt.kernels.gelu``); dropout, with the residual add after it, is one C loop whose
+mask comes from a hash (``hvd_bert.pt.kernels.dropout``; PyTorch's draws an element at a time);
 the query, key and value projections are one matrix product (:func:`qkv_heads`);
 attention uses ``scaled_dot_product_attention`` (written out where its probabilities take
 that dropout); and the masked-LM head (transform + vocabulary projection) runs only at the
 masked positions (about 15% of tokens) instead of over every token, and on a CPU hands its
 weight's gradient to the word-embedding lookup that shares it, which adds its rows in place
-(``hvd_bert.pt.tied_embedding``: one vocabulary-sized buffer per step instead of three).
+(``hvd_bert.pt.kernels.tied_embedding``: one vocabulary-sized buffer per step instead of three).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvd_bert.common.bert_config import BertConfig
-from hvd_bert.common.bert_weights import (WeightsError, fit_for_model, read_published, read_run_bert_config,
+from hvd_bert.config.bert import BertConfig
+from hvd_bert.weights.portable import (WeightsError, fit_for_model, read_published, read_run_bert_config,
                                           read_weights)
-from hvd_bert.common.checkpoint import latest_checkpoint
-from hvd_bert.common.kernels import env_flag
-from hvd_bert.pt.dropout import dropout, dropout_add, served
-from hvd_bert.pt.kernels import LinearGELU, bias_gelu
-from hvd_bert.pt.tied_embedding import Tie, lookup, project, tie_for
+from hvd_bert.train.checkpoint import latest_checkpoint
+from hvd_bert.core.kernels import env_flag
+from hvd_bert.pt.kernels.dropout import dropout, dropout_add, served
+from hvd_bert.pt.kernels.gelu import LinearGELU, bias_gelu
+from hvd_bert.pt.kernels.tied_embedding import Tie, lookup, project, tie_for
 
 __all__ = ["BertModel", "BertForPreTraining", "BertForSequenceClassification", "BertForQuestionAnswering",
            "pretraining_loss", "classification_loss", "regression_loss", "span_loss", "export_weights",
@@ -161,7 +161,7 @@ class BertModel(nn.Module):
 
     def encode(self, input_ids, segment_ids, input_mask, tie: Tie | None = None):
         """The sequence output; ``tie`` hands the tied decoder's weight gradient to the word
-        embeddings (``hvd_bert.pt.tied_embedding``)."""
+        embeddings (``hvd_bert.pt.kernels.tied_embedding``)."""
         x = self.embeddings(input_ids, segment_ids, tie)
         # additive attention bias: 0 where attended, a large negative where padded
         attn_bias = (1.0 - input_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
@@ -274,7 +274,7 @@ def span_loss(model: BertForQuestionAnswering, batch: dict) -> tuple[torch.Tenso
 # ---------------------------------------------------------------------- portable weights
 def export_weights(model: nn.Module) -> dict[str, np.ndarray]:
     """The model's parameters as float32 numpy arrays under their ``state_dict`` names (the
-    portable names of ``hvd_bert.common.bert_weights``)."""
+    portable names of ``hvd_bert.weights.portable``)."""
     return {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
 
 
@@ -315,7 +315,7 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], Be
     if not p.is_file():
         raise WeightsError(f"checkpoint {p} does not exist; give runs/<run>/ckpt-<step>.pt, a run "
                            f"folder or a .npz")
-    from hvd_bert.common.engine import CheckpointError
+    from hvd_bert.train.engine import CheckpointError
     from hvd_bert.pt.checkpoint import load_checkpoint_file
 
     try:

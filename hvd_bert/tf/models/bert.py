@@ -8,7 +8,7 @@ layers compute in float16/bfloat16, the variables, LayerNorm statistics, softmax
 stay float32.
 
 Weights move between the frameworks through the portable names of
-``hvd_bert.common.bert_weights``: :func:`export_weights` / :func:`load_weights` map every
+``hvd_bert.weights.portable``: :func:`export_weights` / :func:`load_weights` map every
 Keras variable to its PyTorch ``state_dict`` name (Dense kernels are transposed).
 """
 
@@ -22,8 +22,8 @@ import numpy as np
 import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
 
-from hvd_bert.common.bert_config import BertConfig
-from hvd_bert.common.bert_weights import (WeightsError, fit_for_model, read_published, read_run_bert_config,
+from hvd_bert.config.bert import BertConfig
+from hvd_bert.weights.portable import (WeightsError, fit_for_model, read_published, read_run_bert_config,
                                           read_weights)
 from hvd_bert.tf.kernels import DenseGELU, bias_gelu
 
@@ -292,7 +292,7 @@ def read_checkpoint_weights(path: str | Path, model: BertModel | None = None):
     """Portable weights from a ``.npz``, or from a TensorFlow checkpoint folder
     ``ckpt-*.tf`` / a run folder (its newest one). A TensorFlow checkpoint is read into a
     model built from the run's ``bert_config.json`` (or ``model`` if given)."""
-    from hvd_bert.common.checkpoint import latest_checkpoint
+    from hvd_bert.train.checkpoint import latest_checkpoint
 
     p = Path(path).expanduser()
     from hvd_bert.tf.google_ckpt import read_google

@@ -8,8 +8,8 @@ import argparse
 import numpy as np
 
 import hvd_bert  # noqa: F401
-from hvd_bert.common.bert_config import bert_preset
-from hvd_bert.common.bert_weights import read_weights, save_weights
+from hvd_bert.config.bert import bert_preset
+from hvd_bert.weights.portable import read_weights, save_weights
 
 ap = argparse.ArgumentParser()
 ap.add_argument("framework", choices=["pt", "tf"])

@@ -1,5 +1,5 @@
 """One rank of the engine contract (tests/parallel/test_engine_contract.py), either framework:
-the engine's ``train_micro_batch`` and the shared ``common.engine.fit`` loop.
+the engine's ``train_micro_batch`` and the shared ``train.engine.fit`` loop.
 
     python engine_contract.py FRAMEWORK MODE OPTIM K STEPS [overrides...] OUT_DIR
     python engine_contract.py FRAMEWORK batch SCENARIOS.json OUT_DIR
@@ -26,9 +26,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import toy_data as D  # noqa: E402
 from toy_models import adapter  # noqa: E402
 
-from hvd_bert.common.backend import get_backend  # noqa: E402
-from hvd_bert.common.config import TrainConfig, apply_overrides  # noqa: E402
-from hvd_bert.common.engine import fit  # noqa: E402
+from hvd_bert.train.backend import get_backend  # noqa: E402
+from hvd_bert.config import TrainConfig, apply_overrides  # noqa: E402
+from hvd_bert.train.engine import fit  # noqa: E402
 
 LOCAL_B = 4
 
@@ -119,7 +119,7 @@ def main():
         optim, k, steps, *extra, out = rest
         cfg = apply_overrides(TrainConfig(), D.overrides(optim, LOCAL_B, int(k), int(steps), *extra))
         r, n = backend.init(cfg)
-        from hvd_bert.cluster import HOROVOD_KNOBS
+        from hvd_bert.cluster.horovod import HOROVOD_KNOBS
         result = {"rank": r, "size": n, "env": {v: os.environ[v] for v in HOROVOD_KNOBS if v in os.environ},
                   "threads": threads(framework)}
         result.update(scenario(toy, backend, r, n, mode, optim, int(k), int(steps), extra,

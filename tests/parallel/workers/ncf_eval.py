@@ -1,5 +1,5 @@
 """HR@10 / NDCG@10 of one fixed NeuMF (the same seed on every rank), users split across the
-ranks and summed with Horovod, through the backend's scorer and ``common.ncf.evaluate``.
+ranks and summed with Horovod, through the backend's scorer and ``evaluation.ncf.evaluate``.
 Writes ``rank<r>.json``.
 
     python ncf_eval.py pt|tf DATA_DIR OUT_DIR
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_bert.common.backend import get_backend
-from hvd_bert.common.config import TrainConfig
-from hvd_bert.common.ncf import ModelConfig, evaluate
-from hvd_bert.common.ncf_data import load_ncf
+from hvd_bert.train.backend import get_backend
+from hvd_bert.config import TrainConfig
+from hvd_bert.evaluation.ncf import ModelConfig, evaluate
+from hvd_bert.data.ncf import load_ncf
 
 framework, data_dir, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 data = load_ncf(data_dir)

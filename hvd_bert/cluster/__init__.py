@@ -1,0 +1,9 @@
+"""Processes and machines: Horovod's initialisation and settings, launching, checks.
+
+    horovod          hvd.init() with the horovod.* settings; the placement and settings lines
+    launch           running a command under horovodrun / mpirun (tests, doctor, simulate)
+    horovodrun       the ``horovodrun`` wrapper the README's commands use
+    doctor           ``hvd-bert doctor``: the installation and the hosts, checked with real runs
+    doctor_worker    what each rank of doctor's runs executes
+    allreduce_probe  the allreduce timings ``hvd-bert simulate --calibrate`` fits
+"""

@@ -1,0 +1,78 @@
+"""Horovod's own ``horovodrun``, with its build check answered once per Horovod install.
+
+    python -m hvd_bert.cluster.horovodrun -np 2 -H localhost:2 --gloo python train.py
+
+Before it starts a single rank, Horovod 0.28.1's launcher asks whether Horovod was built with
+Gloo (and with MPI): in a forked child it imports each framework's extension in the order
+TensorFlow, PyTorch, MXNet, so every launch imports TensorFlow, 5 seconds of a core here and
+8 lines of TensorFlow's start-up messages on the launcher's terminal, even for a PyTorch job.
+This module runs the same launcher (``horovod.runner.launch.run_commandline``: every option,
+elastic mode and exit status as ``horovodrun``) with ``gloo_built``/``mpi_built`` answered from
+a small file in the hvd_bert cache, keyed by the size and time of every installed Horovod
+extension, and computed on the first launch by Horovod's own check, with PyTorch's extension
+asked first (``hvd_bert.cluster.launch`` starts every Gloo launch through it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+_ASKED_FIRST = ("torch", "tensorflow", "mxnet")
+
+
+def _extensions() -> list[Path]:
+    import horovod
+    root = Path(horovod.__file__).parent
+    return sorted(p for sub in _ASKED_FIRST for p in (root / sub).glob("mpi_lib*.so"))
+
+
+def _cache_file() -> Path:
+    import hashlib
+
+    from hvd_bert.cli import default_cache
+    key = "\0".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in _extensions())
+    return default_cache() / "horovod" / f"built-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _horovods_check(what: str) -> bool | None:
+    """Horovod's own check (``horovod.common.util``), PyTorch's extension asked first."""
+    from horovod.common import util
+    for ext in _ASKED_FIRST:
+        result = util._check_extension_lambda(ext, lambda m, w=what: getattr(m, w)(), f"built with {what}",
+                                               False)
+        if result is not None:
+            return bool(result)
+    return None
+
+
+def built() -> dict[str, bool | None]:
+    """``{"gloo_built": ..., "mpi_built": ...}`` for the installed Horovod (cached)."""
+    path = _cache_file()
+    try:
+        got = json.loads(path.read_text())
+        if set(got) == {"gloo_built", "mpi_built"}:
+            return got
+    except (OSError, ValueError):
+        pass
+    got = {w: _horovods_check(w) for w in ("gloo_built", "mpi_built")}
+    if None not in got.values():  # only a definite answer is kept
+        from hvd_bert.train.checkpoint import atomic_write
+        atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(got)))
+    return got
+
+
+def main() -> None:
+    from horovod.runner import launch
+    answers = built()
+    launch.gloo_built = lambda verbose=False: answers["gloo_built"]
+    launch.mpi_built = lambda verbose=False: answers["mpi_built"]
+    sys.argv[0] = "horovodrun"
+    launch.run_commandline()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    main()

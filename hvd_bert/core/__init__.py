@@ -1,0 +1,10 @@
+"""The math, framework-free (numpy and the standard library): what both backends compute and
+are tested against.
+
+    optim       LAMB, NVLAMB, LARS, SGD-momentum, AdamW as pure functions with explicit state
+    schedules   ``step -> lr`` functions, batch scaling rules, ``make_schedule`` from a config
+    batch       global = local x backward_passes_per_step x world_size; accumulation boundaries
+    sharding    files and records to ranks, per epoch
+    cost_model  the alpha-beta allreduce model behind ``hvd-bert simulate``
+    kernels     what the fused kernels of both frameworks agree on (GELU forms, the compile switch)
+"""

@@ -1,0 +1,443 @@
+"""SQuAD v1.1 / v2.0 feature conversion, framework-free: Google BERT's ``run_squad.py``
+algorithm (``read_squad_examples``, ``convert_examples_to_features``, the improved answer
+span and the max-context rule), with WordPiece from the ``tokenizers`` library on each
+whitespace token, as Google's ``FullTokenizer`` is applied there.
+
+* The context is split on whitespace (space, tab, CR, LF, U+202F); an answer's character
+  offsets map to those words, then to WordPiece tokens; the span is narrowed to the tokens of
+  the answer text where they match exactly (``(1895-1943).`` -> ``1895``).
+* Training examples whose answer text cannot be found in its words are skipped (counted).
+* Long contexts become several features: windows of the document of at most
+  ``max_seq_length - len(question) - 3`` tokens, starting ``doc_stride`` tokens apart; a
+  training feature whose window misses the answer (and every v2.0 impossible one) points at
+  ``[CLS]`` (0, 0).
+* Features are numbered ``1000000000 + n`` in example order, as Google's are.
+
+``prepare_squad`` writes them as TFRecord shards in Google's feature names (``unique_ids``,
+``input_ids``, ``input_mask``, ``segment_ids``; training adds ``start_positions``,
+``end_positions``, ``is_impossible``), example ``e`` going to shard ``e mod N`` and
+the shards split over the ranks under mpirun; the tokens and maps that prediction needs go
+to ``features.jsonl`` (and the examples to ``examples.jsonl``). The output is the same bytes
+for 1 or N processes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from hvd_bert.data.bert import KIND_SQUAD
+from hvd_bert.data.records import DatasetError, file_sha256, shard_name, write_examples, write_sidecar
+
+__all__ = ["SquadExample", "read_squad", "convert_examples", "prepare_squad", "KIND_SQUAD", "predictions",
+           "final_text", "write_predictions"]
+
+FIRST_UNIQUE_ID = 1000000000
+
+
+@dataclass
+class SquadExample:
+    qas_id: str
+    question_text: str
+    doc_tokens: list[str]
+    orig_answer_text: str | None = None
+    start_position: int | None = None
+    end_position: int | None = None
+    is_impossible: bool = False
+    answers: list[str] = field(default_factory=list)
+
+
+def _is_whitespace(c: str) -> bool:
+    return c in " \t\r\n" or ord(c) == 0x202F
+
+
+def read_squad(data: dict, is_training: bool, version_2: bool, source: str = "the SQuAD file"
+               ) -> tuple[list[SquadExample], int]:
+    """``(examples, skipped)`` from a parsed SQuAD file (``skipped``: training answers whose text
+    is not in the context's words)."""
+    examples, skipped = [], 0
+    for entry in data["data"]:
+        for paragraph in entry["paragraphs"]:
+            doc_tokens: list[str] = []
+            char_to_word: list[int] = []
+            prev_ws = True
+            for c in paragraph["context"]:
+                if _is_whitespace(c):
+                    prev_ws = True
+                else:
+                    if prev_ws:
+                        doc_tokens.append(c)
+                    else:
+                        doc_tokens[-1] += c
+                    prev_ws = False
+                char_to_word.append(len(doc_tokens) - 1)
+            for qa in paragraph["qas"]:
+                ex = SquadExample(qa["id"], qa["question"], doc_tokens,
+                                  answers=[a["text"] for a in qa.get("answers", [])])
+                if is_training:
+                    ex.is_impossible = bool(qa.get("is_impossible", False)) if version_2 else False
+                    if len(qa["answers"]) != 1 and not ex.is_impossible:
+                        raise DatasetError(f"{source}: question {qa['id']} has {len(qa['answers'])} answers; "
+                                           f"for training each has exactly 1 (is this a dev file? "
+                                           f"prepare it with --split dev)")
+                    if ex.is_impossible:
+                        ex.start_position = ex.end_position = -1
+                        ex.orig_answer_text = ""
+                    else:
+                        answer = qa["answers"][0]
+                        text, offset = answer["text"], answer["answer_start"]
+                        if not 0 <= offset < len(char_to_word) or offset + len(text) > len(char_to_word):
+                            raise DatasetError(f"{source}: question {qa['id']}: answer_start {offset} is "
+                                               f"outside its context")
+                        ex.orig_answer_text = text
+                        ex.start_position = char_to_word[offset]
+                        ex.end_position = char_to_word[offset + len(text) - 1]
+                        actual = " ".join(doc_tokens[ex.start_position:ex.end_position + 1])
+                        if actual.find(" ".join(text.split())) == -1:
+                            skipped += 1
+                            continue
+                examples.append(ex)
+    return examples, skipped
+
+
+def _improve_answer_span(doc_tokens, start, end, tokenize, answer_text):
+    tok_answer = " ".join(tokenize(answer_text))
+    for new_start in range(start, end + 1):
+        for new_end in range(end, new_start - 1, -1):
+            if " ".join(doc_tokens[new_start:new_end + 1]) == tok_answer:
+                return new_start, new_end
+    return start, end
+
+
+def _is_max_context(spans, cur, position) -> bool:
+    best_score, best = None, None
+    for i, (start, length) in enumerate(spans):
+        end = start + length - 1
+        if position < start or position > end:
+            continue
+        score = min(position - start, end - position) + 0.01 * length
+        if best_score is None or score > best_score:
+            best_score, best = score, i
+    return cur == best
+
+
+def convert_examples(examples: Sequence[SquadExample], tokenize_words: Callable[[list[str]], list[list[str]]],
+                     vocab: dict[str, int], max_seq_length: int = 384, doc_stride: int = 128,
+                     max_query_length: int = 64, is_training: bool = True,
+                     example_indices: Sequence[int] | None = None) -> list[dict]:
+    """Google's features for ``examples`` (``example_indices``: their indices in the whole
+    file; ``unique_id`` is left to the caller, who knows the features of the other examples).
+    ``tokenize_words(words)`` gives each word's WordPiece tokens."""
+    def tokenize(text: str) -> list[str]:
+        return [t for w in tokenize_words(text.split()) for t in w]
+
+    unk = vocab["[UNK]"]
+    features = []
+    for n, ex in enumerate(examples):
+        query = tokenize(ex.question_text)[:max_query_length]
+        tok_to_orig, orig_to_tok, doc = [], [], []
+        for i, subs in enumerate(tokenize_words(ex.doc_tokens)):
+            orig_to_tok.append(len(doc))
+            for s in subs:
+                tok_to_orig.append(i)
+                doc.append(s)
+        tok_start = tok_end = None
+        if is_training and ex.is_impossible:
+            tok_start = tok_end = -1
+        if is_training and not ex.is_impossible:
+            tok_start = orig_to_tok[ex.start_position]
+            tok_end = (orig_to_tok[ex.end_position + 1] - 1 if ex.end_position < len(ex.doc_tokens) - 1
+                       else len(doc) - 1)
+            tok_start, tok_end = _improve_answer_span(doc, tok_start, tok_end, tokenize, ex.orig_answer_text)
+        max_doc = max_seq_length - len(query) - 3
+        if max_doc < 1:
+            raise DatasetError(f"max_seq_length {max_seq_length} leaves no room for the document after a "
+                               f"question of {len(query)} tokens: raise it or lower max_query_length")
+        spans, start = [], 0
+        while start < len(doc):
+            length = min(len(doc) - start, max_doc)
+            spans.append((start, length))
+            if start + length == len(doc):
+                break
+            start += min(length, doc_stride)
+        for si, (span_start, span_len) in enumerate(spans):
+            tokens = ["[CLS]", *query, "[SEP]"]
+            segment_ids = [0] * len(tokens)
+            to_orig, max_ctx = {}, {}
+            for i in range(span_len):
+                j = span_start + i
+                to_orig[len(tokens)] = tok_to_orig[j]
+                max_ctx[len(tokens)] = _is_max_context(spans, si, j)
+                tokens.append(doc[j])
+                segment_ids.append(1)
+            tokens.append("[SEP]")
+            segment_ids.append(1)
+            input_ids = [vocab.get(t, unk) for t in tokens]
+            pad = max_seq_length - len(input_ids)
+            feat = {"example_index": example_indices[n] if example_indices is not None else n,
+                    "doc_span_index": si, "tokens": tokens, "token_to_orig_map": to_orig,
+                    "token_is_max_context": max_ctx, "input_ids": input_ids + [0] * pad,
+                    "input_mask": [1] * len(input_ids) + [0] * pad, "segment_ids": segment_ids + [0] * pad,
+                    "start_position": None, "end_position": None, "is_impossible": ex.is_impossible}
+            if is_training:
+                if ex.is_impossible or not (span_start <= tok_start and tok_end <= span_start + span_len - 1):
+                    feat["start_position"] = feat["end_position"] = 0
+                else:
+                    offset = len(query) + 2
+                    feat["start_position"] = tok_start - span_start + offset
+                    feat["end_position"] = tok_end - span_start + offset
+            features.append(feat)
+    return features
+
+
+def _tokenizer(vocab_file: Path, do_lower_case: bool):
+    from hvd_bert.data.bert import load_tokenizer
+
+    tok = load_tokenizer(vocab_file, do_lower_case)
+
+    def tokenize_words(words: list[str]) -> list[list[str]]:
+        return [e.tokens for e in tok.encode_batch(words, add_special_tokens=False)] if words else []
+    return tok, tokenize_words
+
+
+def _record(feat: dict, is_training: bool) -> dict:
+    rec = {"unique_ids": ([feat["unique_id"]], "int"), "input_ids": (feat["input_ids"], "int"),
+           "input_mask": (feat["input_mask"], "int"), "segment_ids": (feat["segment_ids"], "int")}
+    if is_training:
+        rec.update(start_positions=([feat["start_position"]], "int"),
+                   end_positions=([feat["end_position"]], "int"),
+                   is_impossible=([int(feat["is_impossible"])], "int"))
+    return rec
+
+
+def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: str | Path, *,
+                  do_lower_case: bool = True, version_2: bool = False, is_training: bool = True,
+                  max_seq_length: int = 384, doc_stride: int = 128, max_query_length: int = 64,
+                  num_shards: int = 8, rank: int = 0, world_size: int = 1, comm=None,
+                  overwrite: bool = False, log=print) -> dict | None:
+    """Features of a SQuAD file in ``output_dir`` (see the module docstring); under mpirun
+    rank r converts shards r, r+P, ...; rank 0 writes the sidecar and the prediction files.
+    Returns the sidecar on rank 0."""
+    import shutil
+
+    from hvd_bert.data.bert import _agree, _prepare_output
+    from hvd_bert.evaluation.squad import _read_json
+
+    out, src = Path(output_dir), Path(input_file)
+    examples, skipped, err = [], 0, None
+    try:
+        data = _read_json(src, "SQuAD file")
+        if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+            raise DatasetError(f"{src} is not a SQuAD file (no 'data' list of articles)")
+        examples, skipped = read_squad(data, is_training, version_2, str(src))
+        if not examples:
+            raise DatasetError(f"{src} holds no usable questions")
+        if num_shards < 1:
+            raise DatasetError(f"num_shards must be >= 1, got {num_shards}")
+    except (DatasetError, KeyError, TypeError) as e:
+        err = str(e) if isinstance(e, DatasetError) else f"{src} is not in SQuAD's format ({e!r} missing)"
+    _agree(comm, err)
+    if rank == 0:
+        try:
+            _prepare_output(out, overwrite)
+            if Path(vocab_file).resolve() != (out / "vocab.txt").resolve():
+                shutil.copyfile(vocab_file, out / "vocab.txt")
+        except OSError as e:
+            err = f"cannot write to {out}: {e.strerror}"
+    if comm is not None:
+        err = comm.bcast(err, root=0)
+    _agree(None, err)
+    tok, tokenize_words = _tokenizer(out / "vocab.txt", do_lower_case)
+    vocab = tok.get_vocab()
+    mine = {s: convert_examples([examples[e] for e in range(s, len(examples), num_shards)], tokenize_words,
+                                vocab, max_seq_length, doc_stride, max_query_length, is_training,
+                                list(range(s, len(examples), num_shards)))
+            for s in range(rank, num_shards, world_size)}
+    # Unique ids follow the example order over the whole file: every rank learns the feature
+    # counts of every example, then numbers its own.
+    counts = [0] * len(examples)
+    for feats in mine.values():
+        for f in feats:
+            counts[f["example_index"]] += 1
+    if comm is not None:
+        counts = [sum(c) for c in zip(*comm.allgather(counts))]
+    first = [FIRST_UNIQUE_ID]
+    for c in counts[:-1]:
+        first.append(first[-1] + c)
+    err, shards = None, []
+    try:
+        for s, feats in mine.items():
+            for f in feats:
+                f["unique_id"] = first[f["example_index"]] + f["doc_span_index"]
+            name = shard_name(s, num_shards)
+            n = write_examples(out / name, (_record(f, is_training) for f in feats))
+            shards.append({"file": name, "records": n})
+            log(f"[rank {rank}] {name}: {n} features")
+    except OSError as e:
+        err = f"cannot write shards to {out}: {e.strerror}"
+    _agree(comm, err)
+    side = [{k: f[k] for k in ("unique_id", "example_index", "doc_span_index", "tokens", "token_to_orig_map",
+                               "token_is_max_context")} for feats in mine.values() for f in feats]
+    if comm is not None:
+        gathered = comm.gather((shards, side), root=0)
+        shards = [s for part in (gathered or []) for s in part[0]]
+        side = [f for part in (gathered or []) for f in part[1]]
+    if rank != 0:
+        return None
+    from hvd_bert.train.checkpoint import atomic_write
+
+    side.sort(key=lambda f: f["unique_id"])
+    atomic_write(out / "features.jsonl", lambda t: t.write_text(
+        "".join(json.dumps(f, sort_keys=True) + "\n" for f in side)))
+    atomic_write(out / "examples.jsonl", lambda t: t.write_text("".join(json.dumps(
+        {"qas_id": e.qas_id, "doc_tokens": e.doc_tokens, "answers": e.answers}) + "\n" for e in examples)))
+    shards.sort(key=lambda s: s["file"])
+    meta = {"kind": KIND_SQUAD, "format": 1, "vocab_file": "vocab.txt",
+            "vocab_sha256": file_sha256(out / "vocab.txt"), "vocab_size": tok.get_vocab_size(),
+            "do_lower_case": do_lower_case, "version_2_with_negative": version_2, "is_training": is_training,
+            "max_seq_length": max_seq_length, "doc_stride": doc_stride,
+            "max_query_length": max_query_length, "num_shards": num_shards, "shards": shards,
+            "examples": len(examples), "skipped_examples": skipped, "total_records": sum(counts),
+            "source": src.name, "source_version": data.get("version")}
+    write_sidecar(out, meta)
+    return meta
+
+
+# ----------------------------------------------------------------------------- predictions
+def _best_indexes(logits, n_best_size: int) -> list[int]:
+    return [i for i, _ in sorted(enumerate(logits), key=lambda x: x[1], reverse=True)[:n_best_size]]
+
+
+def _softmax(scores: list[float]) -> list[float]:
+    if not scores:
+        return []
+    top = max(scores)
+    exps = [math.exp(s - top) for s in scores]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def _basic_tokens(text: str, do_lower_case: bool) -> list[str]:
+    """Google's ``BasicTokenizer``: cleaning, CJK spacing, lower case and accents stripped when
+    lower-casing, split on whitespace and punctuation (``tokenizers``' BERT normaliser and
+    pre-tokenizer do the same)."""
+    from tokenizers.normalizers import BertNormalizer
+    from tokenizers.pre_tokenizers import BertPreTokenizer
+
+    norm = BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case,
+                          lowercase=do_lower_case)
+    return [t for t, _ in BertPreTokenizer().pre_tokenize_str(norm.normalize_str(text))]
+
+
+def _strip_spaces(text: str) -> tuple[str, dict[int, int]]:
+    chars, ns_to_s = [], {}
+    for i, c in enumerate(text):
+        if c != " ":
+            ns_to_s[len(chars)] = i
+            chars.append(c)
+    return "".join(chars), ns_to_s
+
+
+def final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
+    """The predicted WordPiece text projected back onto the original words (Google's
+    ``get_final_text``): the original text when the two cannot be aligned."""
+    tok_text = " ".join(_basic_tokens(orig_text, do_lower_case))
+    start = tok_text.find(pred_text)
+    if start == -1:
+        return orig_text
+    end = start + len(pred_text) - 1
+    orig_ns, orig_map = _strip_spaces(orig_text)
+    tok_ns, tok_map = _strip_spaces(tok_text)
+    if len(orig_ns) != len(tok_ns):
+        return orig_text
+    tok_s_to_ns = {s: ns for ns, s in tok_map.items()}
+    o_start = orig_map.get(tok_s_to_ns[start]) if start in tok_s_to_ns else None
+    o_end = orig_map.get(tok_s_to_ns[end]) if end in tok_s_to_ns else None
+    if o_start is None or o_end is None:
+        return orig_text
+    return orig_text[o_start:o_end + 1]
+
+
+def predictions(examples: Sequence[dict], features: Sequence[dict], results: dict[int, tuple],
+                n_best_size: int = 20, max_answer_length: int = 30, do_lower_case: bool = True,
+                version_2: bool = False, null_score_diff_threshold: float = 0.0
+                ) -> tuple[dict, dict, dict]:
+    """``(predictions, nbest, null_odds)`` as Google's ``write_predictions`` makes them.
+    ``examples``: ``{"qas_id", "doc_tokens"}`` in file order; ``features``: the prediction maps
+    (``features.jsonl``); ``results``: unique id -> ``(start_logits, end_logits)``, every
+    feature scored once. ``null_odds`` is empty for v1.1."""
+    by_example: dict[int, list[dict]] = {}
+    for f in features:
+        by_example.setdefault(f["example_index"], []).append(f)
+    preds, nbest_all, odds = {}, {}, {}
+    for ei, ex in enumerate(examples):
+        feats = sorted(by_example.get(ei, []), key=lambda f: f["doc_span_index"])
+        prelim = []
+        score_null, null_fi, null_start, null_end = 1000000, 0, 0.0, 0.0
+        for fi, f in enumerate(feats):
+            start_logits, end_logits = results[f["unique_id"]]
+            to_orig = {int(k): v for k, v in f["token_to_orig_map"].items()}
+            max_ctx = {int(k): v for k, v in f["token_is_max_context"].items()}
+            if version_2:
+                null = start_logits[0] + end_logits[0]
+                if null < score_null:
+                    score_null, null_fi, null_start, null_end = null, fi, start_logits[0], end_logits[0]
+            for s in _best_indexes(start_logits, n_best_size):
+                for e in _best_indexes(end_logits, n_best_size):
+                    if s >= len(f["tokens"]) or e >= len(f["tokens"]) or s not in to_orig or e not in to_orig:
+                        continue
+                    if not max_ctx.get(s, False) or e < s or e - s + 1 > max_answer_length:
+                        continue
+                    prelim.append((fi, s, e, start_logits[s], end_logits[e]))
+        if version_2:
+            prelim.append((null_fi, 0, 0, null_start, null_end))
+        prelim.sort(key=lambda p: p[3] + p[4], reverse=True)
+        seen, nbest = set(), []
+        for fi, s, e, sl, el in prelim:
+            if len(nbest) >= n_best_size:
+                break
+            f = feats[fi]
+            if s > 0:
+                to_orig = {int(k): v for k, v in f["token_to_orig_map"].items()}
+                tok_text = " ".join(f["tokens"][s:e + 1]).replace(" ##", "").replace("##", "")
+                tok_text = " ".join(tok_text.strip().split())
+                orig_text = " ".join(ex["doc_tokens"][to_orig[s]:to_orig[e] + 1])
+                text = final_text(tok_text, orig_text, do_lower_case)
+                if text in seen:
+                    continue
+            else:
+                text = ""
+            seen.add(text)
+            nbest.append((text, sl, el))
+        if version_2 and "" not in seen:
+            nbest.append(("", null_start, null_end))
+        if not nbest:
+            nbest.append(("empty", 0.0, 0.0))
+        probs = _softmax([sl + el for _, sl, el in nbest])
+        best_non_null = next((n for n in nbest if n[0]), None)
+        nbest_all[ex["qas_id"]] = [{"text": t, "probability": p, "start_logit": sl, "end_logit": el}
+                                   for (t, sl, el), p in zip(nbest, probs)]
+        if not version_2:
+            preds[ex["qas_id"]] = nbest[0][0]
+        else:
+            diff = score_null - best_non_null[1] - best_non_null[2]
+            odds[ex["qas_id"]] = diff
+            preds[ex["qas_id"]] = "" if diff > null_score_diff_threshold else best_non_null[0]
+    return preds, nbest_all, odds
+
+
+def write_predictions(folder: str | Path, preds: dict, nbest: dict, odds: dict | None) -> list[Path]:
+    """``predictions.json``, ``nbest_predictions.json`` (and ``null_odds.json`` for v2.0) in
+    the official layout, written atomically."""
+    from hvd_bert.train.checkpoint import atomic_write
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = [("predictions.json", preds), ("nbest_predictions.json", nbest)] + (
+        [("null_odds.json", odds)] if odds else [])
+    for name, obj in files:
+        atomic_write(folder / name, lambda t, o=obj: t.write_text(json.dumps(o, indent=4) + "\n"))
+    return [folder / n for n, _ in files]

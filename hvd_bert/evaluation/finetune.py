@@ -1,0 +1,329 @@
+"""The framework-free parts of fine-tuning: which task the prepared data is (classification,
+regression, SQuAD), checking the sets, how many steps the epochs are, which evaluation
+records each rank scores, and the evaluation of each task.
+
+Evaluation is exact: every record of the evaluation set is scored once. Rank ``r`` of ``P``
+takes the records whose index (over the files in order) is ``r mod P``, in batches without
+dropping a remainder. Classification sums counts and a confusion matrix with an allreduce;
+regression and SQuAD need the outputs themselves, so each rank writes its rows into a zero
+array of the whole set and one allreduce sums them (a dense gather: every row comes from
+exactly one rank, which the summed row counts check).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from hvd_bert.data.bert import KIND_CLASSIFY, KIND_SQUAD, spec_for_meta
+from hvd_bert.config import ConfigError, FinetuneConfig
+from hvd_bert.data.records import DatasetError, decode_batch, iter_records, read_sidecar
+from hvd_bert.core.sharding import epoch_batches
+from hvd_bert.data.vocab import init_vocab_error
+
+__all__ = ["task_of", "check_finetune_data", "total_steps", "eval_batches", "resolve_init", "Evaluation",
+           "evaluate_classification", "evaluate_regression", "evaluate_squad", "dense_gather"]
+
+SQUAD, CLASSIFICATION, REGRESSION = "squad", "classification", "regression"
+
+
+def task_of(meta: dict) -> str:
+    """What a prepared training set is fine-tuned for: ``squad``, ``regression`` or
+    ``classification``."""
+    if meta["kind"] == KIND_SQUAD:
+        return SQUAD
+    return REGRESSION if meta.get("regression") else CLASSIFICATION
+
+
+def _check_task(cfg: FinetuneConfig, meta: dict, folder: str) -> str:
+    task = task_of(meta)
+    if cfg.task and cfg.task not in (task, meta.get("task")):
+        what = meta.get("task") or task
+        tool = "prepare-squad" if cfg.task == SQUAD else "prepare-classification"
+        raise ConfigError(f"task {cfg.task!r}: {folder} holds {what} data ({meta['kind']}); prepare the "
+                          f"{cfg.task} data (hvd-bert {tool}) or drop --task")
+    return task
+
+
+def check_finetune_data(cfg: FinetuneConfig) -> tuple[dict, dict | None]:
+    """The sidecars of the training and evaluation sets, checked against each other and
+    against ``cfg.task``."""
+    if not cfg.do_train and not cfg.data:  # prediction only: the evaluation set says what the task is
+        if not cfg.eval_data:
+            raise ConfigError("do_train=false only evaluates: give eval_data=DIR (and init_checkpoint, "
+                              "e.g. a fine-tuned run folder)")
+        ev = read_sidecar(cfg.eval_data, (KIND_CLASSIFY, KIND_SQUAD))
+        _check_task(cfg, ev, cfg.eval_data)
+        if ev["kind"] == KIND_SQUAD and ev["is_training"]:
+            raise DatasetError(f"eval_data {cfg.eval_data} was prepared with --split train; prepare the dev "
+                               f"file with --split dev")
+        return ev, ev
+    if not cfg.data:
+        raise ConfigError("data: give the training set (a folder from hvd-bert prepare-classification or "
+                          "prepare-squad): --set data=DIR")
+    train = read_sidecar(cfg.data, (KIND_CLASSIFY, KIND_SQUAD))
+    task = _check_task(cfg, train, cfg.data)
+    if task == SQUAD and not train["is_training"]:
+        raise DatasetError(f"{cfg.data} holds SQuAD features prepared for prediction (--split dev, no answer "
+                           f"positions); prepare the training file with --split train")
+    ev = None
+    if cfg.eval_data:
+        ev = read_sidecar(cfg.eval_data, train["kind"])
+        if task == SQUAD:
+            if ev["is_training"]:
+                raise DatasetError(f"eval_data {cfg.eval_data} was prepared with --split train; prepare "
+                                   f"the dev file with --split dev (prediction needs every window)")
+            keys = ("vocab_sha256", "max_seq_length", "do_lower_case", "version_2_with_negative")
+            fix = "the same vocab, case, --max-seq-length and --version-2-with-negative"
+        else:
+            keys = ("labels", "vocab_sha256", "max_seq_length", "regression")
+            fix = ("the same vocab and --max-seq-length" + ("" if train.get("regression") else
+                                                            f" and --labels {' '.join(train['labels'])}"))
+        for key in keys:
+            if ev.get(key) != train.get(key):
+                raise DatasetError(f"eval_data {cfg.eval_data} has {key} {ev.get(key)!r}, the training set "
+                                   f"{train.get(key)!r}; prepare it with {fix}")
+    return train, ev
+
+
+def total_steps(cfg: FinetuneConfig, meta: dict, world_size: int, local_batch_size: int, k: int) -> int:
+    """Optimizer steps for ``cfg.epochs`` epochs (every rank reads the same number of batches)."""
+    if cfg.epochs == 0:
+        return cfg.train.schedule.total_steps
+    files = [s["file"] for s in meta["shards"]]
+    counts = [s["records"] for s in meta["shards"]]
+    striding = len(files) < world_size
+    per_epoch = epoch_batches(files, counts, world_size, local_batch_size, 0, cfg.train.seed, striding)
+    if per_epoch < k:
+        raise DatasetError(f"{cfg.data}: {meta['total_records']} examples make {per_epoch} batches of "
+                           f"{local_batch_size} per rank on {world_size} ranks, fewer than one optimizer "
+                           f"step of {k}; lower train.batch.local_batch_size")
+    return max(1, math.ceil(cfg.epochs * per_epoch / k))
+
+
+def eval_batches(folder: str | Path, meta: dict, rank: int, world_size: int, batch_size: int,
+                 trim: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """This rank's share of the evaluation records (see the module docstring), decoded, in
+    batches; the last one may be short, and a rank may have none. ``trim``: cut each batch
+    to its longest sequence, rounded up to this many tokens (``padding.trim_padding``)."""
+    from hvd_bert.data.padding import trim_padding
+
+    spec = spec_for_meta(meta)
+    rows, index = [], 0
+
+    def batch():
+        b = decode_batch(rows, spec)
+        return trim_padding(b, trim) if trim else b
+
+    for shard in meta["shards"]:
+        for _, rec in iter_records(Path(folder) / shard["file"]):
+            if index % world_size == rank:
+                rows.append(rec)
+                if len(rows) == batch_size:
+                    yield batch()
+                    rows = []
+            index += 1
+    if rows:
+        yield batch()
+
+
+def dense_gather(rows: dict[int, np.ndarray], n: int, shape: tuple[int, ...], allreduce) -> np.ndarray:
+    """The rows ``index -> array of shape`` that the ranks hold between them, as one
+    ``[n, *shape]`` array on every rank: each rank writes its own rows into zeros and one
+    allreduce sums them. Every index must come from exactly one rank (checked with a count)."""
+    out = np.zeros((n, int(np.prod(shape)) + 1), np.float64)
+    for i, v in rows.items():
+        out[i, :-1] = np.asarray(v, np.float64).ravel()
+        out[i, -1] += 1
+    out = np.asarray(allreduce(out.ravel())).reshape(n, -1)
+    counts = np.rint(out[:, -1]).astype(np.int64)
+    if (counts != 1).any():
+        bad = np.flatnonzero(counts != 1)
+        raise RuntimeError(f"evaluation rows {bad[:5].tolist()} were scored {counts[bad[:5]].tolist()} times "
+                           f"across the ranks (every one must be scored once)")
+    return out[:, :-1].reshape(n, *shape)
+
+
+def evaluate_regression(score, batches: Iterator[dict[str, np.ndarray]], allreduce, n: int, rank: int,
+                        world_size: int) -> dict:
+    """Mean squared error, Pearson and Spearman correlation (GLUE's STS-B metrics) over the
+    ``n`` records of the set: ``score(batch)`` gives ``[B, 1]`` predictions of a batch of
+    :func:`eval_batches` (record ``rank + j * world_size`` is this rank's ``j``-th)."""
+    from hvd_bert.data.glue import pearson, spearman
+
+    rows, j = {}, 0
+    for b in batches:
+        pred = np.asarray(score(b), np.float64).reshape(-1)
+        for p, y in zip(pred, b["label_values"].reshape(-1)):
+            rows[rank + j * world_size] = np.array([p, y])
+            j += 1
+    both = dense_gather(rows, n, (2,), allreduce)
+    pred, gold = both[:, 0], both[:, 1]
+    return {"eval_pearson": pearson(pred, gold), "eval_spearman": spearman(pred, gold),
+            "eval_loss": float(np.mean((pred - gold) ** 2)), "eval_examples": n}
+
+
+def evaluate_squad(score, batches: Iterator[dict[str, np.ndarray]], allreduce, folder: str | Path,
+                   meta: dict, cfg: FinetuneConfig, rank: int, output_dir: str | Path | None) -> dict:
+    """SQuAD prediction and its official scores: every feature of the prepared dev set is
+    scored once across the ranks (``score(batch) -> (start_logits, end_logits)``, each
+    ``[B, S]``, possibly trimmed), the logits are gathered densely, and rank 0 writes
+    ``predictions.json``, ``nbest_predictions.json`` (and ``null_odds.json`` for v2.0) to
+    ``output_dir`` in the official layout (``squad.predictions``: n-best, the longest answer,
+    the v2.0 null threshold) and scores them against the gold answers as the official
+    scripts do (``squad_metrics``). Returns the scores on rank 0 ({} elsewhere)."""
+    import json
+
+    from hvd_bert.data.squad import FIRST_UNIQUE_ID, predictions, write_predictions
+    from hvd_bert.evaluation.squad import evaluate_v1, evaluate_v2
+
+    s, n = meta["max_seq_length"], meta["total_records"]
+    rows = {}
+    for b in batches:
+        start, end = (np.asarray(x, np.float64) for x in score(b))
+        real = b["input_mask"].sum(axis=1)
+        for uid, st, en, n_tokens in zip(b["unique_ids"].reshape(-1), start, end, real):
+            # padding is never an answer, nor one of the n-best starts and ends (which makes the
+            # predictions independent of how far a batch was trimmed)
+            row = np.full((2, s), -10000.0)
+            row[0, :n_tokens], row[1, :n_tokens] = st[:n_tokens], en[:n_tokens]
+            rows[int(uid) - FIRST_UNIQUE_ID] = row
+    logits = dense_gather(rows, n, (2, s), allreduce)
+    if rank != 0:
+        return {}
+    folder = Path(folder)
+    features = [json.loads(line) for line in (folder / "features.jsonl").read_text().splitlines()]
+    examples = [json.loads(line) for line in (folder / "examples.jsonl").read_text().splitlines()]
+    results = {f["unique_id"]: (logits[f["unique_id"] - FIRST_UNIQUE_ID, 0].tolist(),
+                                logits[f["unique_id"] - FIRST_UNIQUE_ID, 1].tolist()) for f in features}
+    v2 = bool(meta["version_2_with_negative"])
+    preds, nbest, odds = predictions(examples, features, results, cfg.n_best_size, cfg.max_answer_length,
+                                     meta["do_lower_case"], v2, cfg.null_score_diff_threshold)
+    if output_dir is not None:
+        write_predictions(output_dir, preds, nbest, odds if v2 else None)
+    gold = [{"paragraphs": [{"qas": [{"id": e["qas_id"], "answers": [{"text": a} for a in e["answers"]]}
+                                     for e in examples]}]}]
+    quiet = lambda _m: None  # noqa: E731  (every question has a prediction)
+    if v2:
+        res = evaluate_v2(gold, preds, odds, warn=quiet)
+        out = {"eval_exact": res["exact"], "eval_f1": res["f1"]}
+        out.update({f"eval_{k}": v for k, v in res.items() if k.startswith(("HasAns_", "NoAns_", "best_"))
+                    and not k.endswith("_total")})
+    else:
+        res = evaluate_v1(gold, preds, warn=quiet)
+        out = {"eval_exact_match": res["exact_match"], "eval_f1": res["f1"]}
+    return {**out, "eval_examples": len(examples), "eval_features": n}
+
+
+def evaluate_pretraining(score, batches: Iterator[dict[str, np.ndarray]], allreduce) -> dict:
+    """Held-out masked-LM loss and accuracy (over the real predictions, ``masked_lm_weights``)
+    and next-sentence accuracy over the whole set: ``score(batch)`` gives ``(mlm_logits
+    [B, P, V], nsp_logits [B, 2])``; ``allreduce`` sums the ranks' ``[mlm loss sum, mlm
+    correct, predictions, nsp correct, sequences]`` (a collective)."""
+    sums = np.zeros(5)
+    for b in batches:
+        mlm, nsp = (np.asarray(x, np.float64) for x in score(b))
+        ids, w = b["masked_lm_ids"], b["masked_lm_weights"].astype(np.float64)
+        top = mlm.max(axis=-1, keepdims=True)
+        log_z = np.log(np.exp(mlm - top).sum(axis=-1)) + top[..., 0]
+        nll = log_z - np.take_along_axis(mlm, ids[..., None].astype(np.int64), axis=-1)[..., 0]
+        labels = b["next_sentence_labels"].reshape(-1)
+        sums += [(nll * w).sum(), ((mlm.argmax(-1) == ids) * w).sum(), w.sum(),
+                 (nsp.argmax(-1) == labels).sum(), len(labels)]
+    s = np.asarray(allreduce(sums))
+    return {"eval_mlm_loss": float(s[0] / max(s[2], 1)), "eval_mlm_accuracy": float(s[1] / max(s[2], 1)),
+            "eval_nsp_accuracy": float(s[3] / max(s[4], 1)), "eval_examples": int(s[4])}
+
+
+def evaluate_classification(score, batches: Iterator[dict[str, np.ndarray]], allreduce,
+                            num_labels: int | None = None, task: str | None = None) -> dict:
+    """Accuracy, mean cross-entropy and the task's metrics (:func:`glue.task_metrics`: MCC for
+    CoLA, F1 for MRPC/QQP and any two-label set) over the whole set: ``score(batch)`` gives
+    the logits ``[B, labels]`` of one batch of :func:`eval_batches`, ``allreduce`` sums the
+    ranks' ``[loss sum, count, confusion matrix...]`` (a collective: every rank must call it,
+    with or without batches of its own, and so ``num_labels`` is given, not seen)."""
+    from hvd_bert.data.glue import confusion, task_metrics
+
+    cm, sums = None, np.zeros(2)
+    for b in batches:
+        logits = np.asarray(score(b), np.float64)
+        labels = b["label_ids"].reshape(-1)
+        num_labels = num_labels or logits.shape[1]
+        top = logits.max(axis=1, keepdims=True)
+        log_z = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
+        nll = log_z - logits[np.arange(len(labels)), labels]
+        part = confusion(logits.argmax(axis=1), labels, num_labels)
+        cm = part if cm is None else cm + part
+        sums += [nll.sum(), len(labels)]
+    if num_labels is None:
+        raise ValueError("num_labels is needed on a rank without evaluation batches")
+    cm = np.zeros((num_labels, num_labels)) if cm is None else cm
+    totals = np.asarray(allreduce(np.concatenate([sums, cm.ravel().astype(np.float64)])))
+    cm = np.rint(totals[2:]).astype(np.int64).reshape(num_labels, num_labels)
+    n = max(totals[1], 1.0)
+    out = {"eval_accuracy": float(np.trace(cm) / n), "eval_loss": float(totals[0] / n),
+           "eval_examples": int(totals[1])}
+    out.update(task_metrics(task, cm))
+    return out
+
+
+def resolve_init(cfg: FinetuneConfig, meta: dict, read_checkpoint_weights) -> tuple:
+    """On rank 0: ``(arrays or None, BertConfig, error or None)`` for the fine-tuning model:
+    the pretrained weights and their config (``read_checkpoint_weights`` is the frontend's),
+    or the ``model`` preset without ``init_checkpoint``; a vocabulary that differs from the
+    data's is an error. The error comes back as text so that it can be broadcast to the
+    other ranks (which then stop too)."""
+    from hvd_bert.config.bert import bert_preset
+    from hvd_bert.weights.portable import WeightsError
+
+    arrays = config = None
+    try:
+        if cfg.init_checkpoint:
+            arrays, config = read_checkpoint_weights(cfg.init_checkpoint)
+        config = config or bert_preset(cfg.model, vocab_size=meta["vocab_size"])
+        error = init_vocab_error(cfg.init_checkpoint, config.vocab_size, cfg.data, meta,
+                                 "prepare-classification") if cfg.init_checkpoint else None
+        if error:
+            raise WeightsError(error)
+    except WeightsError as e:
+        return None, None, str(e)
+    return arrays, config, None
+
+
+# what the evaluation line shows, in this order (SQuAD's scores are percentages)
+_SHOWN = (("eval_exact_match", "EM", 2), ("eval_exact", "EM", 2), ("eval_accuracy", "accuracy", 4),
+          ("eval_f1", "F1", 4), ("eval_mcc", "MCC", 4), ("eval_pearson", "Pearson", 4),
+          ("eval_spearman", "Spearman", 4), ("eval_best_f1", "best F1", 2))
+
+
+class Evaluation:
+    """The fine-tuning jobs' evaluation: ``report(step)`` runs ``evaluate()`` (a collective
+    returning the task's ``eval_*`` scores and ``eval_examples``; SQuAD's only on rank 0,
+    which then shares them), prints and records it; as ``fit``'s ``on_step`` hook it reports
+    every ``eval_every`` steps before the last (the job reports the last itself)."""
+
+    def __init__(self, cfg: FinetuneConfig, total_steps: int, log, evaluate, broadcast=None):
+        self.cfg, self.total, self.log, self.evaluate = cfg, total_steps, log, evaluate
+        self.broadcast = broadcast
+
+    def report(self, step: int) -> dict:
+        res = self.evaluate()
+        if self.broadcast is not None:
+            res = self.broadcast(res)
+        squad = "eval_exact_match" in res or "eval_exact" in res
+        shown = ", ".join(f"{label} {res[k]:.{2 if squad else digits}f}" for k, label, digits in _SHOWN
+                          if k in res)
+        loss = f" (loss {res['eval_loss']:.4f})" if "eval_loss" in res else ""
+        self.log.print(f"eval at step {step}: {shown} on {res['eval_examples']} "
+                       f"{'questions' if squad else 'examples'}{loss}")
+        self.log.record({"step": step, **res}, prefix="eval", show=False)
+        return res
+
+    def __call__(self, result, _metrics=None) -> bool:
+        every = self.cfg.eval_every
+        if self.cfg.eval_data and every and result.step % every == 0 and result.step < self.total:
+            self.report(result.step)
+        return False

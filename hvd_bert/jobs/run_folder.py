@@ -1,0 +1,109 @@
+"""What every job writes into its run folder and prints around the loop, in one place."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from dataclasses import replace
+from pathlib import Path
+
+from hvd_bert.cluster.horovod import horovod_settings_line, placement_line
+from hvd_bert.weights.portable import write_run_bert_config
+from hvd_bert.train.checkpoint import RunFolderBusy, atomic_write, list_checkpoints, lock_run_folder
+from hvd_bert.config import ConfigError, to_dict
+from hvd_bert.train.log import RunLog
+from hvd_bert.jobs.identity import previous_config, run_differences
+
+__all__ = ["open_run", "open_elastic_run", "finish_line"]
+
+_LOCKS: list = []  # the run folders this process holds (released when it exits)
+
+
+def with_run_folder(cfg, job: str):
+    """``cfg`` with an empty ``train.output_dir`` filled in as ``runs/<job>-<framework>-<data
+    folder name>``: by default, jobs, frameworks and data sets never share a run folder."""
+    if cfg.train.output_dir:
+        return cfg
+    data = Path(str(cfg.data).rstrip("/")).name if cfg.data else "default"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{job}-{cfg.framework}-{data}")
+    return replace(cfg, train=replace(cfg.train, output_dir=str(Path("runs") / name)))
+
+
+def list_all_checkpoints(folder: Path) -> list:
+    return list_checkpoints(folder, "pt") + list_checkpoints(folder, "tf")
+
+
+def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str, ...], bert=None) -> RunLog:
+    """On rank 0: the run folder, its ``config.json`` (the resolved config, with the real
+    ``total_steps``) and ``bert_config.json`` (``bert``: a BERT job's model), and the run's
+    :class:`RunLog` (bar or progress lines, ``metrics.jsonl``, TensorBoard); other ranks get a
+    RunLog that does nothing."""
+    log, agree, announce = open_elastic_run(cfg, backend, rank, total_steps=total_steps, line_keys=line_keys,
+                                            bert=bert)
+    agree()
+    log.print(horovod_settings_line())  # the Horovod knobs in effect, once
+    announce()
+    return log
+
+
+def open_elastic_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str, ...], bert=None):
+    """:func:`open_run` with its collectives left for later, as an elastic run needs them (a worker
+    that joins later must not run them): ``(log, agree, announce)``. ``agree()`` makes every rank
+    raise rank 0's run-folder error, if any, then writes the config (once, at the start);
+    ``announce()`` prints where the ranks are (after every change of the world)."""
+    out = Path(cfg.train.output_dir)
+    # One job per run folder: rank 0 locks it before writing anything; every rank learns the outcome.
+    # A rerun that would resume another run's checkpoints is refused before anything is written.
+    problem = None
+    if rank == 0:
+        try:
+            _LOCKS.append(lock_run_folder(out))
+        except RunFolderBusy as e:
+            problem = ("busy", str(e))
+        else:
+            mismatch = _resume_mismatch(out, cfg)
+            problem = ("config", mismatch) if mismatch else None
+    log = RunLog(out, -1 if problem else rank, total_steps=total_steps, progress=cfg.progress,  # -1: silent
+                 writer=backend.summary_writer(out / "tensorboard") if rank == 0 and not problem else None,
+                 line_keys=line_keys)
+
+    def agree() -> None:
+        shared = backend.broadcast_object(problem, "hvd_bert.run.open")
+        if shared:
+            kind, message = shared
+            raise RunFolderBusy(message) if kind == "busy" else ConfigError(message)
+        if rank == 0:
+            atomic_write(out / "config.json", lambda t: t.write_text(json.dumps(to_dict(cfg), indent=1)))
+            if bert is not None:
+                write_run_bert_config(out, bert)
+
+    def announce() -> None:
+        log.print(placement_line(backend.allgather_object(socket.gethostname(), "hvd_bert.hosts")))
+
+    return log, agree, announce
+
+
+def _resume_mismatch(out: Path, cfg) -> str | None:
+    """Checked before anything is written: a folder with checkpoints of a run with other
+    settings is refused (see ``_identity``); None when this run may go on there."""
+    old = previous_config(out)
+    if old is None or not list_all_checkpoints(out):
+        return None
+    diffs = run_differences(old, to_dict(cfg))
+    if not diffs:
+        return None
+    return (f"{out} holds checkpoints of a run with other settings, which this run would resume: "
+            f"{'; '.join(diffs)}. Give this run another train.output_dir, or rerun with the settings "
+            f"of {out / 'config.json'} (only the horizon, train.schedule.total_steps or epochs, and the "
+            f"logging, checkpoint and evaluation cadence may change on a resume)")
+
+
+def finish_line(res, rank: int, detail: str, backend) -> None:
+    """Rank 0's last line; then every rank waits for it (a collective), so that no rank exits
+    (with status 3 after a signal, which launchers answer by killing the others) before it is out."""
+    if rank == 0:
+        how = "stopped by a signal at" if res.stopped_by_signal else "finished"
+        rerun = "; run the same command again to resume (exit status 3)" if res.stopped_by_signal else ""
+        print(f"{how} step {res.steps}; {detail}{rerun}", flush=True)
+    backend.broadcast_object(None, "hvd_bert.finished")

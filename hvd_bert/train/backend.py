@@ -1,0 +1,162 @@
+"""What a job needs of a framework: the :class:`Backend` protocol that ``hvd_bert.pt.backend``
+and ``hvd_bert.tf.backend`` implement, and :func:`get_backend`. The jobs (``hvd_bert.jobs``)
+are written once against it; the training itself goes through the engine protocol
+(``hvd_bert.train.engine.Engine``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
+
+import numpy as np
+
+from hvd_bert.config.bert import BertConfig
+from hvd_bert.config import ConfigError, TrainConfig
+from hvd_bert.train.engine import Engine
+
+__all__ = ["Backend", "ModelFunctions", "get_backend", "threads_per_rank", "FRAMEWORKS"]
+
+FRAMEWORKS = {"pt": "hvd_bert.pt.backend", "tf": "hvd_bert.tf.backend"}
+
+
+def threads_per_rank(local_size: int, env=os.environ) -> int:
+    """CPU threads for one rank's framework: ``OMP_NUM_THREADS`` when the user (or the launcher,
+    as torchrun does) set it, else the machine's cores shared between the ranks on this host."""
+    given = env.get("OMP_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    return max(1, (os.cpu_count() or 1) // max(1, local_size))
+
+
+class Backend(Protocol):
+    name: str       # "pt" / "tf"
+    label: str      # "PyTorch" / "TensorFlow"
+
+    # process
+    def init(self, train: TrainConfig) -> tuple[int, int]:
+        """``hvd.init()`` with the ``horovod.*`` settings, threads per local rank; ``(rank, size)``."""
+
+    def seed(self, seed: int) -> None: ...
+
+    def set_precision(self, mode: str) -> None:
+        """Before building a model (Keras' mixed policy; nothing in PyTorch)."""
+
+    def broadcast_object(self, obj: Any, name: str) -> Any: ...
+
+    def allgather_object(self, obj: Any, name: str) -> list:
+        """Every rank's ``obj``, in rank order, on every rank."""
+
+    def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray: ...
+
+    def summary_writer(self, logdir: Path) -> Any:
+        """``add_scalar(tag, value, step)`` / ``close()``, or None."""
+
+    # models
+    def bert_pretraining(self, config: BertConfig, max_seq_length: int, max_predictions: int) -> Any: ...
+
+    def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int) -> Any:
+        """A classifier on the pooled first token; ``num_labels=1``: a regression head."""
+
+    def bert_span(self, config: BertConfig, max_seq_length: int) -> Any:
+        """SQuAD's span model: ``(start_logits, end_logits)`` per token."""
+
+    def neumf(self, n_users: int, n_items: int, model_cfg) -> Any: ...
+
+    def param_count(self, model) -> int: ...
+
+    def read_checkpoint_weights(self, path: str | Path) -> tuple[dict, BertConfig | None]: ...
+
+    def load_weights(self, model, arrays: dict, source: str) -> None: ...
+
+    pretraining_loss: Callable
+    classification_loss: Callable
+    regression_loss: Callable
+    span_loss: Callable
+    ncf_loss: Callable
+
+    # training and data
+    def engine(self, model, loss_fn: Callable, train: TrainConfig, sync: bool = True) -> Engine:
+        """The framework's Engine; ``sync``: broadcast rank 0's weights now (an elastic run
+        syncs inside ``elastic_run`` instead)."""
+
+    def elastic_run(self, fn: Callable) -> Callable:
+        """Horovod's ``elastic.run`` of the framework (re-initialises Horovod on a reset)."""
+
+    def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
+                       seed: int, shuffle_buffer: int, record_striding: bool, start: int,
+                       length_grouping: int = 0) -> Iterator:
+        """This rank's batches from global batch ``start`` on; ``length_grouping`` > 0: padded
+        to their longest sequence after regrouping that many batches by length
+        (``data.padding.length_grouped``)."""
+
+    def ncf_batch(self, users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> Any: ...
+
+    # evaluation
+    def scorer(self, model, precision: str = "fp32") -> Callable[[dict], Any]:
+        """``score(batch of numpy arrays)`` -> a fine-tuning model's outputs as numpy, in
+        inference mode: logits ``[B, labels]`` (``[B, 1]`` for regression), or SQuAD's
+        ``(start_logits, end_logits)``."""
+
+    def pretraining_scorer(self, model, precision: str = "fp32") -> Callable[[dict], tuple]:
+        """``score(batch) -> (mlm_logits [B, P, V], nsp_logits [B, 2])``, in inference mode."""
+
+    def ncf_scorer(self, model) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """``score(users, items) -> scores``, in inference mode."""
+
+
+class ModelFunctions:
+    """What both backends take from their ``models`` package the same way (``<models>.bert``
+    and ``<models>.ncf`` define the same names in each framework), imported on first use, and
+    the object collectives, which Horovod spells the same in both frameworks."""
+
+    models: str  # "hvd_bert.pt.models" / "hvd_bert.tf.models"
+    horovod: str  # "horovod.torch" / "horovod.tensorflow"
+
+    def _fn(self, module: str, name: str):
+        return getattr(importlib.import_module(f"{self.models}.{module}"), name)
+
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        return importlib.import_module(self.horovod).broadcast_object(obj, root_rank=0, name=name)  # Horovod:
+
+    def allgather_object(self, obj: Any, name: str) -> list:
+        return importlib.import_module(self.horovod).allgather_object(obj, name=name)  # Horovod:
+
+    def elastic_run(self, fn):
+        return importlib.import_module(f"{self.horovod}.elastic").run(fn)  # Horovod:
+
+    def read_checkpoint_weights(self, path):
+        return self._fn("bert", "read_checkpoint_weights")(path)
+
+    def load_weights(self, model, arrays: dict, source: str) -> None:
+        self._fn("bert", "load_weights")(model, arrays, source=source)
+
+    @property
+    def pretraining_loss(self):
+        return self._fn("bert", "pretraining_loss")
+
+    @property
+    def classification_loss(self):
+        return self._fn("bert", "classification_loss")
+
+    @property
+    def regression_loss(self):
+        return self._fn("bert", "regression_loss")
+
+    @property
+    def span_loss(self):
+        return self._fn("bert", "span_loss")
+
+    @property
+    def ncf_loss(self):
+        return self._fn("ncf", "ncf_loss")
+
+
+def get_backend(framework: str) -> Backend:
+    """The backend of ``framework`` ("pt" or "tf"), imported on first use (a PyTorch job never
+    imports TensorFlow, and the other way round)."""
+    if framework not in FRAMEWORKS:
+        raise ConfigError(f"framework: expected one of {', '.join(map(repr, FRAMEWORKS))}, got {framework!r}")
+    return importlib.import_module(FRAMEWORKS[framework]).BACKEND

@@ -1,0 +1,285 @@
+"""The seam between the jobs and a framework: the engine interface, the one training loop
+(``fit``) and the one checkpoint metadata schema. Framework-free (numpy and the standard
+library); ``hvd_bert.pt.engine.Engine`` and ``hvd_bert.tf.engine.Engine`` implement
+:class:`Engine`, and every job trains through :func:`fit`.
+
+    engine = backend.engine(model, loss_fn, cfg.train)     # a framework's Engine
+    result = fit(engine, batches_from, total_steps=..., output_dir=...)
+
+What an engine promises (tested against both by ``tests/parallel/test_engine_contract.py``):
+  * ``train_micro_batch(batch)`` back-propagates one micro-batch of this rank and, on every
+    ``k``-th, allreduces, checks for inf/NaN on the reduced gradients (so every rank decides
+    the same), unscales, clips and applies one update: it returns a :class:`StepResult` then
+    and ``None`` otherwise. ``last_metrics`` holds the micro-batch's ``loss`` and the metrics
+    of its loss function (framework scalars: read them once per step).
+  * N ranks x k micro-batches of b equal one process on the global batch N*k*b.
+  * ``save`` writes one checkpoint atomically from rank 0 with the metadata of
+    :func:`checkpoint_meta` (counters, data position, batch layout, every rank's RNG);
+    ``resume`` restores it on every rank, refusing a different world size or global batch
+    unless ``train.resume_resized`` allows it (:func:`check_resume`), and a failure to read
+    it is raised on every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+
+from hvd_bert.core.batch import BatchPlan
+from hvd_bert.train.checkpoint import latest_checkpoint, remove_stale_temporaries
+from hvd_bert.train.log import MetricWindow, RunLog, StepBook
+
+__all__ = ["StepResult", "FitResult", "Engine", "fit", "checkpoint_meta", "check_resume", "ResumeError",
+           "CheckpointError", "resume_on_rank0", "META_FORMAT", "host_rng_state", "set_host_rng_state",
+           "rng_for_rank", "check_engine_args", "engine_settings"]
+
+META_FORMAT = 1  # the version of the metadata schema below
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read (corrupt, truncated, not hvd_bert's, unsafe)."""
+
+
+class ResumeError(ValueError):
+    """A checkpoint written by a run whose batch layout differs from this one."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step did (identical on every rank)."""
+
+    step: int            # optimizer steps applied so far
+    lr: float            # the LR used (or that would have been used, when skipped)
+    skipped: bool        # inf/NaN in the reduced gradients: no update, schedule not advanced
+    grad_norm: float     # global norm of the reduced, unscaled gradients
+    loss_scale: float    # the loss scale after this step (1.0 without fp16)
+
+
+@dataclass
+class FitResult:
+    steps: int
+    skipped_steps: int
+    last_loss: float
+    checkpoint: Path | None
+    stopped_early: bool  # by a signal or by on_step
+    history: list[dict] = field(default_factory=list)
+    stopped_by_signal: bool = False
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What :func:`fit` and the jobs need of a framework's engine."""
+
+    rank: int
+    world_size: int
+    k: int                     # backward_passes_per_step
+    plan: BatchPlan | None     # the batch layout (set by ``from_config``)
+    step_count: int            # optimizer steps applied (the schedule's t after the step)
+    micro_step: int            # micro-batches back-propagated over the whole run
+    skipped_steps: int         # steps skipped for inf/NaN
+    last_metrics: dict         # the last micro-batch's {"loss": ..., **metrics}
+    target_global_batch: int | None  # an elastic run's configured global batch (None otherwise;
+    #                                  its plan may be the nearest one), kept in checkpoints
+
+    def train_micro_batch(self, batch: Any) -> StepResult | None: ...
+
+    def average(self, value: float, name: str = "metric") -> float:
+        """The mean of a scalar over ranks (a collective)."""
+
+    def any_rank(self, flag: bool, name: str) -> bool:
+        """True on every rank when ``flag`` is true on any (a collective)."""
+
+    def install_stop_handler(self) -> None: ...
+
+    def should_stop(self) -> bool: ...
+
+    def save(self, folder: str | Path, data_state: Any = None, keep: int = 3) -> Path | None: ...
+
+    def resume(self, folder: str | Path | None) -> Any: ...
+
+
+# ---------------------------------------------------------------------- construction
+def check_engine_args(backward_passes_per_step: int, compression: str, precision):
+    """The arguments both engines validate the same way; returns the PrecisionConfig."""
+    from hvd_bert.config import PrecisionConfig
+
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if compression not in ("none", "fp16"):
+        raise ValueError(f"compression must be 'none' or 'fp16', got {compression!r}")
+    return precision if isinstance(precision, PrecisionConfig) else PrecisionConfig(mode=precision)
+
+
+def engine_settings(cfg, world_size: int) -> tuple[BatchPlan, float, dict]:
+    """``(plan, peak_lr, engine keyword arguments)`` of a ``TrainConfig`` on ``world_size``
+    ranks: the batch plan, the peak LR scaled to the global batch, and the schedule,
+    accumulation, compression, precision and clipping both engines take (NVLAMB clips inside
+    the optimizer, so the engine does not)."""
+    from hvd_bert.config import make_schedule
+
+    plan = cfg.batch.plan(world_size)
+    peak = cfg.optim.peak_lr(plan.global_batch_size)
+    return plan, peak, dict(
+        schedule=make_schedule(cfg.schedule, peak), backward_passes_per_step=plan.backward_passes_per_step,
+        compression=cfg.horovod.compression, gradient_predivide_factor=cfg.horovod.gradient_predivide_factor,
+        precision=cfg.precision,
+        max_grad_norm=None if cfg.optim.name == "nvlamb" else cfg.optim.max_grad_norm,
+        resume_resized=cfg.resume_resized)
+
+
+# ---------------------------------------------------------------------- checkpoint metadata
+def checkpoint_meta(engine: Engine, data_state: Any, rng_of_ranks: list) -> dict:
+    """The metadata both frameworks write beside the tensors of a checkpoint (plain JSON)."""
+    plan = engine.plan
+    return {"format": META_FORMAT, "step": engine.step_count, "micro_step": engine.micro_step,
+            "skipped_steps": engine.skipped_steps, "data": data_state, "world_size": engine.world_size,
+            "backward_passes_per_step": engine.k,
+            "local_batch_size": plan.local_batch_size if plan else None,
+            "global_batch_size": plan.global_batch_size if plan else None,
+            # an elastic run's configured global batch (its plan may be the nearest one)
+            "target_global_batch_size": engine.target_global_batch,
+            "rng": rng_of_ranks}
+
+
+def check_resume(meta: dict, path: str | Path, *, world_size: int, plan: BatchPlan | None,
+                 allow_resized: bool, target: int | None = None) -> None:
+    """Refuse a checkpoint whose world size or global batch differs from this run's, naming
+    the choices; ``allow_resized`` (``train.resume_resized``) accepts another world size when
+    the global batch is the same."""
+    if meta.get("format") != META_FORMAT:
+        raise CheckpointError(f"{path} has checkpoint metadata format {meta.get('format')!r}, this "
+                              f"hvd_bert reads {META_FORMAT}; start a new run (another train.output_dir)")
+    old_g = meta.get("target_global_batch_size") or meta.get("global_batch_size")
+    new_g = target or (plan.global_batch_size if plan else None)
+    if old_g is not None and new_g is not None and old_g != new_g:
+        raise ResumeError(f"{path} was written with a global batch of {old_g}, this run has {new_g}: "
+                          f"resuming would change the recipe; give train.batch settings that make "
+                          f"{old_g} (e.g. --set train.batch.global_batch_size={old_g}), or start a new "
+                          f"run in another train.output_dir")
+    if meta["world_size"] != world_size and not allow_resized:
+        raise ResumeError(f"{path} was written by {meta['world_size']} ranks "
+                          f"(k={meta['backward_passes_per_step']}), "
+                          f"this run has {world_size}: the global batch is the same, but every rank's "
+                          f"data share and RNG stream change; to go on anyway --set "
+                          f"train.resume_resized=true, or start a new run in another train.output_dir")
+
+
+def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str, *,
+                    read_meta: Callable[[Path], dict], load: Callable[[Path], None],
+                    broadcast_object: Callable[[Any, str], Any], allow_resized: bool) -> dict | None:
+    """The resume protocol of both engines: rank 0 finds the newest ``ckpt-*.<suffix>`` in
+    ``folder`` (or takes the file/folder given), reads and checks its metadata, then loads its
+    tensors (``load``); the outcome, an error included, is broadcast, so every rank raises the
+    same error or gets the same metadata. The engine then broadcasts the tensors itself."""
+    out = None
+    if engine.rank == 0 and folder is not None:
+        p = Path(folder)
+        if p.is_dir() and not p.name.startswith("ckpt-"):
+            remove_stale_temporaries(p)  # what a writer killed mid-checkpoint left
+        path = p if (p.name.startswith("ckpt-") and p.exists()) else latest_checkpoint(p, suffix)
+        if path is not None:
+            try:
+                meta = read_meta(path)
+                check_resume(meta, path, world_size=engine.world_size, plan=engine.plan,
+                             allow_resized=allow_resized, target=engine.target_global_batch)
+                load(path)
+                out = {"meta": meta}
+            except (CheckpointError, ResumeError) as e:
+                out = {"error": str(e), "kind": type(e).__name__}
+            except Exception as e:  # noqa: BLE001  (reported on every rank below)
+                out = {"error": f"cannot read checkpoint {path}: {type(e).__name__}: {e}; delete it to "
+                                f"resume from the one before, or start afresh in another train.output_dir",
+                       "kind": "CheckpointError"}
+    # Horovod: name every broadcast_object (its default name is the object's type, which
+    # differs between rank 0 and the others, and would hang).
+    out = broadcast_object(out, "hvd_bert.resume")
+    if out is None:
+        return None
+    if "error" in out:
+        raise (ResumeError if out["kind"] == "ResumeError" else CheckpointError)(out["error"])
+    meta = out["meta"]
+    engine.step_count, engine.skipped_steps = meta["step"], meta["skipped_steps"]
+    # The data position: every rank has read step_count * k micro-batches (k of this run).
+    engine.micro_step = meta["micro_step"] if meta["world_size"] == engine.world_size else \
+        meta["step"] * engine.k
+    return meta
+
+
+def host_rng_state() -> dict:
+    """numpy's and Python's global RNG states as plain JSON values (for :func:`checkpoint_meta`)."""
+    import random
+
+    import numpy as np
+
+    np_state, py_state = np.random.get_state(), random.getstate()
+    return {"numpy": [np_state[0], np_state[1].tolist(),
+                      *[float(x) if isinstance(x, float) else int(x) for x in np_state[2:]]],
+            "python": [py_state[0], list(py_state[1]), py_state[2]]}
+
+
+def set_host_rng_state(state: dict) -> None:
+    """Restore what :func:`host_rng_state` returned."""
+    import random
+
+    import numpy as np
+
+    n, p = state["numpy"], state["python"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), *n[2:]))
+    random.setstate((p[0], tuple(p[1]), p[2]))
+
+
+def rng_for_rank(meta: dict, rank: int, world_size: int) -> Any:
+    """This rank's saved RNG state, or None when the world size changed."""
+    if meta.get("world_size") != world_size or not meta.get("rng"):
+        return None
+    return meta["rng"][rank]
+
+
+# ---------------------------------------------------------------------- the loop
+def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_steps: int,
+        plan: BatchPlan | None = None, output_dir: str | Path | None = None,
+        checkpoint_every: int = 0, keep_checkpoints: int = 3, log_every: int = 10,
+        progress: bool = True, log: RunLog | None = None, unit: str = "samples",
+        on_step: Callable[[StepResult, dict], bool | None] | None = None,
+        max_skipped_steps: int = 50) -> FitResult:
+    """Train until ``total_steps`` optimizer steps, resuming from ``output_dir``'s newest
+    checkpoint: the loop every job of the toolkit runs, in either framework.
+
+    ``batches_from(micro_step)`` yields this rank's micro-batches from that position on (so a
+    resumed run continues where the data left off). Every ``log_every`` steps the loss and
+    metrics are averaged over ranks and rank 0 records them with LR, ``<unit>/s`` and the
+    gradient norm (``log``, a :class:`RunLog`). ``on_step(result, metrics)`` runs on every rank
+    after each optimizer step (it may run collectives, e.g. an evaluation); returning True
+    stops the run. Checkpoints are atomic; SIGTERM saves one and stops. After
+    ``max_skipped_steps`` overflow-skipped steps in a row it raises ``DivergedError`` on every
+    rank and writes nothing.
+    """
+    plan = plan or getattr(engine, "plan", None)
+    if output_dir is not None:
+        engine.resume(output_dir)
+    own_log = log is None
+    if own_log:
+        log = RunLog(None, engine.rank, total_steps=total_steps, initial_step=engine.step_count,
+                     progress=progress, line_keys=("loss", "lr", f"{unit}_per_s", "grad_norm"))
+    log.set_step(engine.step_count)
+    if plan is not None:
+        log.print(f"batch: {plan.describe()}")  # printed once
+    if engine.step_count and output_dir is not None:
+        log.print(f"resumed from step {engine.step_count} in {output_dir}")
+    engine.install_stop_handler()
+    batches = iter(batches_from(engine.micro_step))
+    window = MetricWindow(engine.k)
+    book = StepBook(engine, log, plan=plan, total_steps=total_steps, log_every=log_every, unit=unit,
+                    output_dir=output_dir, checkpoint_every=checkpoint_every,
+                    keep_checkpoints=keep_checkpoints, on_step=on_step, max_skipped_steps=max_skipped_steps)
+    while engine.step_count < total_steps:
+        result = engine.train_micro_batch(next(batches))
+        window.add(engine.last_metrics)
+        if result is not None and book.after_step(result, window.take()):  # one host sync a step
+            break
+    book.finish()
+    if own_log:
+        log.close()
+    return FitResult(engine.step_count, engine.skipped_steps, book.last_loss, book.checkpoint, book.stopped,
+                     log.history, book.by_signal)

@@ -1,0 +1,291 @@
+"""What a training job shows and records on rank 0, the same for every job and framework: a
+progress bar, one log line every few steps, ``metrics.jsonl`` (one JSON object per logged
+step, appended across resumed runs) and TensorBoard scalars.
+
+The frontends pass a TensorBoard writer (``add_scalar(tag, value, step)``, ``close()``):
+PyTorch's ``SummaryWriter`` or a ``tf.summary`` one. Other ranks get a RunLog that does
+nothing, so job code calls it unconditionally.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = ["RunLog", "MetricWindow", "StepBook", "StopSignal", "format_line", "DivergedError"]
+
+
+class DivergedError(RuntimeError):
+    """Too many optimizer steps in a row skipped for inf/NaN gradients."""
+
+
+def format_line(rec: dict, keys: Iterable[str]) -> str:
+    parts = [f"step {rec['step']:>6}"]
+    for k in keys:
+        v = rec.get(k)
+        if v is None:
+            continue
+        if k == "lr":
+            parts.append(f"lr {v:.2e}")
+        elif k.endswith("_per_s"):
+            parts.append(f"{v:,.1f} {k[:-6].replace('_', ' ')}/s")
+        elif isinstance(v, float):
+            parts.append(f"{k.replace('_', ' ')} {v:.4f}")
+        else:
+            parts.append(f"{k.replace('_', ' ')} {v}")
+    return " | ".join(parts)
+
+
+PROGRESS_EVERY_S = 30.0  # progress lines, when there is no terminal for a bar
+
+
+def interactive() -> bool:
+    """A terminal that a ``\r`` progress bar can redraw: stderr is a TTY and no launcher
+    (horovodrun, mpirun, srun) prefixes or collects the output."""
+    import os
+    import sys
+
+    launched = any(v in os.environ for v in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
+                                             "SLURM_PROCID"))
+    return sys.stderr.isatty() and not launched
+
+
+def progress_line(step: int, total: int, done: int, seconds: float) -> str:
+    """``progress 120/200 (60%) | 2.31 steps/s | ETA 35s``."""
+    rate = done / seconds if seconds > 0 else 0.0
+    eta = (total - step) / rate if rate > 0 else float("nan")
+    if not math.isfinite(eta):
+        eta_s = "?"
+    else:
+        h, rest = divmod(int(round(eta)), 3600)
+        m, sec = divmod(rest, 60)
+        eta_s = f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+    return f"progress {step}/{total} ({100 * step / max(total, 1):.0f}%) | {rate:.2f} steps/s | ETA {eta_s}"
+
+
+class RunLog:
+    """Rank 0's output of a run in ``out`` (see the module docstring)."""
+
+    def __init__(self, out: str | Path | None, rank: int, *, total_steps: int, initial_step: int = 0,
+                 progress: bool = True, writer: Any = None, line_keys: Iterable[str] = ("loss", "lr"),
+                 scalar_keys: Iterable[str] | None = None):
+        self.active = rank == 0
+        self.out = Path(out) if out is not None else None
+        self.line_keys = tuple(line_keys)
+        self.scalar_keys = tuple(scalar_keys) if scalar_keys is not None else self.line_keys
+        self.writer = writer if self.active else None
+        self.history: list[dict] = []
+        self._bar = self._file = None
+        self.total, self.step = total_steps, initial_step
+        self._lines = progress and not interactive()  # a launcher or a file: lines, not a \r bar
+        self._t0 = self._last = time.perf_counter()
+        self._start_step = initial_step
+        if not self.active:
+            return
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.out / "metrics.jsonl", "a")
+        if progress and not self._lines:
+            from tqdm import tqdm
+            self._bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True,
+                             mininterval=5.0)
+
+    def set_rank(self, rank: int, make_writer=None) -> None:
+        """Follow rank 0 after Horovod elastic renumbered the ranks: the process that is rank 0
+        now appends to ``metrics.jsonl`` (and opens a TensorBoard writer with ``make_writer``),
+        one that no longer is stops writing."""
+        active = rank == 0
+        if active == self.active:
+            return
+        self.active = active
+        if not active:
+            for f in (self._file, self.writer):
+                if f is not None:
+                    f.close()
+            self._file = self.writer = None
+            return
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.out / "metrics.jsonl", "a")
+        self.writer = make_writer() if make_writer is not None else None
+
+    def print(self, msg: str) -> None:
+        if self.active:
+            if self._bar is not None:
+                self._bar.write(msg)
+            else:
+                print(msg, flush=True)
+
+    def set_step(self, step: int) -> None:
+        """Where the bar starts (after a resume); ``metrics.jsonl`` loses the records of steps
+        after ``step`` (a crashed run logged them, the resumed run logs them again)."""
+        if self._file is not None:
+            self._truncate_after(step)
+        self.step = self._start_step = step
+        self._t0 = self._last = time.perf_counter()
+        if self._bar is not None:
+            self._bar.n = self._bar.last_print_n = step
+            self._bar.refresh()
+
+    def advance(self, n: int = 1) -> None:
+        self.step += n
+        if self._bar is not None:
+            self._bar.update(n)
+        elif self._lines and self.active:
+            now = time.perf_counter()
+            if now - self._last >= PROGRESS_EVERY_S or self.step >= self.total:
+                self._last = now
+                self.print(progress_line(self.step, self.total, self.step - self._start_step, now - self._t0))
+
+    def record(self, rec: dict, prefix: str = "train", show: bool = True) -> None:
+        """Log one step's metrics (every rank may call it; only rank 0 writes); ``show``:
+        also as a line of ``line_keys``."""
+        self.history.append(rec)
+        if not self.active:
+            return
+        if show:
+            self.print(format_line(rec, self.line_keys))
+        if self._file is not None:
+            self._file.write(json.dumps(_finite(rec), allow_nan=False) + "\n")  # NaN/inf: null
+            self._file.flush()
+        if self.writer is not None:
+            for k in (self.scalar_keys if prefix == "train" else [k for k in rec if k != "step"]):
+                v = rec.get(k)
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self.writer.add_scalar(f"{prefix}/{k}", v, rec["step"])
+
+    def _truncate_after(self, step: int) -> None:
+        from hvd_bert.train.checkpoint import atomic_write
+
+        path = self.out / "metrics.jsonl"
+        self._file.close()
+        keep = []
+        for line in path.read_text().splitlines(keepends=True):
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    keep.append(line)
+            except (json.JSONDecodeError, AttributeError):
+                continue  # a line cut short by a crash
+        atomic_write(path, lambda t: t.write_text("".join(keep)))
+        self._file = open(path, "a")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def _finite(rec: dict) -> dict:
+    """The record with non-finite numbers as None (JSON has no NaN or Infinity)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
+
+
+class MetricWindow:
+    """Sums of per-micro-batch metrics over an optimizer step's ``k`` micro-batches; ``take()``
+    gives their means as floats (one host sync per optimizer step) and starts over."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.sums: dict[str, Any] = {}
+
+    def add(self, metrics: dict) -> None:
+        for name, v in metrics.items():
+            self.sums[name] = self.sums.get(name, 0.0) + v / self.k
+
+    def take(self) -> dict[str, float]:
+        out = {k: float(v) for k, v in self.sums.items()}
+        self.sums = {}
+        return out
+
+
+class StepBook:
+    """The bookkeeping both frameworks' ``fit`` loops do after each optimizer step: the
+    progress bar, the metrics averaged over ranks and recorded every ``log_every`` steps (with
+    LR, ``<unit>/s``, gradient norm, loss scale), the periodic checkpoint, the ``on_step`` hook,
+    and the stop signal. ``engine`` is either frontend's Engine (``average``, ``save``,
+    ``should_stop``, ``step_count``, ``micro_step``, ``skipped_steps``)."""
+
+    def __init__(self, engine, log: RunLog, *, plan=None, total_steps: int, log_every: int, unit: str,
+                 output_dir=None, checkpoint_every: int = 0, keep_checkpoints: int = 3, on_step=None,
+                 max_skipped_steps: int = 50, data_state=None):
+        self.engine, self.log, self.plan, self.total = engine, log, plan, total_steps
+        # what a checkpoint records of the data position (default: the micro-batch counter)
+        self.data_state = data_state or (lambda: {"micro_step": engine.micro_step})
+        self.log_every, self.unit, self.output_dir = log_every, unit, output_dir
+        self.checkpoint_every, self.keep, self.on_step = checkpoint_every, keep_checkpoints, on_step
+        self.saved_step, self.checkpoint = engine.step_count, None
+        self.t0, self.steps_since_log, self.last_loss = time.perf_counter(), 0, float("nan")
+        self.stopped = self.by_signal = False
+        self.max_skipped, self.skipped_in_a_row = max_skipped_steps, 0
+        self.logged_step = engine.step_count  # a resumed run logged this step already
+
+    def after_step(self, result, local: dict) -> bool:
+        """Account for one optimizer step (``local``: this rank's metric means over its
+        micro-batches). Returns True when the run must stop (every rank returns the same)."""
+        e = self.engine
+        self.steps_since_log += 1
+        self.last_loss = local["loss"]
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if result.skipped else 0
+        if self.skipped_in_a_row >= self.max_skipped:  # the same on every rank: raised on all
+            raise DivergedError(
+                f"the last {self.skipped_in_a_row} optimizer steps were all skipped for inf/NaN gradients "
+                f"(step {result.step}, lr {result.lr:.3g}): the run diverged and no checkpoint of it was "
+                f"written; lower train.optim.lr, use train.precision.mode=fp32 or bf16, or raise "
+                f"train.max_skipped_steps")
+        if not result.skipped:
+            self.log.advance()
+        # a skipped step does not advance the count: log each step once, not once per retry
+        due = result.step % self.log_every == 0 or result.step == self.total
+        if due and result.step != self.logged_step:
+            self.logged_step = result.step
+            mean = {k: e.average(v, f"hvd_bert.{k}") for k, v in local.items()}  # collectives
+            dt = time.perf_counter() - self.t0
+            rate = (self.plan.global_batch_size * self.steps_since_log / dt if self.plan and dt > 0
+                    else float("nan"))
+            self.log.record(dict(step=result.step, **mean, lr=result.lr, **{f"{self.unit}_per_s": rate},
+                                 grad_norm=result.grad_norm, loss_scale=result.loss_scale,
+                                 skipped_steps=e.skipped_steps, time=time.time()))
+            self.t0, self.steps_since_log = time.perf_counter(), 0
+        if (self.output_dir is not None and self.checkpoint_every
+                and result.step % self.checkpoint_every == 0 and result.step != self.saved_step):
+            self.save()
+        if self.on_step is not None and not result.skipped and self.on_step(result, local):
+            self.stopped = True  # (a skipped step applied nothing: no evaluation of it again)
+        elif e.should_stop():  # SIGTERM on any rank (e.g. SLURM's time limit)
+            self.stopped = self.by_signal = True
+        return self.stopped
+
+    def save(self) -> None:
+        e = self.engine
+        self.checkpoint = e.save(self.output_dir, self.data_state(), self.keep)
+        self.saved_step = e.step_count
+
+    def finish(self) -> None:
+        """The final checkpoint, unless this step's is already written."""
+        if self.output_dir is not None and self.saved_step != self.engine.step_count:
+            self.save()
+
+
+class StopSignal:
+    """This process's stop request: ``install()`` turns SIGTERM (what SLURM sends before a
+    time limit) and SIGUSR1 into ``requested = True``; the engines combine the ranks' flags
+    with an allreduce (``should_stop``) so that every rank stops after the same step."""
+
+    def __init__(self):
+        self.requested = False
+
+    def install(self, signals=(signal.SIGTERM, signal.SIGUSR1)) -> None:
+        def handler(signum, frame):
+            self.requested = True
+        for s in signals:
+            signal.signal(s, handler)

@@ -1,0 +1,220 @@
+"""Hugging Face BERT checkpoints, framework-free: a model folder (``config.json`` plus
+``model.safetensors`` or ``pytorch_model.bin``) read into hvd_bert's portable weights
+(``weights.portable``: PyTorch ``state_dict`` names of ``hvd_bert.pt.models.bert``) and
+written back, so that ``transformers.BertForPreTraining.from_pretrained(DIR)`` loads it with
+no missing or unexpected weights.
+
+Layouts read: ``BertForPreTraining``, ``BertForMaskedLM``, ``BertModel`` (no ``bert.``
+prefix, no heads) and ``BertForSequenceClassification``. The activation comes from
+``hidden_act``: ``gelu`` is the exact erf form, ``gelu_new`` / ``gelu_pytorch_tanh`` the
+tanh approximation. The vocabulary keeps its size in the file; inside the model it is padded
+to a multiple of 8 (zero rows), and cut back on writing.
+
+Safetensors files are read with the ``safetensors`` library's numpy API; ``pytorch_model.bin``
+needs a loader (``load_bin``) from the caller, PyTorch's with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+
+from hvd_bert.config.bert import BertConfig
+from hvd_bert.weights.portable import VOCAB_ROWS, WeightsError, pad_vocab_rows
+
+__all__ = ["is_hf_folder", "read_hf_config", "read_hf_folder", "hf_to_portable", "portable_to_hf",
+           "write_hf_folder", "new_folder", "HF_WEIGHTS"]
+
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
+
+# portable name <- HF name (without the "bert." prefix), per layer where N is the layer index
+_EMB = {"embeddings.word_embeddings.weight": "embeddings.word_embeddings.weight",
+        "embeddings.position_embeddings.weight": "embeddings.position_embeddings.weight",
+        "embeddings.token_type_embeddings.weight": "embeddings.token_type_embeddings.weight",
+        "embeddings.LayerNorm.weight": "embeddings.LayerNorm.weight",
+        "embeddings.LayerNorm.bias": "embeddings.LayerNorm.bias",
+        "pooler.weight": "pooler.dense.weight", "pooler.bias": "pooler.dense.bias"}
+_LAYER = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
+          "attention_output": "attention.output.dense", "attention_LayerNorm": "attention.output.LayerNorm",
+          "intermediate": "intermediate.dense", "output": "output.dense",
+          "output_LayerNorm": "output.LayerNorm"}
+_HEADS = {"mlm_transform.weight": "cls.predictions.transform.dense.weight",
+          "mlm_transform.bias": "cls.predictions.transform.dense.bias",
+          "mlm_LayerNorm.weight": "cls.predictions.transform.LayerNorm.weight",
+          "mlm_LayerNorm.bias": "cls.predictions.transform.LayerNorm.bias",
+          "mlm_bias": "cls.predictions.bias",
+          "nsp.weight": "cls.seq_relationship.weight", "nsp.bias": "cls.seq_relationship.bias",
+          "classifier.weight": "classifier.weight", "classifier.bias": "classifier.bias",
+          "qa_outputs.weight": "qa_outputs.weight", "qa_outputs.bias": "qa_outputs.bias"}
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    p = Path(path)
+    return p.is_dir() and (p / "config.json").is_file() and any((p / w).is_file() for w in HF_WEIGHTS)
+
+
+def read_hf_config(folder: str | Path) -> tuple[BertConfig, dict]:
+    """``(BertConfig, the raw config.json)`` of a Hugging Face BERT folder."""
+    path = Path(folder) / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise WeightsError(f"{path} is not a readable JSON config ({e}); give a Hugging Face model folder "
+                           f"written by save_pretrained") from None
+    if raw.get("model_type", "bert") != "bert":
+        raise WeightsError(f"{path} describes a {raw.get('model_type')!r} model; hvd_bert reads BERT "
+                           f"checkpoints (model_type 'bert')")
+    act = raw.get("hidden_act", "gelu")
+    if act not in ACTIVATIONS:
+        raise WeightsError(f"{path}: hidden_act {act!r} is not supported; BERT uses gelu (erf) or "
+                           f"gelu_new (tanh): {', '.join(ACTIVATIONS)}")
+    try:
+        config = BertConfig.from_published(raw, gelu=ACTIVATIONS[act])
+    except KeyError as e:
+        raise WeightsError(f"{path} has no {e.args[0]!r}; is it a BERT config?") from None
+    except ValueError as e:
+        raise WeightsError(f"{path}: {e}") from None
+    return config, raw
+
+
+def _read_tensors(folder: Path, load_bin: Callable[[Path], Mapping[str, np.ndarray]] | None) -> dict:
+    st = folder / "model.safetensors"
+    if st.is_file():
+        from safetensors import SafetensorError
+        from safetensors.numpy import load_file
+
+        try:
+            return dict(load_file(str(st)))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise WeightsError(f"{st} cannot be read ({e}): the file is truncated or not safetensors; "
+                               f"download or save it again") from None
+    binary = folder / "pytorch_model.bin"
+    if load_bin is None:
+        raise WeightsError(f"{binary}: reading pytorch_model.bin needs PyTorch; convert it once with "
+                           f"`hvd-bert convert {folder} --output w.npz` (or save it as safetensors)")
+    return dict(load_bin(binary))
+
+
+def hf_to_portable(state: Mapping[str, np.ndarray], config: BertConfig, source: str) -> dict[str, np.ndarray]:
+    """HF parameter names -> portable names; the vocabulary rows padded to a multiple of 8."""
+    prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
+    out: dict[str, np.ndarray] = {}
+    used = set()
+
+    def take(portable: str, hf: str) -> None:
+        # older checkpoints name LayerNorm parameters gamma/beta
+        old = hf.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
+        nvidia = hf.replace("intermediate.dense.", "intermediate.dense_act.")  # NVIDIA's name for it
+        for name in (hf, old, nvidia):
+            if name in state:
+                out[portable] = np.asarray(state[name], dtype=np.float32)
+                used.add(name)
+                return
+
+    for portable, hf in _EMB.items():
+        take(portable, prefix + hf)
+    for i in range(config.num_layers):
+        for ours, theirs in _LAYER.items():
+            for leaf in ("weight", "bias"):
+                take(f"layers.{i}.{ours}.{leaf}", f"{prefix}encoder.layer.{i}.{theirs}.{leaf}")
+    for portable, hf in _HEADS.items():
+        take(portable, hf)
+    if "mlm_bias" not in out and "cls.predictions.decoder.bias" in state:
+        take("mlm_bias", "cls.predictions.decoder.bias")
+    used.update(k for k in state if k in ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+                or k.endswith("position_ids"))
+    unknown = sorted(k for k in state if k not in used)
+    if unknown:
+        raise WeightsError(f"{source} has parameters hvd_bert's BERT does not know: {unknown[:6]}"
+                           f"{' ...' if len(unknown) > 6 else ''}; is it a BERT checkpoint?")
+    return pad_vocab_rows(out, config, source, "config.json")
+
+
+def read_hf_folder(folder: str | Path, load_bin=None) -> tuple[dict[str, np.ndarray], BertConfig]:
+    """Portable weights and the config of a Hugging Face BERT folder."""
+    folder = Path(folder)
+    config, _ = read_hf_config(folder)
+    return hf_to_portable(_read_tensors(folder, load_bin), config, str(folder)), config
+
+
+def portable_to_hf(arrays: Mapping[str, np.ndarray], config: BertConfig) -> dict[str, np.ndarray]:
+    """Portable weights -> the ``state_dict`` of ``transformers.BertForPreTraining`` (or
+    ``BertForSequenceClassification`` when the weights hold a classifier), vocabulary cut back
+    to ``config.vocab_size``, the tied decoder written out as HF does."""
+    inverse = {**_EMB, **{k: v for k, v in _HEADS.items()}}
+    out = {}
+    for name, a in arrays.items():
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if name in VOCAB_ROWS:
+            a = a[: config.vocab_size]
+        m = re.match(r"^layers\.(\d+)\.(\w+)\.(weight|bias)$", name)
+        if m:
+            hf = f"bert.encoder.layer.{m.group(1)}.{_LAYER[m.group(2)]}.{m.group(3)}"
+        elif name in _EMB:
+            hf = "bert." + inverse[name]
+        elif name in _HEADS:
+            hf = inverse[name]
+        else:
+            raise WeightsError(f"portable weight {name!r} has no Hugging Face name")
+        out[hf] = a
+    if "cls.predictions.bias" in out:
+        out["cls.predictions.decoder.weight"] = out["bert.embeddings.word_embeddings.weight"]
+        out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"]
+    return out
+
+
+def hf_config(config: BertConfig, architecture: str, num_labels: int | None = None) -> dict:
+    act = "gelu" if config.gelu == "none" else "gelu_new"
+    out = {"architectures": [architecture], "model_type": "bert", "vocab_size": config.vocab_size,
+           "hidden_size": config.hidden_size, "num_hidden_layers": config.num_layers,
+           "num_attention_heads": config.num_heads, "intermediate_size": config.intermediate_size,
+           "hidden_act": act, "max_position_embeddings": config.max_position_embeddings,
+           "type_vocab_size": config.type_vocab_size, "hidden_dropout_prob": config.hidden_dropout,
+           "attention_probs_dropout_prob": config.attention_dropout,
+           "initializer_range": config.initializer_range, "layer_norm_eps": config.layer_norm_eps,
+           "pad_token_id": 0, "tie_word_embeddings": True}
+    if num_labels is not None:
+        out["num_labels"] = num_labels
+        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+        out["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+    return out
+
+
+def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config: BertConfig,
+                    vocab_file: str | Path | None = None, do_lower_case: bool = True) -> Path:
+    """A Hugging Face model folder (``config.json``, ``model.safetensors``, and the tokenizer
+    files when ``vocab_file`` is given), written to a temporary folder and renamed into place."""
+    import shutil
+
+    from safetensors.numpy import save_file
+
+    state = portable_to_hf(arrays, config)
+    classifier = "classifier.weight" in state
+    arch = ("BertForSequenceClassification" if classifier else
+            "BertForQuestionAnswering" if "qa_outputs.weight" in state else "BertForPreTraining")
+    if arch != "BertForPreTraining":  # a fine-tuned model: no pretraining heads in the file
+        state = {k: v for k, v in state.items() if not k.startswith("cls.")}
+    num_labels = int(state["classifier.weight"].shape[0]) if classifier else None
+    with new_folder(folder) as tmp:
+        # safetensors refuses tensors that share memory: the tied decoder is its own copy here
+        save_file({k: np.array(v) for k, v in state.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf_config(config, arch, num_labels), indent=2))
+        if vocab_file is not None:
+            shutil.copyfile(vocab_file, tmp / "vocab.txt")
+            (tmp / "tokenizer_config.json").write_text(json.dumps(
+                {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case,
+                 "model_max_length": config.max_position_embeddings}, indent=2))
+    return Path(folder)
+
+
+def new_folder(folder: str | Path):
+    """:func:`hvd_bert.train.checkpoint.atomic_folder`, an existing folder a WeightsError."""
+    from hvd_bert.train.checkpoint import atomic_folder
+
+    return atomic_folder(folder, exists_error=WeightsError)

@@ -1,0 +1,199 @@
+"""BERT weights in a framework-neutral file, so a checkpoint moves between PyTorch and
+TensorFlow.
+
+A portable weights file is an ``.npz`` archive: one array per parameter under the PyTorch
+model's ``state_dict`` names and layouts (``nn.Linear`` weights are ``[out, in]``), plus the
+model's :class:`BertConfig` as JSON under ``__bert_config__``. Each frontend maps its own
+variables to these names (``hvd_bert.pt.models.bert.export_weights`` / ``load_weights``, and the
+same in ``hvd_bert.tf.models.bert``); ``hvd-bert convert`` writes one from either framework's
+checkpoint. Loading checks every name and shape and says which do not fit; the position
+embeddings may grow (phase 1 at 128 tokens to phase 2 at 512 keeps the rows it has).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Mapping
+
+import zipfile
+
+import numpy as np
+
+from hvd_bert.config.bert import BertConfig
+from hvd_bert.train.checkpoint import atomic_write
+
+__all__ = ["WeightsError", "save_weights", "write_run_bert_config", "read_run_bert_config",
+           "read_weights", "fit_weights", "fit_for_model", "read_published", "POSITION_EMBEDDINGS",
+           "ENCODER_PREFIXES"]
+
+CONFIG_KEY = "__bert_config__"
+POSITION_EMBEDDINGS = "embeddings.position_embeddings.weight"
+# the parameters a fine-tuning model takes from a pretrained one (not the pretraining heads)
+ENCODER_PREFIXES = ("embeddings.", "layers.", "pooler.")
+
+
+class WeightsError(ValueError):
+    """A weights file that does not fit the model it is loaded into."""
+
+
+def save_weights(path: str | Path, arrays: Mapping[str, np.ndarray], config: BertConfig) -> Path:
+    """Write ``arrays`` and ``config`` to ``path`` (``.npz``) atomically."""
+    payload = {k: np.asarray(v) for k, v in arrays.items()}
+    payload[CONFIG_KEY] = np.frombuffer(json.dumps(dataclasses.asdict(config)).encode(), dtype=np.uint8)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            np.savez(f, **payload)
+
+    return atomic_write(path, write)
+
+
+def write_run_bert_config(folder: str | Path, config: BertConfig) -> Path:
+    """``folder/bert_config.json``: a run's model, so its checkpoints can be converted."""
+    text = json.dumps(dataclasses.asdict(config), indent=1)
+    return atomic_write(Path(folder) / "bert_config.json", lambda tmp: tmp.write_text(text))
+
+
+def read_run_bert_config(folder: str | Path) -> BertConfig | None:
+    p = Path(folder) / "bert_config.json"
+    return BertConfig(**json.loads(p.read_text())) if p.is_file() else None
+
+
+def read_weights(path: str | Path) -> tuple[dict[str, np.ndarray], BertConfig | None]:
+    """``(arrays, config)`` of a portable weights file."""
+    p = Path(path)
+    if not p.is_file():
+        raise WeightsError(f"weights file {p} does not exist")
+    try:
+        with np.load(p, allow_pickle=False) as z:  # never unpickle a file a user hands us
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
+        raise WeightsError(f"{p} is not a readable .npz weights file ({e}); write one with "
+                           f"`hvd-bert convert CHECKPOINT --output {p.name}`") from None
+    raw = arrays.pop(CONFIG_KEY, None)
+    config = BertConfig(**json.loads(raw.tobytes().decode())) if raw is not None else None
+    return arrays, config
+
+
+def fit_weights(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]], *,
+                source: str = "weights", allow_missing: tuple[str, ...] = (),
+                ignore_unexpected: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Check ``arrays`` against the model's ``{name: shape}``; grow the position embeddings if
+    the model has more positions. Names starting with ``allow_missing`` prefixes may be absent
+    (they keep the model's initialisation), names with ``ignore_unexpected`` prefixes are
+    dropped. Anything else that does not fit is a :class:`WeightsError` naming it."""
+    out = {}
+    missing = [k for k in expected if k not in arrays and not k.startswith(allow_missing)]
+    unexpected = [k for k in arrays if k not in expected and not k.startswith(ignore_unexpected)]
+    wrong = []
+    for name, shape in expected.items():
+        if name not in arrays:
+            continue
+        a = np.asarray(arrays[name])
+        if tuple(a.shape) != tuple(shape):
+            grows = a.ndim == 2 and a.shape[1] == shape[1] and a.shape[0] <= shape[0]
+            if name == POSITION_EMBEDDINGS and grows:
+                grown = np.zeros(shape, a.dtype)
+                grown[: a.shape[0]] = a
+                rng = np.random.default_rng(0)  # the rows phase 1 never trained: BERT's init
+                grown[a.shape[0]:] = rng.normal(0.0, 0.02, (shape[0] - a.shape[0], shape[1]))
+                a = grown
+            else:
+                wrong.append(f"{name}: file {tuple(a.shape)}, model {tuple(shape)}")
+                continue
+        out[name] = a
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {missing[:6]}{' ...' if len(missing) > 6 else ''}")
+        if unexpected:
+            parts.append(f"unexpected {unexpected[:6]}{' ...' if len(unexpected) > 6 else ''}")
+        if wrong:
+            parts.append(f"wrong shapes {wrong[:6]}")
+        raise WeightsError(f"{source} do not fit this model: {'; '.join(parts)}. Use the same model "
+                           f"preset and vocabulary as the run that wrote them")
+    return out
+
+
+HEADS = ("mlm_", "nsp.")  # the pretraining heads' portable names
+TASK_HEADS = ("classifier.", "qa_outputs.")  # the fine-tuning heads' (SQuAD's has no pooler)
+
+
+def fit_for_model(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]], *,
+                  classifier: bool, source: str) -> dict[str, np.ndarray]:
+    """:func:`fit_weights` with the rules of both frameworks' models: a fine-tuning model
+    (``classifier``: a classifier or a SQuAD span model) takes the encoder of any checkpoint
+    (its head keeps its initialisation unless the checkpoint has one of the same shape; the
+    pretraining heads, another task's head and an unused pooler are dropped); a pretraining model takes a
+    checkpoint without heads (a Hugging Face ``BertModel``, say) with fresh heads and one
+    warning."""
+    if classifier:  # any fine-tuning head: a classifier, a regression head, a SQuAD span head
+        return fit_weights(arrays, expected, source=source, allow_missing=(*TASK_HEADS, "pooler."),
+                           ignore_unexpected=(*HEADS, *TASK_HEADS, "pooler."))
+    has_heads = any(k.startswith(HEADS) for k in arrays)
+    if not has_heads:
+        import sys
+        print(f"warning: {source} has no pretraining heads (masked-LM, next-sentence): they start from "
+              f"BERT's initialisation", file=sys.stderr, flush=True)
+    return fit_weights(arrays, expected, source=source,
+                       allow_missing=() if has_heads else (*HEADS, "pooler."))
+
+
+def read_published(path: Path, load_bin=None, read_google=None):
+    """``(arrays, config)`` when ``path`` is a published checkpoint: a Hugging Face folder
+    (``load_bin`` reads a ``pytorch_model.bin``) or a Google TF1 checkpoint (``read_google``,
+    which needs TensorFlow); else None."""
+    from hvd_bert.weights.google import google_checkpoint_prefix
+    from hvd_bert.weights.hf import is_hf_folder, read_hf_folder
+
+    if is_hf_folder(path):
+        return read_hf_folder(path, load_bin)
+    if google_checkpoint_prefix(path) is not None:
+        return read_google(path)
+    if is_nvidia_checkpoint(path):
+        return read_nvidia(path, load_bin)
+    return None
+
+
+def is_nvidia_checkpoint(path: Path) -> bool:
+    """An NVIDIA DeepLearningExamples BERT checkpoint: a ``.pt`` holding ``{"model": state_dict}``
+    with Hugging Face-style names, beside a Google-style ``bert_config.json``."""
+    cfg = Path(path).parent / "bert_config.json"
+    if not (Path(path).is_file() and Path(path).suffix in (".pt", ".pth") and cfg.is_file()):
+        return False
+    try:
+        return "num_hidden_layers" in json.loads(cfg.read_text())  # hvd_bert's own says num_layers
+    except ValueError:
+        return False
+
+
+def read_nvidia(path: Path, load_bin) -> tuple[dict[str, np.ndarray], BertConfig]:
+    """NVIDIA's PyTorch BERT computes GELU in the erf form (its ``gelu``/``bias_gelu``) and
+    names the intermediate layer ``dense_act``; otherwise its names are Hugging Face's."""
+    from hvd_bert.weights.google import read_google_config
+    from hvd_bert.weights.hf import hf_to_portable
+
+    if load_bin is None:
+        raise WeightsError(f"{path} is a PyTorch pickle: read it with PyTorch")
+    config = dataclasses.replace(read_google_config(Path(path).parent), gelu="none")
+    return hf_to_portable(load_bin(Path(path)), config, str(path)), config
+
+
+VOCAB_ROWS = ("embeddings.word_embeddings.weight", "mlm_bias")  # one row per vocabulary entry
+
+
+def pad_vocab_rows(arrays: dict, config: BertConfig, source: str, config_file: str) -> dict:
+    """A published checkpoint keeps its vocabulary's size; hvd_bert's models pad it to a
+    multiple of 8 (zero rows, never looked up). A row count other than the config's is an error."""
+    for name in VOCAB_ROWS:
+        if name in arrays:
+            a = arrays[name]
+            if a.shape[0] != config.vocab_size:
+                raise WeightsError(f"{source}: {name} has {a.shape[0]} rows, {config_file}'s vocab_size is "
+                                   f"{config.vocab_size}")
+            pad = config.padded_vocab_size - a.shape[0]
+            if pad:
+                arrays[name] = np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)])
+    return arrays

@@ -1,0 +1,65 @@
+"""Batch arithmetic and accumulation boundaries."""
+
+import pytest
+
+from hvd_bert.core.batch import is_sync_step, optimizer_steps_done, plan_batch
+
+
+def test_global_is_local_times_k_times_world():
+    p = plan_batch(world_size=4, local_batch_size=8, backward_passes_per_step=2)
+    assert p.global_batch_size == 64
+    assert p.samples_per_rank_per_step == 16
+    assert "64 = local batch 8 x backward_passes_per_step 2 x world size 4" in p.describe()
+
+
+def test_k_defaults_to_one():
+    assert plan_batch(world_size=2, local_batch_size=8).backward_passes_per_step == 1
+
+
+def test_k_is_derived_from_global():
+    assert plan_batch(world_size=2, local_batch_size=8, global_batch_size=64).backward_passes_per_step == 4
+
+
+def test_local_is_derived_from_global():
+    assert plan_batch(world_size=2, backward_passes_per_step=4, global_batch_size=64).local_batch_size == 8
+
+
+def test_inconsistent_triple_names_numbers_and_fix():
+    with pytest.raises(ValueError) as e:
+        plan_batch(world_size=2, local_batch_size=8, backward_passes_per_step=2, global_batch_size=64)
+    msg = str(e.value)
+    assert "8 x backward_passes_per_step 2 x world_size 2 = 32" in msg and "64" in msg
+    assert "drop one" in msg
+
+
+def test_global_not_divisible_suggests_a_multiple():
+    with pytest.raises(ValueError, match=r"not a multiple of local_batch_size 8 x world_size 3 = 24"):
+        plan_batch(world_size=3, local_batch_size=8, global_batch_size=100)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "8"])
+def test_non_positive_or_non_int_sizes_rejected(bad):
+    with pytest.raises(ValueError, match="positive integer"):
+        plan_batch(world_size=2, local_batch_size=bad)
+
+
+def test_missing_everything_is_an_error():
+    with pytest.raises(ValueError, match="give local_batch_size"):
+        plan_batch(world_size=2, global_batch_size=64)
+
+
+def test_sync_steps_fall_on_every_kth_micro_batch():
+    assert [is_sync_step(i, 3) for i in range(7)] == [False, False, True, False, False, True, False]
+    assert all(is_sync_step(i, 1) for i in range(5))
+
+
+def test_optimizer_steps_done_counts_full_windows_only():
+    # The boundary comes from the micro-batch counter, so with k > 1 steps keep coming.
+    assert [optimizer_steps_done(m, 2) for m in range(6)] == [0, 0, 1, 1, 2, 2]
+
+
+def test_sync_step_rejects_bad_input():
+    with pytest.raises(ValueError):
+        is_sync_step(-1, 2)
+    with pytest.raises(ValueError):
+        is_sync_step(0, 0)

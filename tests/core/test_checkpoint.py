@@ -1,0 +1,82 @@
+"""Checkpoint files: atomicity, naming, newest, retention."""
+
+import os
+
+import pytest
+
+from hvd_bert.train.checkpoint import (atomic_write, checkpoint_path, latest_checkpoint,
+                                        list_checkpoints, prune)
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    p = tmp_path / "sub" / "f.bin"
+    atomic_write(p, lambda t: t.write_bytes(b"one"))
+    atomic_write(p, lambda t: t.write_bytes(b"two"))
+    assert p.read_bytes() == b"two"
+    assert [x.name for x in p.parent.iterdir()] == ["f.bin"]
+
+
+def test_failed_write_leaves_previous_file_and_no_temporary(tmp_path):
+    p = tmp_path / "f.bin"
+    atomic_write(p, lambda t: t.write_bytes(b"good"))
+
+    def broken(t):
+        t.write_bytes(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(p, broken)
+    assert p.read_bytes() == b"good"
+    assert [x.name for x in tmp_path.iterdir()] == ["f.bin"]
+
+
+def test_names_newest_and_prune(tmp_path):
+    for s in (5, 100, 20):
+        checkpoint_path(tmp_path, s, "pt").write_bytes(b"x")
+    (tmp_path / ".ckpt-00000200.pt.tmp-1").write_bytes(b"partial")  # ignored
+    checkpoint_path(tmp_path, 300, "h5").write_bytes(b"x")  # other framework: ignored
+    assert [s for s, _ in list_checkpoints(tmp_path, "pt")] == [5, 20, 100]
+    assert latest_checkpoint(tmp_path, "pt").name == "ckpt-00000100.pt"
+    removed = prune(tmp_path, "pt", keep=2)
+    assert [p.name for p in removed] == ["ckpt-00000005.pt"]
+    assert [s for s, _ in list_checkpoints(tmp_path, "pt")] == [20, 100]
+
+
+def test_missing_folder_has_no_checkpoint(tmp_path):
+    assert latest_checkpoint(tmp_path / "nope", "pt") is None
+
+
+def test_a_second_job_on_a_locked_run_folder_is_refused_naming_the_holder(tmp_path):
+    import subprocess
+    import sys
+
+    from hvd_bert.train.checkpoint import lock_run_folder
+
+    held = lock_run_folder(tmp_path / "run")
+    code = ("from hvd_bert.train.checkpoint import lock_run_folder, RunFolderBusy\n"
+            f"try:\n    lock_run_folder({str(tmp_path / 'run')!r})\n"
+            "except RunFolderBusy as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert f"in use by another job (pid {os.getpid()} on " in out and "another train.output_dir" in out
+    held.close()  # released (as when the holder exits or crashes): the next job takes it
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert out == ""
+
+
+def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
+    import subprocess
+    import sys
+
+    from hvd_bert.train.checkpoint import remove_stale_temporaries
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / f".ckpt-00000004.pt.tmp-{dead}").write_bytes(b"half")
+    (tmp_path / f".ckpt-00000004.tf.tmp-{dead}").mkdir()
+    mine = tmp_path / f".ckpt-00000006.pt.tmp-{os.getpid()}"
+    mine.write_bytes(b"being written")
+    (tmp_path / "ckpt-00000002.pt").write_bytes(b"complete")
+    removed = remove_stale_temporaries(tmp_path)
+    assert sorted(p.name for p in removed) == [f".ckpt-00000004.pt.tmp-{dead}",
+                                               f".ckpt-00000004.tf.tmp-{dead}"]
+    assert mine.exists() and (tmp_path / "ckpt-00000002.pt").exists()

@@ -1,0 +1,153 @@
+"""Typed configuration: YAML loading, overrides, errors that name the key."""
+
+import subprocess
+import sys
+
+import pytest
+
+from hvd_bert.config import (ConfigError, OptimConfig, ScheduleConfig, TrainConfig,
+                                    apply_overrides, explain, from_dict, load_config,
+                                    make_schedule, to_dict)
+
+
+def test_defaults_round_trip_through_dict():
+    cfg = TrainConfig()
+    assert from_dict(TrainConfig, to_dict(cfg)) == cfg
+
+
+def test_yaml_file_with_partial_sections(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("optim:\n  name: lars\n  lr: 2.5\nbatch:\n  local_batch_size: 16\nseed: 3\n")
+    cfg = load_config(TrainConfig, p)
+    assert cfg.optim.name == "lars" and cfg.optim.lr == 2.5 and cfg.seed == 3
+    assert cfg.optim.beta1 == 0.9  # untouched default
+
+
+def test_overrides_are_type_checked_and_parsed_as_yaml():
+    cfg = apply_overrides(TrainConfig(), ["optim.lr=1e-3", "batch.backward_passes_per_step=4",
+                                          "optim.exclude=[bias, norm]", "precision.mode=fp16"])
+    assert cfg.optim.lr == 1e-3 and isinstance(cfg.optim.lr, float)
+    assert cfg.batch.backward_passes_per_step == 4
+    assert cfg.optim.exclude == ("bias", "norm")
+    assert cfg.precision.mode == "fp16"
+
+
+@pytest.mark.parametrize("override,match", [
+    ("optim.lrr=1", r"unknown key 'optim.lrr' \(did you mean 'lr'\?\)"),
+    ("optimm.lr=1", r"unknown key 'optimm.lr'"),
+    ("optim.lr=fast", r"optim.lr: expected float, got 'fast'"),
+    ("seed=1.5", r"seed: expected int, got 1.5"),
+    ("seed=true", r"seed: expected int, got True"),
+    ("optim.nesterov=1", r"optim.nesterov: expected bool"),
+    ("optim.name=adam", r"optim.name: expected one of 'sgd', 'adamw', 'lamb', 'nvlamb', 'lars'"),
+    ("optim.lr=-1", r"optim.lr must be in \(0, 1e4\), got -1"),
+    ("optim.lr", r"must look like key.path=value"),
+    ("seed.x=1", r"'x' is not a section"),
+])
+def test_bad_overrides_name_the_key(override, match):
+    with pytest.raises(ConfigError, match=match):
+        apply_overrides(TrainConfig(), [override])
+
+
+def test_unknown_yaml_key_and_bad_file(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("schedule:\n  totl_steps: 5\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'schedule.totl_steps'"):
+        load_config(TrainConfig, p)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(TrainConfig, tmp_path / "missing.yaml")
+    p.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping at the top level"):
+        load_config(TrainConfig, p)
+    p.write_text("optim: {lr: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(TrainConfig, p)
+
+
+def test_configs_are_frozen():
+    import dataclasses
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        TrainConfig().seed = 3
+
+
+def test_batch_section_validates_through_plan():
+    cfg = apply_overrides(TrainConfig(), ["batch.local_batch_size=8", "batch.global_batch_size=48"])
+    assert cfg.batch.plan(2).backward_passes_per_step == 3
+    with pytest.raises(ConfigError, match="not a multiple"):
+        cfg.batch.plan(4)
+
+
+def test_lr_scaling_and_schedule_factory():
+    o = OptimConfig(name="sgd", lr=0.1, lr_scaling="linear", base_batch_size=256)
+    assert o.peak_lr(8192) == pytest.approx(3.2)
+    s = make_schedule(ScheduleConfig(name="linear_warmup", warmup_steps=5, warmup_init_lr=0.1),
+                      o.peak_lr(8192))
+    assert s(0) == pytest.approx(0.1) and s(5) == pytest.approx(3.2)
+    bert = make_schedule(ScheduleConfig(name="poly_warmup", warmup=0.2843, total_steps=7038), 6e-3)
+    assert bert(2001) == pytest.approx(0.005075894589)
+
+
+def test_masks_follow_each_optimizers_default():
+    names = ["dense.weight", "dense.bias"]
+    assert OptimConfig(name="lamb").masks(names) == ([True, False], [True, True])
+    assert OptimConfig(name="nvlamb").masks(names) == ([True, False], [True, False])
+    assert OptimConfig(name="nvlamb", trust_ratio_on_excluded=True).masks(names)[1] == [True, True]
+    assert OptimConfig(name="lars").masks(["bn.BatchNorm.weight", "w"]) == ([False, True], [False, True])
+
+
+def test_explain_lists_documented_fields():
+    lines = explain(TrainConfig)
+    assert any(line.startswith("optim.lr (float, default 0.001): peak learning rate") for line in lines)
+    assert any(line.startswith("batch.backward_passes_per_step") for line in lines)
+
+
+def test_importing_common_imports_no_framework():
+    code = ("import sys, hvd_bert.config, hvd_bert.core.optim, hvd_bert.core.schedules, "
+            "hvd_bert.core.batch, hvd_bert.core.sharding\n"
+            "bad = [m for m in ('torch', 'tensorflow', 'horovod', 'tf_keras', 'keras') if m in sys.modules]\n"
+            "assert not bad, bad\n"
+            "import os; assert os.environ['TF_USE_LEGACY_KERAS'] == '1'")
+    subprocess.run([sys.executable, "-c", code], check=True, env={"PATH": "/usr/bin:/bin"})
+
+
+def test_a_partial_recipe_overrides_only_the_keys_it_names(tmp_path):
+    """A recipe of one key changes that key and keeps the job's defaults (not the section
+    classes' generic ones), exactly as --set does."""
+    from hvd_bert.config import PretrainConfig
+
+    p = tmp_path / "s.yaml"
+    p.write_text("train:\n  seed: 3\n")
+    from_recipe = load_config(PretrainConfig, p)
+    assert from_recipe == load_config(PretrainConfig, None, ["train.seed=3"])
+    assert from_recipe.train.seed == 3
+    assert from_recipe.train.optim.name == "nvlamb" and from_recipe.train.optim.lr == 5e-3
+    assert from_recipe.train.schedule.total_steps == 200
+    assert from_recipe.train.batch.backward_passes_per_step == 2
+    assert from_recipe.train.output_dir == ""  # the job default (runs/<job>-<framework>-<data>)
+
+
+def test_explain_shows_the_jobs_defaults():
+    from hvd_bert.config import PretrainConfig
+
+    lines = explain(PretrainConfig)
+    assert any(ln.startswith("train.optim.name (") and "default 'nvlamb'" in ln for ln in lines)
+    assert any(ln.startswith("train.schedule.total_steps (") and "default 200" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["optim.eta=0.002"], r"optim.eta=0.002 does not apply to optim.name='lamb' \(it is read by lars\)"),
+    (["optim.name=sgd", "optim.beta1=0.8"], r"optim.beta1=0.8 does not apply to optim.name='sgd'"),
+    (["optim.nesterov=true"], r"optim.nesterov=True does not apply"),
+    (["optim.name=adamw", "optim.bias_correction=false"], r"bias_correction=False does not apply"),
+])
+def test_a_setting_the_optimizer_does_not_read_is_an_error(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(TrainConfig, None, overrides)
+
+
+def test_settings_that_apply_are_accepted_in_any_order():
+    cfg = load_config(TrainConfig, None, ["optim.eta=0.002", "optim.name=lars", "optim.momentum=0.8"])
+    assert cfg.optim.eta == 0.002 and cfg.optim.name == "lars"
+    # a job's own defaults (NCF's Adam betas) do not count as settings given by the user
+    from hvd_bert.evaluation.ncf import NCFConfig
+    assert load_config(NCFConfig, None, ["train.optim.name=lars"]).train.optim.beta1 == 0.25
