@@ -1,5 +1,5 @@
 """NCF training-pair sampling per epoch and rank: hvd_bert's per-rank sampling
-(``evaluation.ncf.EpochData``: each rank computes only its own pairs, by position) against the
+(``data.ncf.EpochData``: each rank computes only its own pairs, by position) against the
 whole-epoch sampling every rank used to do (``ncf_data.sample_train_negatives`` over all
 positives, then every P-th pair), on the same prepared data, in the same run.
 
@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=65536, help="global batch")
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
-    from hvd_bert.evaluation.ncf import EpochData
+    from hvd_bert.data.ncf import EpochData
     from hvd_bert.data.ncf import _positive_lookup, load_ncf, prepare_ncf, sample_train_negatives
 
     tmp = None

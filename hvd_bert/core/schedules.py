@@ -26,7 +26,7 @@ Schedule = Callable[[int], float]
 __all__ = [
     "Schedule", "Constant", "LinearWarmup", "PolyWarmupDecay", "StepDecay", "PolynomialDecay",
     "Joined", "join_schedules", "goyal_warmup", "warmup_poly_decay", "linear_scaled_lr",
-    "sqrt_scaled_lr", "lamb_paper_lr", "lamb_paper_warmup_ratio",
+    "sqrt_scaled_lr", "lamb_paper_lr", "lamb_paper_warmup_ratio", "make_schedule",
 ]
 
 
@@ -213,3 +213,20 @@ def lamb_paper_warmup_ratio(global_batch: int) -> float:
     """The LAMB paper's untuned warmup proportion: ``(B / 32768) / 5``."""
     _positive("global_batch", global_batch)
     return global_batch / 32768 / 5
+
+
+def make_schedule(cfg, peak_lr: float) -> Schedule:
+    """The ``step -> lr`` function that a ``hvd_bert.config.ScheduleConfig`` describes, peaking
+    at ``peak_lr`` (the optimizer's LR scaled to the global batch)."""
+    if cfg.name == "constant":
+        return Constant(peak_lr)
+    if cfg.name == "linear_warmup":
+        return LinearWarmup(peak_lr, cfg.warmup_steps, cfg.warmup_init_lr)
+    if cfg.name == "poly_warmup":
+        return PolyWarmupDecay(peak_lr, cfg.warmup, cfg.total_steps, cfg.power)
+    if cfg.name == "warmup_poly_decay":
+        return warmup_poly_decay(peak_lr, cfg.warmup_steps, cfg.total_steps, cfg.end_lr, cfg.power)
+    if cfg.name == "step":
+        return StepDecay(peak_lr, cfg.boundaries, cfg.factor)
+    raise ValueError(f"schedule.name: unknown schedule {cfg.name!r}; choose constant, linear_warmup, "
+                     f"poly_warmup, warmup_poly_decay or step")

@@ -22,15 +22,17 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
+from hvd_bert.config.base import ConfigError
 from hvd_bert.train.checkpoint import atomic_write
 from hvd_bert.data.records import DatasetError, read_sidecar, write_sidecar
 
 __all__ = ["SYNTHETIC_PRESETS", "NCFData", "load_movielens", "synthetic_movielens", "leave_one_out",
            "sample_test_negatives", "sample_train_negatives", "epoch_keys", "permuted", "epoch_pairs",
-           "prepare_ncf", "load_ncf", "EVAL_PROTOCOLS"]
+           "prepare_ncf", "load_ncf", "EVAL_PROTOCOLS", "EpochData"]
 
 KIND = "ncf"
 # name: (users, items, interactions) of the published data sets
@@ -421,3 +423,48 @@ def load_ncf(folder: str | Path) -> NCFData:
         raise DatasetError(f"{path} does not match {folder}/dataset.json ({data.n_users} users); prepare it "
                            f"again (hvd-bert prepare-ncf)")
     return data
+
+
+# ----------------------------------------------------------------------------- training data
+class EpochData:
+    """Each epoch's training pairs (every positive and ``num_negatives`` fresh negatives per
+    positive) in an order shuffled with a seed of the epoch (:func:`epoch_pairs`): rank
+    ``r`` takes positions ``r, r + P, ...`` of it and computes only those pairs, so every rank
+    does 1/P of the sampling, and the epoch (its pairs and their order) does not depend on the
+    number of ranks. Every rank gets ``steps_per_epoch x k`` micro-batches of
+    ``local_batch_size``; the tail that does not fill a global batch is left out."""
+
+    CHUNK = 1 << 20  # pairs computed at a time (memory stays bounded at any data size)
+
+    def __init__(self, data: NCFData, rank: int, world_size: int, local_batch_size: int,
+                 backward_passes_per_step: int, num_negatives: int = 4, seed: int = 0):
+        self.data, self.rank, self.world_size = data, rank, world_size
+        self.b, self.k = local_batch_size, backward_passes_per_step
+        self.num_negatives, self.seed = num_negatives, seed
+        self.lookup = _positive_lookup(data.train_users, data.train_items, data.n_items)
+        n = len(data.train_users) * (1 + num_negatives)
+        global_batch = local_batch_size * backward_passes_per_step * world_size
+        self.steps_per_epoch = n // global_batch
+        if self.steps_per_epoch < 1:
+            raise ConfigError(f"the global batch {global_batch} is larger than an epoch ({n} training "
+                              f"pairs); lower train.batch.local_batch_size")
+        self.micro_per_epoch = self.steps_per_epoch * backward_passes_per_step
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """This rank's ``(users, items, labels)`` micro-batches of ``epoch`` from ``start`` on."""
+        keys, b, d = epoch_keys(self.seed, epoch), self.b, self.data
+        per_chunk = max(1, self.CHUNK // b)
+        for m0 in range(start, self.micro_per_epoch, per_chunk):
+            m1 = min(m0 + per_chunk, self.micro_per_epoch)
+            positions = self.rank + self.world_size * np.arange(m0 * b, m1 * b, dtype=np.int64)
+            u, i, y = epoch_pairs(d.train_users, d.train_items, d.n_items, self.num_negatives, positions,
+                                  keys, self.lookup)
+            for m in range(m1 - m0):
+                s = slice(m * b, (m + 1) * b)
+                yield u[s], i[s], y[s]
+
+    def stream(self, start_micro: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        epoch, start = divmod(start_micro, self.micro_per_epoch)
+        while True:
+            yield from self.epoch(epoch, start)
+            epoch, start = epoch + 1, 0

@@ -13,62 +13,14 @@ are combined with one allreduce, so the result does not depend on the number of 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Iterator, Literal
 
 import numpy as np
 
-from hvd_bert.config import (BatchConfig, ConfigError, OptimConfig, ScheduleConfig, TrainConfig,
-                                    _require, doc)
-from hvd_bert.data.ncf import NCFData, _positive_lookup, epoch_keys, epoch_pairs
+from hvd_bert.config import NCFConfig
+from hvd_bert.data.ncf import NCFData
 
-__all__ = ["NCFConfig", "ModelConfig", "rank_of_positive", "hit_rate_ndcg", "eval_users", "eval_candidates",
-           "EpochData", "EpochEvaluation", "popularity_scores", "evaluate"]
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """NeuMF sizes (NVIDIA's defaults): GMF factors and the MLP's layer widths (the first is
-    the concatenated user and item MLP embeddings)."""
-
-    factors: int = doc(64, "GMF embedding size")
-    layers: tuple[int, ...] = doc((256, 256, 128, 64), "MLP widths; layers[0] / 2 is each MLP embedding")
-    dropout: float = doc(0.0, "dropout between MLP layers")
-
-    def __post_init__(self) -> None:
-        _require(self.factors > 0, f"model.factors must be > 0, got {self.factors}")
-        _require(len(self.layers) >= 1 and all(w > 0 for w in self.layers),
-                 f"model.layers must be positive widths, got {self.layers}")
-        _require(self.layers[0] % 2 == 0, f"model.layers[0] must be even (user + item), got {self.layers[0]}")
-
-
-@dataclass(frozen=True)
-class NCFConfig:
-    """NCF (NeuMF) on implicit feedback with Horovod. Defaults: NVIDIA's model and Adam
-    settings, sized for the synthetic ml-1m data on a small machine."""
-
-    train: TrainConfig = doc(TrainConfig(
-        optim=OptimConfig(name="adamw", lr=0.0045, beta1=0.25, beta2=0.5, eps=1e-8, weight_decay=0.0),
-        schedule=ScheduleConfig(name="constant", total_steps=1),
-        batch=BatchConfig(local_batch_size=8192, backward_passes_per_step=1),
-        log_every=20, checkpoint_every=0, output_dir=""), "")
-    model: ModelConfig = doc(ModelConfig(), "")
-    data: str = doc("", "folder from hvd-bert prepare-ncf; empty: synthetic ml-1m prepared under the cache")
-    epochs: int = doc(20, "maximum epochs (sets train.schedule.total_steps)")
-    num_negatives: int = doc(4, "sampled negatives per positive in each epoch")
-    target_hr: float = doc(0.0, "stop when HR@K reaches this (0: run all epochs)")
-    top_k: int = doc(10, "K of HR@K and NDCG@K")
-    eval_every: float = doc(1.0, "evaluate every this many epochs (fractions: within an epoch)")
-    eval_batch_users: int = doc(1024, "users scored per evaluation batch on one rank")
-    progress: bool = doc(False, "show a progress bar on rank 0")
-    framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
-
-    def __post_init__(self) -> None:
-        _require(self.epochs > 0, f"epochs must be > 0, got {self.epochs}")
-        _require(self.num_negatives > 0, f"num_negatives must be > 0, got {self.num_negatives}")
-        _require(0 <= self.target_hr <= 1, f"target_hr must be in [0, 1], got {self.target_hr}")
-        _require(self.top_k > 0 and self.eval_every > 0 and self.eval_batch_users > 0,
-                 "top_k, eval_every and eval_batch_users must be > 0")
+__all__ = ["rank_of_positive", "hit_rate_ndcg", "eval_users", "eval_candidates",
+           "EpochEvaluation", "popularity_scores", "evaluate"]
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -115,51 +67,6 @@ def popularity_scores(data: NCFData, users: np.ndarray) -> np.ndarray:
     """The popularity baseline: an item's score is its training count."""
     counts = np.bincount(data.train_items, minlength=data.n_items).astype(np.float64)
     return counts[eval_candidates(data, users)]
-
-
-# ----------------------------------------------------------------------------- training data
-class EpochData:
-    """Each epoch's training pairs (every positive and ``num_negatives`` fresh negatives per
-    positive) in an order shuffled with a seed of the epoch (``ncf_data.epoch_pairs``): rank
-    ``r`` takes positions ``r, r + P, ...`` of it and computes only those pairs, so every rank
-    does 1/P of the sampling, and the epoch (its pairs and their order) does not depend on the
-    number of ranks. Every rank gets ``steps_per_epoch x k`` micro-batches of
-    ``local_batch_size``; the tail that does not fill a global batch is left out."""
-
-    CHUNK = 1 << 20  # pairs computed at a time (memory stays bounded at any data size)
-
-    def __init__(self, data: NCFData, rank: int, world_size: int, local_batch_size: int,
-                 backward_passes_per_step: int, num_negatives: int = 4, seed: int = 0):
-        self.data, self.rank, self.world_size = data, rank, world_size
-        self.b, self.k = local_batch_size, backward_passes_per_step
-        self.num_negatives, self.seed = num_negatives, seed
-        self.lookup = _positive_lookup(data.train_users, data.train_items, data.n_items)
-        n = len(data.train_users) * (1 + num_negatives)
-        global_batch = local_batch_size * backward_passes_per_step * world_size
-        self.steps_per_epoch = n // global_batch
-        if self.steps_per_epoch < 1:
-            raise ConfigError(f"the global batch {global_batch} is larger than an epoch ({n} training "
-                              f"pairs); lower train.batch.local_batch_size")
-        self.micro_per_epoch = self.steps_per_epoch * backward_passes_per_step
-
-    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """This rank's ``(users, items, labels)`` micro-batches of ``epoch`` from ``start`` on."""
-        keys, b, d = epoch_keys(self.seed, epoch), self.b, self.data
-        per_chunk = max(1, self.CHUNK // b)
-        for m0 in range(start, self.micro_per_epoch, per_chunk):
-            m1 = min(m0 + per_chunk, self.micro_per_epoch)
-            positions = self.rank + self.world_size * np.arange(m0 * b, m1 * b, dtype=np.int64)
-            u, i, y = epoch_pairs(d.train_users, d.train_items, d.n_items, self.num_negatives, positions,
-                                  keys, self.lookup)
-            for m in range(m1 - m0):
-                s = slice(m * b, (m + 1) * b)
-                yield u[s], i[s], y[s]
-
-    def stream(self, start_micro: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        epoch, start = divmod(start_micro, self.micro_per_epoch)
-        while True:
-            yield from self.epoch(epoch, start)
-            epoch, start = epoch + 1, 0
 
 
 class EpochEvaluation:

@@ -5,7 +5,7 @@
 
 Each epoch's training pairs (positives and fresh sampled negatives, shuffled) are the same
 for any number of ranks; each rank computes only its own every ``world_size``-th pair
-(``evaluation.ncf.EpochData``); binary cross-entropy
+(``data.ncf.EpochData``); binary cross-entropy
 on the logits; any optimizer and schedule of the toolkit through the shared loop. After every
 ``eval_every`` epochs HR@K and NDCG@K are computed on all users, split across the ranks and
 summed with an allreduce (``evaluation.ncf.evaluate``); the run stops early once HR@K reaches
@@ -19,7 +19,9 @@ from pathlib import Path
 
 from hvd_bert.config import ConfigError
 from hvd_bert.train.engine import fit
-from hvd_bert.evaluation.ncf import EpochData, EpochEvaluation, NCFConfig, evaluate
+from hvd_bert.config import NCFConfig
+from hvd_bert.data.ncf import EpochData
+from hvd_bert.evaluation.ncf import EpochEvaluation, evaluate
 from hvd_bert.data.ncf import load_ncf
 from hvd_bert.jobs.run_folder import finish_line, open_run, with_run_folder
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from hvd_bert.config.bert import bert_preset
 from hvd_bert.data.bert import check_pretraining_data
 from hvd_bert.weights.portable import WeightsError
-from hvd_bert.config import BatchConfig, PretrainConfig, make_schedule
+from hvd_bert.config import BatchConfig, PretrainConfig
+from hvd_bert.core.schedules import make_schedule
 from hvd_bert.train.elastic import elastic_layout, fit_elastic, launched_elastic
 from hvd_bert.train.engine import fit
 from hvd_bert.evaluation.finetune import eval_batches, evaluate_pretraining

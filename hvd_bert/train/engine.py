@@ -116,7 +116,7 @@ def engine_settings(cfg, world_size: int) -> tuple[BatchPlan, float, dict]:
     ranks: the batch plan, the peak LR scaled to the global batch, and the schedule,
     accumulation, compression, precision and clipping both engines take (NVLAMB clips inside
     the optimizer, so the engine does not)."""
-    from hvd_bert.config import make_schedule
+    from hvd_bert.core.schedules import make_schedule
 
     plan = cfg.batch.plan(world_size)
     peak = cfg.optim.peak_lr(plan.global_batch_size)

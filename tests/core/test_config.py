@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from hvd_bert.config import (ConfigError, OptimConfig, ScheduleConfig, TrainConfig,
-                                    apply_overrides, explain, from_dict, load_config,
-                                    make_schedule, to_dict)
+from hvd_bert.config import (ConfigError, OptimConfig, ScheduleConfig, TrainConfig, apply_overrides, explain,
+                             from_dict, load_config, to_dict)
+from hvd_bert.core.schedules import make_schedule
 
 
 def test_defaults_round_trip_through_dict():

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from hvd_bert.data import ncf as N
 from hvd_bert.config import ConfigError
-from hvd_bert.evaluation.ncf import EpochData, eval_users, hit_rate_ndcg, popularity_scores, rank_of_positive
+from hvd_bert.data.ncf import EpochData
+from hvd_bert.evaluation.ncf import eval_users, hit_rate_ndcg, popularity_scores, rank_of_positive
 
 
 def brute_force(scores, k):

@@ -20,7 +20,8 @@ import pytest
 
 from bert_jobs import TINY, metrics_of
 from conftest import fake_cluster, on_node1
-from hvd_bert.config import PretrainConfig, make_schedule
+from hvd_bert.config import PretrainConfig
+from hvd_bert.core.schedules import make_schedule
 
 pytestmark = pytest.mark.multinode
 

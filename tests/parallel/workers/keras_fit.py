@@ -24,7 +24,8 @@ import toy_data as D  # noqa: E402
 import hvd_bert.tf  # noqa: E402,F401
 import tensorflow as tf  # noqa: E402
 
-from hvd_bert.config import TrainConfig, apply_overrides, make_schedule  # noqa: E402
+from hvd_bert.config import TrainConfig, apply_overrides  # noqa: E402
+from hvd_bert.core.schedules import make_schedule  # noqa: E402
 
 keras = tf.keras
 LOCAL_B = 4

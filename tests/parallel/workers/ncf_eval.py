@@ -13,7 +13,8 @@ import numpy as np
 
 from hvd_bert.train.backend import get_backend
 from hvd_bert.config import TrainConfig
-from hvd_bert.evaluation.ncf import ModelConfig, evaluate
+from hvd_bert.config import ModelConfig
+from hvd_bert.evaluation.ncf import evaluate
 from hvd_bert.data.ncf import load_ncf
 
 framework, data_dir, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])

@@ -55,7 +55,7 @@ def flat_params(model: torch.nn.Module) -> list[float]:
 
 def reference_run(optim: str, world: int, local_b: int, k: int, steps: int) -> list[float]:
     """One process, one batch of world*local_b*k rows per step, plain torch loop."""
-    from hvd_bert.config import make_schedule
+    from hvd_bert.core.schedules import make_schedule
     from hvd_bert.pt.optim import build_optimizer
 
     cfg = config(optim, local_b, k, steps)

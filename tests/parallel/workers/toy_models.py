@@ -34,7 +34,7 @@ class Torch:
         return engine.model.dense_in.weight.grad.reshape(-1)[:8].tolist()
 
     def reference(self, cfg, world, local_b, k, steps):
-        from hvd_bert.config import make_schedule
+        from hvd_bert.core.schedules import make_schedule
         from hvd_bert.pt.optim import build_optimizer
         g = world * local_b * k
         model = self.make_model()
@@ -82,7 +82,7 @@ class TensorFlow:
         return engine.accumulators[0].numpy().reshape(-1)[:8].tolist()
 
     def reference(self, cfg, world, local_b, k, steps):
-        from hvd_bert.config import make_schedule
+        from hvd_bert.core.schedules import make_schedule
         from hvd_bert.tf.optim import build_optimizer
         tf = self.tf
         g = world * local_b * k

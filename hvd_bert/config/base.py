@@ -1,0 +1,268 @@
+"""The configuration machinery: frozen dataclasses with documented fields (``doc``), loaded
+from YAML (safe loader) with type-checked command-line overrides (``--set optim.lr=1e-3``).
+
+An unknown key or a value of the wrong type is a :class:`ConfigError` that names the key
+(``optim.lr``), what was given and what is expected. Field documentation lives where the
+field is declared (``doc(...)``) and is printed by ``hvd-bert config --explain``. A section
+may define ``check_against(base, key)``: :func:`load_config` calls it to refuse a setting that
+does not apply (``optim.eta`` with LAMB).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import types
+import typing
+from dataclasses import field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+__all__ = ["ConfigError", "doc", "require", "from_dict", "to_dict", "load_config", "apply_overrides",
+           "overlay", "check_applicable", "explain"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key and the fix."""
+
+
+def doc(default: Any, text: str, **kw) -> Any:
+    """A dataclass field with a default and its documentation."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use tuples for sequence defaults (configs are frozen)")
+    return field(default=default, metadata={"doc": text}, **kw)
+
+
+# ----------------------------------------------------------------------------- type checks
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp, key: str) -> Any:
+    """Check ``value`` against annotation ``tp`` and return it in canonical form."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(e)
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"{key}: expected null, got {value!r}")
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value in allowed and type(value) is type(allowed[allowed.index(value)]):
+            return value
+        raise ConfigError(f"{key}: expected one of {', '.join(map(repr, allowed))}, got {value!r}")
+    if origin is tuple:
+        (item_tp, *rest) = typing.get_args(tp)
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list of {_type_name(item_tp)}, got {value!r}")
+        return tuple(_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value))
+    if is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        number = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                number = float(value)
+            except ValueError:
+                pass
+        if number is not None:
+            if not math.isfinite(number):
+                raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+            return number
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise TypeError(f"{key}: unsupported annotation {tp!r} in a config class")
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+
+
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _unknown(key: str, name: str, cls) -> ConfigError:
+    names = [f.name for f in fields(cls)]
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"unknown key {key!r}{hint}; {cls.__name__} has: {', '.join(names)}")
+
+
+def from_dict(cls, data: Mapping[str, Any], prefix: str = ""):
+    """Build config class ``cls`` from a mapping, checking every key and type."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix or cls.__name__}: expected a mapping, got {data!r}")
+    hints = _hints(cls)
+    names = {f.name for f in fields(cls)}
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else str(name)
+        if name not in names:
+            raise _unknown(key, str(name), cls)
+        kwargs[name] = _coerce(value, hints[name], key)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+
+
+def to_dict(cfg) -> dict:
+    """Plain dict (lists for tuples) of a config, for YAML/JSON dumps and checkpoints."""
+    def conv(v):
+        if is_dataclass(v):
+            return {f.name: conv(getattr(v, f.name)) for f in fields(v)}
+        if isinstance(v, tuple):
+            return [conv(x) for x in v]
+        return v
+    return conv(cfg)
+
+
+def _parse_scalar(text: str) -> Any:
+    import yaml  # PyYAML, imported only where configs are parsed
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"cannot parse {text!r} as a YAML value: {e}") from None
+
+
+def apply_overrides(cfg, overrides: Sequence[str]):
+    """Apply ``key.path=value`` overrides (value in YAML syntax) with type checks."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.path=value (e.g. optim.lr=1e-3)")
+        path, text = item.split("=", 1)
+        path = path.strip()
+        cfg = _set_path(cfg, path.split("."), _parse_scalar(text), path)
+    return cfg
+
+
+def _set_path(cfg, parts: list[str], value: Any, full: str):
+    name = parts[0]
+    if not is_dataclass(cfg):
+        raise ConfigError(f"{full}: {name!r} is not a section")
+    if name not in {f.name for f in fields(cfg)}:
+        raise _unknown(full, name, type(cfg))
+    if len(parts) == 1:
+        new = _coerce(value, _hints(type(cfg))[name], full)
+    else:
+        new = _set_path(getattr(cfg, name), parts[1:], value, full)
+    try:
+        return replace(cfg, **{name: new})
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{full}: {e}") from None
+
+
+def load_config(cls, path: str | Path | None = None, overrides: Sequence[str] = ()):
+    """Load ``cls`` from a YAML file (missing keys take their defaults), then apply overrides."""
+    import yaml
+
+    data: Mapping = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist; pass an existing YAML file")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    base = cls()
+    cfg = apply_overrides(overlay(base, data), overrides)
+    check_applicable(cfg, base)
+    return cfg
+
+
+def overlay(cfg, data: Mapping[str, Any], prefix: str = ""):
+    """``cfg`` with the keys of ``data`` (a recipe) replaced, and nothing else: a recipe that
+    names ``train.seed`` changes the seed and keeps every other setting of ``cfg`` (the job's
+    defaults), as ``--set train.seed=...`` does."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix or type(cfg).__name__}: expected a mapping, got {data!r}")
+    hints = _hints(type(cfg))
+    names = {f.name for f in fields(cfg)}
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else str(name)
+        if name not in names:
+            raise _unknown(key, str(name), type(cfg))
+        current = getattr(cfg, name)
+        if is_dataclass(current) and isinstance(value, Mapping):
+            kwargs[name] = overlay(current, value, key)
+        else:
+            kwargs[name] = _coerce(value, hints[name], key)
+    try:
+        return replace(cfg, **kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{prefix or type(cfg).__name__}: {e}") from None
+
+
+def check_applicable(cfg, base, prefix: str = "") -> None:
+    """Every section that defines ``check_against(base, key)`` checks its changed settings
+    against ``base`` (the job's defaults), nested sections included."""
+    for f in fields(cfg):
+        v, b = getattr(cfg, f.name), getattr(base, f.name)
+        key = f"{prefix}{f.name}"
+        if hasattr(v, "check_against"):
+            v.check_against(b, key)
+        if is_dataclass(v):
+            check_applicable(v, b, key + ".")
+
+
+def explain(cls, prefix: str = "", instance=None) -> list[str]:
+    """Lines ``key (type, default): doc`` for every field, nested sections included, with the
+    defaults of ``instance`` (a job's config: ``cls()``) rather than of the section classes."""
+    instance = cls() if instance is None else instance
+    out = []
+    hints = _hints(cls)
+    for f in fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        if is_dataclass(tp):
+            out += explain(tp, key + ".", getattr(instance, f.name))
+            continue
+        default = getattr(instance, f.name)
+        if isinstance(default, tuple):
+            default = list(default)
+        out.append(f"{key} ({_type_name(tp)}, default {default!r}): {f.metadata.get('doc', '')}")
+    return out
+
+
+def require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)

@@ -1,0 +1,141 @@
+"""The jobs' configurations, each a :class:`~hvd_bert.config.train.TrainConfig` with the job's
+defaults plus its model and data: BERT pretraining, BERT fine-tuning, NCF. Recipes
+(``recipes/*.yaml``) and ``--set`` change them key by key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hvd_bert.config.base import doc, require
+from hvd_bert.config.train import BatchConfig, OptimConfig, ScheduleConfig, TrainConfig
+
+__all__ = ["PretrainConfig", "FinetuneConfig", "NCFConfig", "ModelConfig"]
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """BERT pretraining: the engine settings plus model and data. Defaults: a tiny BERT on the
+    built-in corpus with NVLAMB and BERT's polynomial warmup (NVIDIA's recipe shape)."""
+
+    train: TrainConfig = doc(TrainConfig(
+        optim=OptimConfig(name="nvlamb", lr=5e-3, weight_decay=0.01),
+        schedule=ScheduleConfig(name="poly_warmup", warmup=0.1, total_steps=200, power=0.5),
+        batch=BatchConfig(local_batch_size=32, backward_passes_per_step=2),
+        checkpoint_every=50, output_dir=""), "")
+    model: Literal["tiny", "mini", "small", "base", "large"] = doc("tiny", "BERT size preset")
+    data: str = doc("", "prepared pretraining folder (hvd-bert prepare-bert); empty: the built-in "
+                        "corpus prepared under the cache folder")
+    max_seq_length: int = doc(128, "sequence length the data was prepared with (phase 1: 128, 2: 512)")
+    max_predictions_per_seq: int = doc(20, "masked positions per sequence in the data")
+    shuffle_buffer: int = doc(1024, "records per shuffle window of the reader")
+    record_striding: bool = doc(False, "every rank reads every shard and keeps every world_size-th "
+                                       "record (automatic when there are fewer shards than ranks)")
+    dropout: float = doc(0.1, "BERT's hidden and attention dropout (a probability in [0, 1))")
+    init_checkpoint: str = doc("", "phase 2: start from this phase-1 checkpoint's weights with a "
+                                   "fresh optimizer and schedule")
+    eval_data: str = doc("", "held-out prepared pretraining folder (same vocab and lengths), scored at "
+                             "the end and every eval_every steps: masked-LM loss and accuracy, NSP "
+                             "accuracy; empty: none")
+    eval_every: int = doc(0, "also evaluate eval_data every this many steps (0: at the end only)")
+    eval_batch_size: int = doc(64, "sequences per evaluation batch on one rank")
+    progress: bool = doc(True, "show a progress bar on rank 0")
+    framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
+
+    def __post_init__(self) -> None:
+        require(0 <= self.dropout < 1, f"dropout is a probability in [0, 1), got {self.dropout}")
+        require(self.eval_every >= 0 and self.eval_batch_size > 0,
+                 "eval_every must be >= 0 and eval_batch_size > 0")
+        require(self.max_seq_length > 0 and self.max_predictions_per_seq > 0,
+                 "max_seq_length and max_predictions_per_seq must be > 0")
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """BERT fine-tuning from a pretrained checkpoint (Google's run_classifier / run_squad
+    recipe: AdamW, linear warmup and decay, a few epochs): sentence(-pair) classification,
+    regression (STS-B) or SQuAD, as the prepared data says."""
+
+    train: TrainConfig = doc(TrainConfig(
+        optim=OptimConfig(name="adamw", lr=5e-5, weight_decay=0.01),
+        schedule=ScheduleConfig(name="poly_warmup", warmup=0.1, total_steps=1000, power=1.0),
+        batch=BatchConfig(local_batch_size=32, backward_passes_per_step=1),
+        log_every=10, checkpoint_every=0, output_dir=""), "")
+    data: str = doc("", "training set prepared by hvd-bert prepare-classification or prepare-squad "
+                        "(required)")
+    eval_data: str = doc("", "evaluation set (prepared with the training set's --labels; for SQuAD a dev "
+                             "file prepared with --split dev); empty: none")
+    task: str = doc("", "what the data must be: squad, classification, regression or a GLUE task name; "
+                        "empty: whatever the prepared data is (also --task)")
+    init_checkpoint: str = doc("", "pretrained weights: a run folder, ckpt-*.pt / ckpt-*.tf, or a .npz "
+                                   "(hvd-bert convert); empty: train from BERT's initialisation")
+    model: Literal["tiny", "mini", "small", "base", "large"] = doc(
+        "tiny", "BERT size preset when init_checkpoint does not say (a .npz or a run folder does)")
+    epochs: float = doc(3.0, "passes over the training set; sets train.schedule.total_steps "
+                             "(0: use train.schedule.total_steps)")
+    do_train: bool = doc(True, "false: only evaluate eval_data (SQuAD: write predictions) with "
+                               "init_checkpoint, e.g. a fine-tuned run folder")
+    eval_every: int = doc(0, "also evaluate every this many steps (0: at the end only)")
+    eval_batch_size: int = doc(64, "examples per evaluation batch on one rank")
+    dropout: float = doc(0.1, "BERT's hidden and attention dropout")
+    length_grouping: int = doc(32, "pad each batch to its longest sequence, after sorting every this many "
+                                   "batches of a rank by length (1: no sorting; 0: pad to max_seq_length)")
+    n_best_size: int = doc(20, "SQuAD: candidate answers kept per question (nbest_predictions.json)")
+    max_answer_length: int = doc(30, "SQuAD: the longest answer in WordPiece tokens")
+    null_score_diff_threshold: float = doc(0.0, "SQuAD v2.0: predict no answer above this null-score margin")
+    shuffle_buffer: int = doc(1024, "records per shuffle window of the reader")
+    progress: bool = doc(True, "show a progress bar on rank 0")
+    framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
+
+    def __post_init__(self) -> None:
+        require(self.epochs >= 0, f"epochs must be >= 0, got {self.epochs}")
+        require(0 <= self.dropout < 1, f"dropout is a probability in [0, 1), got {self.dropout}")
+        require(self.eval_batch_size > 0, f"eval_batch_size must be > 0, got {self.eval_batch_size}")
+        require(self.length_grouping >= 0, f"length_grouping must be >= 0, got {self.length_grouping}")
+        require(self.n_best_size > 0 and self.max_answer_length > 0,
+                 "n_best_size and max_answer_length must be > 0")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """NeuMF sizes (NVIDIA's defaults): GMF factors and the MLP's layer widths (the first is
+    the concatenated user and item MLP embeddings)."""
+
+    factors: int = doc(64, "GMF embedding size")
+    layers: tuple[int, ...] = doc((256, 256, 128, 64), "MLP widths; layers[0] / 2 is each MLP embedding")
+    dropout: float = doc(0.0, "dropout between MLP layers")
+
+    def __post_init__(self) -> None:
+        require(self.factors > 0, f"model.factors must be > 0, got {self.factors}")
+        require(len(self.layers) >= 1 and all(w > 0 for w in self.layers),
+                 f"model.layers must be positive widths, got {self.layers}")
+        require(self.layers[0] % 2 == 0, f"model.layers[0] must be even (user + item), got {self.layers[0]}")
+
+
+@dataclass(frozen=True)
+class NCFConfig:
+    """NCF (NeuMF) on implicit feedback with Horovod. Defaults: NVIDIA's model and Adam
+    settings, sized for the synthetic ml-1m data on a small machine."""
+
+    train: TrainConfig = doc(TrainConfig(
+        optim=OptimConfig(name="adamw", lr=0.0045, beta1=0.25, beta2=0.5, eps=1e-8, weight_decay=0.0),
+        schedule=ScheduleConfig(name="constant", total_steps=1),
+        batch=BatchConfig(local_batch_size=8192, backward_passes_per_step=1),
+        log_every=20, checkpoint_every=0, output_dir=""), "")
+    model: ModelConfig = doc(ModelConfig(), "")
+    data: str = doc("", "folder from hvd-bert prepare-ncf; empty: synthetic ml-1m prepared under the cache")
+    epochs: int = doc(20, "maximum epochs (sets train.schedule.total_steps)")
+    num_negatives: int = doc(4, "sampled negatives per positive in each epoch")
+    target_hr: float = doc(0.0, "stop when HR@K reaches this (0: run all epochs)")
+    top_k: int = doc(10, "K of HR@K and NDCG@K")
+    eval_every: float = doc(1.0, "evaluate every this many epochs (fractions: within an epoch)")
+    eval_batch_users: int = doc(1024, "users scored per evaluation batch on one rank")
+    progress: bool = doc(False, "show a progress bar on rank 0")
+    framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
+
+    def __post_init__(self) -> None:
+        require(self.epochs > 0, f"epochs must be > 0, got {self.epochs}")
+        require(self.num_negatives > 0, f"num_negatives must be > 0, got {self.num_negatives}")
+        require(0 <= self.target_hr <= 1, f"target_hr must be in [0, 1], got {self.target_hr}")
+        require(self.top_k > 0 and self.eval_every > 0 and self.eval_batch_users > 0,
+                 "top_k, eval_every and eval_batch_users must be > 0")

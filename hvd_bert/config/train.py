@@ -1,0 +1,288 @@
+"""The sections of a training run's configuration, shared by every job and both frameworks:
+the optimizer, the LR schedule, the batch layout, precision, Horovod and elastic settings,
+and :class:`TrainConfig` that holds them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal, Optional, Sequence
+
+from hvd_bert.config.base import ConfigError, doc, require
+from hvd_bert.core import schedules as S
+from hvd_bert.core.batch import BatchPlan, plan_batch
+from hvd_bert.core.optim import BERT_EXCLUDE, LARS_EXCLUDE, name_mask
+
+__all__ = ["OptimConfig", "ScheduleConfig", "BatchConfig", "PrecisionConfig", "HorovodConfig",
+           "ElasticConfig", "TrainConfig", "OPTIM_FIELDS"]
+
+# Which OptimConfig fields each optimizer reads (beside name, lr, lr_scaling, base_batch_size,
+# max_grad_norm and exclude, which every one does).
+OPTIM_FIELDS = {
+    "sgd": {"momentum", "nesterov", "weight_decay"},
+    "adamw": {"beta1", "beta2", "eps", "weight_decay"},
+    "lamb": {"beta1", "beta2", "eps", "weight_decay", "bias_correction", "trust_ratio_on_excluded"},
+    "nvlamb": {"beta1", "beta2", "eps", "weight_decay", "trust_ratio_on_excluded"},
+    "lars": {"momentum", "weight_decay", "eta", "eps", "trust_ratio_on_excluded"},
+}
+_OPTIM_ALL = {"name", "lr", "lr_scaling", "base_batch_size", "max_grad_norm", "exclude"}
+
+
+OptimName = Literal["sgd", "adamw", "lamb", "nvlamb", "lars"]
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """The optimizer and its hyperparameters (names as in ``hvd_bert.core.optim``)."""
+
+    name: OptimName = doc("lamb", "optimizer: sgd (momentum), adamw, lamb, nvlamb or lars")
+    lr: float = doc(1e-3, "peak learning rate at base_batch_size (before lr_scaling)")
+    lr_scaling: Literal["none", "linear", "sqrt"] = doc(
+        "none", "scale lr from base_batch_size to the global batch: none, linear (Goyal) or sqrt")
+    base_batch_size: int = doc(256, "the global batch at which lr was tuned (for lr_scaling)")
+    weight_decay: float = doc(0.01, "decoupled weight decay (not applied to excluded parameters)")
+    beta1: float = doc(0.9, "Adam/LAMB first-moment decay")
+    beta2: float = doc(0.999, "Adam/LAMB second-moment decay")
+    eps: float = doc(1e-6, "Adam/LAMB epsilon (outside the square root); LARS epsilon")
+    momentum: float = doc(0.9, "SGD/LARS momentum")
+    nesterov: bool = doc(False, "SGD: Nesterov momentum")
+    eta: float = doc(1e-3, "LARS trust coefficient")
+    bias_correction: bool = doc(True, "LAMB: Adam bias correction (always on for nvlamb)")
+    max_grad_norm: Optional[float] = doc(
+        None, "clip the global gradient norm to this (nvlamb: default 1.0); null = no clip")
+    trust_ratio_on_excluded: Optional[bool] = doc(
+        None, "whether excluded parameters still get the trust ratio; null = the optimizer's "
+              "default (lamb: yes, as TF BERT and optax; nvlamb: no, as apex unless use_nvlamb; "
+              "lars: no)")
+    exclude: tuple[str, ...] = doc(
+        BERT_EXCLUDE, "regular expressions of parameter names without weight decay (and layer "
+                      "adaptation where configured); default BERT's")
+
+    def __post_init__(self) -> None:
+        require(0 < self.lr < 1e4, f"optim.lr must be in (0, 1e4), got {self.lr}: no recipe steps that far "
+                                    f"(LARS for ResNet peaks near 30)")
+        require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
+                 f"optim.beta1/beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
+        require(self.eps >= 0, f"optim.eps must be >= 0, got {self.eps}")
+        require(0 <= self.momentum < 1, f"optim.momentum must be in [0, 1), got {self.momentum}")
+        require(self.base_batch_size > 0, f"optim.base_batch_size must be > 0, got {self.base_batch_size}")
+        require(self.max_grad_norm is None or self.max_grad_norm > 0,
+                 f"optim.max_grad_norm must be > 0 or null, got {self.max_grad_norm}")
+
+    def check_against(self, base: OptimConfig, key: str) -> None:
+        """Refuse a setting the chosen optimizer does not read (``optim.eta`` with lamb): every
+        field changed from ``base`` (the job's default) must apply to ``name``."""
+        for g in fields(self):
+            if g.name in _OPTIM_ALL or g.name in OPTIM_FIELDS[self.name]:
+                continue
+            if getattr(self, g.name) != getattr(base, g.name):
+                users = sorted(n for n, used in OPTIM_FIELDS.items() if g.name in used)
+                raise ConfigError(f"{key}.{g.name}={getattr(self, g.name)!r} does not apply to {key}.name="
+                                  f"{self.name!r} (it is read by {', '.join(users)}); remove it, or "
+                                  f"choose one of those optimizers")
+
+    @property
+    def effective_max_grad_norm(self) -> Optional[float]:
+        if self.max_grad_norm is None and self.name == "nvlamb":
+            return 1.0
+        return self.max_grad_norm
+
+    @property
+    def effective_exclude(self) -> tuple[str, ...]:
+        """LARS excludes normalisation layers too when the BERT default is left in place."""
+        if self.name == "lars" and self.exclude == BERT_EXCLUDE:
+            return LARS_EXCLUDE
+        return self.exclude
+
+    def peak_lr(self, global_batch_size: int) -> float:
+        """``lr`` scaled to ``global_batch_size`` by ``lr_scaling``."""
+        if self.lr_scaling == "linear":
+            return S.linear_scaled_lr(self.lr, self.base_batch_size, global_batch_size)
+        if self.lr_scaling == "sqrt":
+            return S.sqrt_scaled_lr(self.lr, self.base_batch_size, global_batch_size)
+        return self.lr
+
+    def masks(self, names: Sequence[str]) -> tuple[list[bool], list[bool]]:
+        """``(decay_mask, adapt_mask)`` for parameters called ``names``."""
+        decay = name_mask(names, self.effective_exclude)
+        on_excluded = self.trust_ratio_on_excluded
+        if on_excluded is None:
+            on_excluded = self.name == "lamb"
+        adapt = [True] * len(decay) if on_excluded else list(decay)
+        if self.name == "nvlamb" and not on_excluded and self.weight_decay == 0.0:
+            adapt = [False] * len(decay)  # apex: the trust ratio follows wd != 0
+        return decay, adapt
+
+    def step_kwargs(self, names: Sequence[str]) -> dict:
+        """Keyword arguments of ``hvd_bert.core.optim``'s step function (without ``lr``)."""
+        decay, adapt = self.masks(names)
+        if self.name == "sgd":
+            return dict(momentum=self.momentum, weight_decay=self.weight_decay,
+                        nesterov=self.nesterov, decay_mask=decay)
+        if self.name == "adamw":
+            return dict(beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+                        weight_decay=self.weight_decay, decay_mask=decay)
+        if self.name == "lars":
+            return dict(momentum=self.momentum, weight_decay=self.weight_decay, eta=self.eta,
+                        eps=self.eps, adapt_mask=adapt)
+        kw = dict(beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+                  weight_decay=self.weight_decay, decay_mask=decay)
+        if self.name == "nvlamb":
+            return dict(kw, max_grad_norm=self.effective_max_grad_norm,
+                        use_nvlamb=bool(self.trust_ratio_on_excluded))
+        return dict(kw, bias_correction=self.bias_correction, adapt_mask=adapt,
+                    max_grad_norm=self.max_grad_norm)
+
+
+ScheduleName = Literal["constant", "linear_warmup", "poly_warmup", "warmup_poly_decay", "step"]
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The learning-rate schedule; its peak is ``OptimConfig.peak_lr(global batch)``."""
+
+    name: ScheduleName = doc(
+        "poly_warmup", "constant; linear_warmup (then constant; Goyal when warmup_init_lr is "
+                       "set); poly_warmup (BERT: warmup proportion, then (1-p)^power); "
+                       "warmup_poly_decay (LARS: linear warmup, then polynomial decay to end_lr); "
+                       "step (multiply by factor at each boundary)")
+    total_steps: int = doc(1000, "optimizer steps in the run (the schedule's horizon)")
+    warmup: float = doc(0.01, "poly_warmup: warmup as a proportion of total_steps")
+    warmup_steps: int = doc(0, "linear_warmup / warmup_poly_decay: warmup length in steps")
+    warmup_init_lr: float = doc(0.0, "linear_warmup: lr at step 0 (Goyal: the unscaled base lr)")
+    power: float = doc(0.5, "poly_warmup / warmup_poly_decay: decay power (BERT NVIDIA 0.5, "
+                            "Google 1.0, LARS 2.0)")
+    end_lr: float = doc(0.0, "warmup_poly_decay: final lr")
+    boundaries: tuple[int, ...] = doc((), "step: steps at which lr is multiplied by factor")
+    factor: float = doc(0.1, "step: the multiplier")
+
+    def __post_init__(self) -> None:
+        require(self.total_steps > 0, f"schedule.total_steps must be > 0, got {self.total_steps}")
+        require(0 <= self.warmup < 1, f"schedule.warmup is a proportion in [0, 1), got {self.warmup}")
+        require(self.warmup_steps >= 0, f"schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.name == "warmup_poly_decay":
+            require(self.warmup_steps < self.total_steps,
+                     f"schedule.warmup_steps ({self.warmup_steps}) must be < total_steps "
+                     f"({self.total_steps})")
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """Batch layout; give local_batch_size and backward_passes_per_step, or the global batch
+    and one of them (the other is derived; inconsistent values are an error)."""
+
+    local_batch_size: Optional[int] = doc(32, "examples in one micro-batch on one rank")
+    backward_passes_per_step: Optional[int] = doc(
+        None, "micro-batches accumulated before each allreduce and optimizer step "
+              "(Horovod's name; null = derived, or 1)")
+    global_batch_size: Optional[int] = doc(
+        None, "examples per optimizer step over all ranks; null = derived")
+
+    def plan(self, world_size: int) -> BatchPlan:
+        try:
+            return plan_batch(world_size=world_size, local_batch_size=self.local_batch_size,
+                              backward_passes_per_step=self.backward_passes_per_step,
+                              global_batch_size=self.global_batch_size)
+        except ValueError as e:
+            raise ConfigError(f"batch: {e}") from None
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """Mixed precision and dynamic loss scaling (GradScaler's defaults)."""
+
+    mode: Literal["fp32", "fp16", "bf16"] = doc(
+        "fp32", "fp32, fp16 (autocast + dynamic loss scaling) or bf16 (autocast, no scaling)")
+    init_scale: float = doc(65536.0, "initial loss scale (fp16)")
+    growth_factor: float = doc(2.0, "scale multiplier after growth_interval clean steps")
+    backoff_factor: float = doc(0.5, "scale multiplier on an overflow (the step is skipped)")
+    growth_interval: int = doc(2000, "clean steps before the scale grows")
+
+    def __post_init__(self) -> None:
+        require(self.init_scale > 0, f"precision.init_scale must be > 0, got {self.init_scale}")
+        require(self.growth_factor > 1, f"precision.growth_factor must be > 1, got {self.growth_factor}")
+        require(0 < self.backoff_factor < 1,
+                 f"precision.backoff_factor must be in (0, 1), got {self.backoff_factor}")
+        require(self.growth_interval > 0,
+                 f"precision.growth_interval must be > 0, got {self.growth_interval}")
+
+
+@dataclass(frozen=True)
+class ElasticConfig:
+    """What a run launched by Horovod elastic (``horovodrun --min-np/--max-np
+    --host-discovery-script``) does when workers are lost or added: the global batch and the LR
+    schedule stay as configured; ``backward_passes_per_step`` (and, where needed, the local
+    batch) is recomputed from the new world size."""
+
+    uneven: Literal["nearest", "wait"] = doc(
+        "nearest", "when the new world size cannot make the global batch exactly: nearest (train on "
+                   "the nearest global batch, peak LR rescaled by optim.lr_scaling) or wait (train "
+                   "nothing until workers are added or removed)")
+    commit_every: int = doc(1, "optimizer steps between commits of the training state to memory "
+                               "(what a lost worker rolls back to)")
+    wait_poll_s: float = doc(1.0, "seconds between checks for new workers while waiting (uneven=wait)")
+
+    def __post_init__(self) -> None:
+        require(self.commit_every > 0, f"elastic.commit_every must be > 0, got {self.commit_every}")
+        require(self.wait_poll_s > 0, f"elastic.wait_poll_s must be > 0, got {self.wait_poll_s}")
+
+
+@dataclass(frozen=True)
+class HorovodConfig:
+    """How gradients are reduced across ranks."""
+
+    compression: Literal["none", "fp16"] = doc(
+        "none", "allreduce wire format: none, or fp16 (halves the bytes, no scaling)")
+    gradient_predivide_factor: float = doc(
+        1.0, "divide gradients by this before the sum and by size/this after it")
+    fusion_threshold_mb: Optional[int] = doc(
+        None, "HOROVOD_FUSION_THRESHOLD in MiB (Horovod's default 128); null = leave as is")
+    cycle_time_ms: Optional[float] = doc(
+        None, "HOROVOD_CYCLE_TIME in ms (Horovod's default 1); null = 5 on a CPU (measured faster, "
+              "BENCHMARKS.md), Horovod's 1 with NCCL or under Horovod elastic")
+    cpu_operations: Optional[Literal["gloo", "mpi"]] = doc(
+        None, "HOROVOD_CPU_OPERATIONS: the CPU allreduce library, gloo or mpi (mpi needs mpirun); "
+              "null = Horovod's choice for the launcher (mpi under mpirun/srun, with OpenMPI yielding "
+              "while it waits, on a CPU outside Horovod elastic)")
+    hierarchical_allreduce: Optional[bool] = doc(
+        None, "HOROVOD_HIERARCHICAL_ALLREDUCE: reduce within each node, then across nodes; "
+              "null = leave as is")
+    autotune: bool = doc(False, "HOROVOD_AUTOTUNE: let Horovod tune fusion and cycle time while training")
+    autotune_log: str = doc("", "HOROVOD_AUTOTUNE_LOG: the CSV file where rank 0 logs what autotune tried")
+    timeline: str = doc("", "HOROVOD_TIMELINE: the file where rank 0 writes Horovod's timeline of the run "
+                            "(chrome://tracing); empty = none")
+
+    def __post_init__(self) -> None:
+        require(self.gradient_predivide_factor > 0,
+                 f"horovod.gradient_predivide_factor must be > 0, got {self.gradient_predivide_factor}")
+        require(not self.autotune_log or self.autotune,
+                 "horovod.autotune_log is set but horovod.autotune is false: set horovod.autotune=true")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training run's engine settings, shared by both frameworks."""
+
+    optim: OptimConfig = doc(OptimConfig(), "")
+    schedule: ScheduleConfig = doc(ScheduleConfig(), "")
+    batch: BatchConfig = doc(BatchConfig(), "")
+    precision: PrecisionConfig = doc(PrecisionConfig(), "")
+    horovod: HorovodConfig = doc(HorovodConfig(), "")
+    elastic: ElasticConfig = doc(ElasticConfig(), "")
+    seed: int = doc(0, "random seed (model init, data order, masking)")
+    log_every: int = doc(10, "log every this many optimizer steps (rank 0)")
+    checkpoint_every: int = doc(0, "checkpoint every this many optimizer steps (0 = at the end only)")
+    keep_checkpoints: int = doc(3, "newest checkpoints to keep")
+    output_dir: str = doc("runs/latest", "folder for checkpoints and logs (jobs: empty means "
+                                         "runs/<job>-<framework>-<data folder name>)")
+    resume_resized: bool = doc(False, "resume a checkpoint written by another number of ranks (same "
+                                      "global batch; each rank's data share and RNG stream change)")
+    max_skipped_steps: int = doc(
+        50, "stop with an error after this many optimizer steps in a row were skipped for inf/NaN "
+            "gradients (a diverged run: lower optim.lr, or use fp32)")
+
+    def __post_init__(self) -> None:
+        require(self.max_skipped_steps > 0, f"max_skipped_steps must be > 0, got {self.max_skipped_steps}")
+        require(self.log_every > 0, f"log_every must be > 0, got {self.log_every}")
+        require(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        require(self.keep_checkpoints > 0, f"keep_checkpoints must be > 0, got {self.keep_checkpoints}")
