@@ -40,7 +40,8 @@ VARIANTS = ("hvd_bert", "hvd_bert-fixed-padding", "transformers")
 
 def prepare(task: str, root: Path, examples: int) -> Path:
     """The prepared set (and its token lengths) in ``root``; made once."""
-    from hvd_bert.data.bert import prepare_classification, train_vocab
+    from hvd_bert.data.classification import prepare_classification
+    from hvd_bert.data.vocab import train_vocab
     from hvd_bert.data.corpus import stdlib_documents
 
     out = root / task
@@ -84,7 +85,7 @@ def prepare(task: str, root: Path, examples: int) -> Path:
 
 
 def lengths(folder: Path) -> list[int]:
-    from hvd_bert.data.bert import spec_for_meta
+    from hvd_bert.data.kinds import spec_for_meta
     from hvd_bert.data.records import decode_batch, iter_records, read_sidecar
 
     meta = read_sidecar(folder, ("bert-classification", "bert-squad"))

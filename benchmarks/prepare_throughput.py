@@ -38,7 +38,7 @@ def timed(cmd: list[str], env=None) -> tuple[float, int]:
 
 
 def stats(files: list[Path], documents: int) -> dict:
-    from hvd_bert.data.bert import pretraining_spec
+    from hvd_bert.data.kinds import pretraining_spec
     from hvd_bert.data.records import decode_example, iter_records
 
     spec = pretraining_spec(SETTINGS["max_seq_length"], SETTINGS["max_predictions_per_seq"])
@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     from hvd_bert.cluster import launch
-    from hvd_bert.data.bert import train_vocab
+    from hvd_bert.data.vocab import train_vocab
     from hvd_bert.data.corpus import stdlib_documents
     from tests.wiki_dump import article_pages, write_dump
 

@@ -62,7 +62,7 @@ def default_cache():
 def default_corpus(vocab_size: int = 8192, lower: bool = True, build: bool = True, vocab=None):
     """The built-in corpus and its WordPiece vocab, made once and cached (a trained vocab is not
     bit-reproducible: the trainer breaks frequency ties in hash order)."""
-    from hvd_bert.data.bert import train_vocab
+    from hvd_bert.data.vocab import train_vocab
     from hvd_bert.train.checkpoint import atomic_write
     from hvd_bert.data.corpus import write_stdlib_corpus
 
@@ -112,7 +112,7 @@ def _vocab_and_case(args: argparse.Namespace):
 def _like_phase_one(args: argparse.Namespace, rank: int) -> None:
     """``--like``: the text, vocabulary and case of phase-1 data (or of a run folder's data),
     for what the command line does not give itself."""
-    from hvd_bert.data.bert import phase_one_data
+    from hvd_bert.data.pretraining import phase_one_data
 
     folder, meta = phase_one_data(args.like)
     if not args.input:  # phase 1's files, read as phase 1 read them
@@ -132,7 +132,8 @@ def _like_phase_one(args: argparse.Namespace, rank: int) -> None:
 
 
 def _cmd_prepare_bert(args: argparse.Namespace) -> int:
-    from hvd_bert.data.bert import PretrainingSettings, prepare_bert
+    from hvd_bert.data.masking import PretrainingSettings
+    from hvd_bert.data.pretraining import prepare_bert
     from hvd_bert.data.records import DatasetError
 
     rank, size, comm = _mpi_world()
@@ -174,7 +175,7 @@ def _cmd_prepare_bert(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare_classification(args: argparse.Namespace) -> int:
-    from hvd_bert.data.bert import prepare_classification
+    from hvd_bert.data.classification import prepare_classification
     from hvd_bert.data.records import DatasetError
 
     try:

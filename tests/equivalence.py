@@ -3,7 +3,7 @@ part of tests/pt/test_training_equivalence.py and tests/tf/test_training_equival
 
 One random ``transformers.BertForPreTraining`` (the size of hvd_bert's ``tiny`` preset, dropout
 off) is saved with ``save_pretrained``; small pretraining shards are prepared with
-``hvd_bert.data.bert.prepare_bert``. ``run_job`` runs ``hvd-bert pretrain`` on them
+``hvd_bert.data.pretraining.prepare_bert``. ``run_job`` runs ``hvd-bert pretrain`` on them
 from that folder (one process, AdamW, global-norm clipping, Google's linear warmup and decay,
 a metrics line every step) and returns its per-step losses and its final weights under
 Hugging Face's names.
@@ -55,7 +55,9 @@ def make_inputs(tmp: Path, seed: int) -> tuple[Path, Path]:
     import torch
     import transformers
 
-    from hvd_bert.data.bert import PretrainingSettings, prepare_bert
+    from hvd_bert.data.masking import PretrainingSettings
+
+    from hvd_bert.data.pretraining import prepare_bert
     from hvd_bert.data.corpus import write_stdlib_corpus
 
     corpus = write_stdlib_corpus(tmp / "corpus.txt", max_bytes=120_000)

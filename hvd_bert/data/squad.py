@@ -24,16 +24,14 @@ for 1 or N processes.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from hvd_bert.data.bert import KIND_SQUAD
+from hvd_bert.data.kinds import KIND_SQUAD
 from hvd_bert.data.records import DatasetError, file_sha256, shard_name, write_examples, write_sidecar
 
-__all__ = ["SquadExample", "read_squad", "convert_examples", "prepare_squad", "KIND_SQUAD", "predictions",
-           "final_text", "write_predictions"]
+__all__ = ["SquadExample", "read_squad", "convert_examples", "prepare_squad", "KIND_SQUAD", "FIRST_UNIQUE_ID"]
 
 FIRST_UNIQUE_ID = 1000000000
 
@@ -194,7 +192,7 @@ def convert_examples(examples: Sequence[SquadExample], tokenize_words: Callable[
 
 
 def _tokenizer(vocab_file: Path, do_lower_case: bool):
-    from hvd_bert.data.bert import load_tokenizer
+    from hvd_bert.data.vocab import load_tokenizer
 
     tok = load_tokenizer(vocab_file, do_lower_case)
 
@@ -223,13 +221,13 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
     Returns the sidecar on rank 0."""
     import shutil
 
-    from hvd_bert.data.bert import _agree, _prepare_output
-    from hvd_bert.evaluation.squad import _read_json
+    from hvd_bert.data.output import agree, prepare_output
+    from hvd_bert.evaluation.squad import read_json
 
     out, src = Path(output_dir), Path(input_file)
     examples, skipped, err = [], 0, None
     try:
-        data = _read_json(src, "SQuAD file")
+        data = read_json(src, "SQuAD file")
         if not isinstance(data, dict) or not isinstance(data.get("data"), list):
             raise DatasetError(f"{src} is not a SQuAD file (no 'data' list of articles)")
         examples, skipped = read_squad(data, is_training, version_2, str(src))
@@ -239,17 +237,17 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
             raise DatasetError(f"num_shards must be >= 1, got {num_shards}")
     except (DatasetError, KeyError, TypeError) as e:
         err = str(e) if isinstance(e, DatasetError) else f"{src} is not in SQuAD's format ({e!r} missing)"
-    _agree(comm, err)
+    agree(comm, err)
     if rank == 0:
         try:
-            _prepare_output(out, overwrite)
+            prepare_output(out, overwrite)
             if Path(vocab_file).resolve() != (out / "vocab.txt").resolve():
                 shutil.copyfile(vocab_file, out / "vocab.txt")
         except OSError as e:
             err = f"cannot write to {out}: {e.strerror}"
     if comm is not None:
         err = comm.bcast(err, root=0)
-    _agree(None, err)
+    agree(None, err)
     tok, tokenize_words = _tokenizer(out / "vocab.txt", do_lower_case)
     vocab = tok.get_vocab()
     mine = {s: convert_examples([examples[e] for e in range(s, len(examples), num_shards)], tokenize_words,
@@ -278,7 +276,7 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
             log(f"[rank {rank}] {name}: {n} features")
     except OSError as e:
         err = f"cannot write shards to {out}: {e.strerror}"
-    _agree(comm, err)
+    agree(comm, err)
     side = [{k: f[k] for k in ("unique_id", "example_index", "doc_span_index", "tokens", "token_to_orig_map",
                                "token_is_max_context")} for feats in mine.values() for f in feats]
     if comm is not None:
@@ -304,140 +302,3 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
             "source": src.name, "source_version": data.get("version")}
     write_sidecar(out, meta)
     return meta
-
-
-# ----------------------------------------------------------------------------- predictions
-def _best_indexes(logits, n_best_size: int) -> list[int]:
-    return [i for i, _ in sorted(enumerate(logits), key=lambda x: x[1], reverse=True)[:n_best_size]]
-
-
-def _softmax(scores: list[float]) -> list[float]:
-    if not scores:
-        return []
-    top = max(scores)
-    exps = [math.exp(s - top) for s in scores]
-    total = sum(exps)
-    return [e / total for e in exps]
-
-
-def _basic_tokens(text: str, do_lower_case: bool) -> list[str]:
-    """Google's ``BasicTokenizer``: cleaning, CJK spacing, lower case and accents stripped when
-    lower-casing, split on whitespace and punctuation (``tokenizers``' BERT normaliser and
-    pre-tokenizer do the same)."""
-    from tokenizers.normalizers import BertNormalizer
-    from tokenizers.pre_tokenizers import BertPreTokenizer
-
-    norm = BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=do_lower_case,
-                          lowercase=do_lower_case)
-    return [t for t, _ in BertPreTokenizer().pre_tokenize_str(norm.normalize_str(text))]
-
-
-def _strip_spaces(text: str) -> tuple[str, dict[int, int]]:
-    chars, ns_to_s = [], {}
-    for i, c in enumerate(text):
-        if c != " ":
-            ns_to_s[len(chars)] = i
-            chars.append(c)
-    return "".join(chars), ns_to_s
-
-
-def final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
-    """The predicted WordPiece text projected back onto the original words (Google's
-    ``get_final_text``): the original text when the two cannot be aligned."""
-    tok_text = " ".join(_basic_tokens(orig_text, do_lower_case))
-    start = tok_text.find(pred_text)
-    if start == -1:
-        return orig_text
-    end = start + len(pred_text) - 1
-    orig_ns, orig_map = _strip_spaces(orig_text)
-    tok_ns, tok_map = _strip_spaces(tok_text)
-    if len(orig_ns) != len(tok_ns):
-        return orig_text
-    tok_s_to_ns = {s: ns for ns, s in tok_map.items()}
-    o_start = orig_map.get(tok_s_to_ns[start]) if start in tok_s_to_ns else None
-    o_end = orig_map.get(tok_s_to_ns[end]) if end in tok_s_to_ns else None
-    if o_start is None or o_end is None:
-        return orig_text
-    return orig_text[o_start:o_end + 1]
-
-
-def predictions(examples: Sequence[dict], features: Sequence[dict], results: dict[int, tuple],
-                n_best_size: int = 20, max_answer_length: int = 30, do_lower_case: bool = True,
-                version_2: bool = False, null_score_diff_threshold: float = 0.0
-                ) -> tuple[dict, dict, dict]:
-    """``(predictions, nbest, null_odds)`` as Google's ``write_predictions`` makes them.
-    ``examples``: ``{"qas_id", "doc_tokens"}`` in file order; ``features``: the prediction maps
-    (``features.jsonl``); ``results``: unique id -> ``(start_logits, end_logits)``, every
-    feature scored once. ``null_odds`` is empty for v1.1."""
-    by_example: dict[int, list[dict]] = {}
-    for f in features:
-        by_example.setdefault(f["example_index"], []).append(f)
-    preds, nbest_all, odds = {}, {}, {}
-    for ei, ex in enumerate(examples):
-        feats = sorted(by_example.get(ei, []), key=lambda f: f["doc_span_index"])
-        prelim = []
-        score_null, null_fi, null_start, null_end = 1000000, 0, 0.0, 0.0
-        for fi, f in enumerate(feats):
-            start_logits, end_logits = results[f["unique_id"]]
-            to_orig = {int(k): v for k, v in f["token_to_orig_map"].items()}
-            max_ctx = {int(k): v for k, v in f["token_is_max_context"].items()}
-            if version_2:
-                null = start_logits[0] + end_logits[0]
-                if null < score_null:
-                    score_null, null_fi, null_start, null_end = null, fi, start_logits[0], end_logits[0]
-            for s in _best_indexes(start_logits, n_best_size):
-                for e in _best_indexes(end_logits, n_best_size):
-                    if s >= len(f["tokens"]) or e >= len(f["tokens"]) or s not in to_orig or e not in to_orig:
-                        continue
-                    if not max_ctx.get(s, False) or e < s or e - s + 1 > max_answer_length:
-                        continue
-                    prelim.append((fi, s, e, start_logits[s], end_logits[e]))
-        if version_2:
-            prelim.append((null_fi, 0, 0, null_start, null_end))
-        prelim.sort(key=lambda p: p[3] + p[4], reverse=True)
-        seen, nbest = set(), []
-        for fi, s, e, sl, el in prelim:
-            if len(nbest) >= n_best_size:
-                break
-            f = feats[fi]
-            if s > 0:
-                to_orig = {int(k): v for k, v in f["token_to_orig_map"].items()}
-                tok_text = " ".join(f["tokens"][s:e + 1]).replace(" ##", "").replace("##", "")
-                tok_text = " ".join(tok_text.strip().split())
-                orig_text = " ".join(ex["doc_tokens"][to_orig[s]:to_orig[e] + 1])
-                text = final_text(tok_text, orig_text, do_lower_case)
-                if text in seen:
-                    continue
-            else:
-                text = ""
-            seen.add(text)
-            nbest.append((text, sl, el))
-        if version_2 and "" not in seen:
-            nbest.append(("", null_start, null_end))
-        if not nbest:
-            nbest.append(("empty", 0.0, 0.0))
-        probs = _softmax([sl + el for _, sl, el in nbest])
-        best_non_null = next((n for n in nbest if n[0]), None)
-        nbest_all[ex["qas_id"]] = [{"text": t, "probability": p, "start_logit": sl, "end_logit": el}
-                                   for (t, sl, el), p in zip(nbest, probs)]
-        if not version_2:
-            preds[ex["qas_id"]] = nbest[0][0]
-        else:
-            diff = score_null - best_non_null[1] - best_non_null[2]
-            odds[ex["qas_id"]] = diff
-            preds[ex["qas_id"]] = "" if diff > null_score_diff_threshold else best_non_null[0]
-    return preds, nbest_all, odds
-
-
-def write_predictions(folder: str | Path, preds: dict, nbest: dict, odds: dict | None) -> list[Path]:
-    """``predictions.json``, ``nbest_predictions.json`` (and ``null_odds.json`` for v2.0) in
-    the official layout, written atomically."""
-    from hvd_bert.train.checkpoint import atomic_write
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    files = [("predictions.json", preds), ("nbest_predictions.json", nbest)] + (
-        [("null_odds.json", odds)] if odds else [])
-    for name, obj in files:
-        atomic_write(folder / name, lambda t, o=obj: t.write_text(json.dumps(o, indent=4) + "\n"))
-    return [folder / n for n, _ in files]

@@ -408,3 +408,41 @@ def read_unit(src: Source, unit: Unit, counts: WikiCounts | None = None,
             yield doc
         if progress is not None:
             progress(raw.tell() - (unit.start if src.compression is None else 0))
+
+
+def read_text(path: str | Path, what: str = "input text file") -> str:
+    """The UTF-8 text of ``path``, or a DatasetError naming the file, the problem and the fix
+    (missing, a folder, binary, not UTF-8: nothing is replaced silently)."""
+    p = Path(path)
+    if not p.exists():
+        raise DatasetError(f"{what} {p} does not exist: check the path")
+    if not p.is_file():
+        raise DatasetError(f"{what} {p} is not a file: give text files (a folder's files: {p}/*)")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise DatasetError(f"cannot read {what} {p}: {e.strerror}") from None
+    nul = data.find(b"\x00", 0, 1 << 20)
+    if nul >= 0:
+        raise DatasetError(f"{what} {p} looks binary (a NUL byte at offset {nul}): give UTF-8 text, "
+                           f"one sentence per line, a blank line between documents")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DatasetError(
+            f"{what} {p} is not UTF-8 (byte 0x{data[e.start]:02x} at line {line}): convert it, e.g. "
+            f"iconv -f latin1 -t utf-8 {p} > {p.name}.utf8, and give that file") from None
+
+
+def read_documents(inputs: Sequence[str | Path], input_format: str = "auto") -> list[list[str]]:
+    """Every document (a list of sentences) of ``inputs`` in memory, in order (small inputs;
+    ``prepare_bert`` streams)."""
+    srcs = sources(expand_inputs(inputs), input_format)
+    docs = [sents for u in plan_units(srcs)
+            for _, sents in read_unit(srcs[u.source], u)]
+    if not docs:
+        raise DatasetError(f"the inputs {[Path(s.path).name for s in srcs][:5]} hold no documents: "
+                           f"give text files or a pages-articles dump")
+    return docs
+

@@ -13,10 +13,11 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Sequence
 
 from hvd_bert.data.records import DatasetError
 
-__all__ = ["ResolvedVocab", "resolve_vocab", "SPECIAL_TOKENS"]
+__all__ = ["ResolvedVocab", "resolve_vocab", "SPECIAL_TOKENS", "train_vocab", "load_tokenizer"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -150,3 +151,39 @@ def init_vocab_error(init: str, ckpt_vocab_size: int, data: str, meta: dict, pre
                 f"{init} ({known[1]}): the token ids would mean other words; prepare it again with "
                 f"--vocab {known[1]}")
     return None
+
+
+def train_vocab(files: Sequence[str | Path], out_dir: str | Path, vocab_size: int = 8192,
+                do_lower_case: bool = True, sentences: Iterable[str] | None = None) -> Path:
+    """Train a WordPiece vocabulary with ``tokenizers`` on text files, or on ``sentences`` when
+    given; writes ``vocab.txt``."""
+    from tokenizers import BertWordPieceTokenizer
+
+    tok = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=do_lower_case)
+    if sentences is not None:
+        tok.train_from_iterator(sentences, vocab_size=vocab_size, min_frequency=2,
+                                special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    else:
+        tok.train([str(f) for f in files], vocab_size=vocab_size, min_frequency=2,
+                  special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save_model(str(out))
+    return out / "vocab.txt"
+
+
+def load_tokenizer(vocab_file: str | Path, do_lower_case: bool = True):
+    """A ``tokenizers`` WordPiece tokenizer for ``vocab_file`` (which must hold BERT's special
+    tokens)."""
+    from tokenizers import BertWordPieceTokenizer
+
+    p = Path(vocab_file)
+    if not p.is_file():
+        raise DatasetError(f"vocab file {p} does not exist; pass an existing vocab.txt or leave it "
+                           f"out to train one on the input")
+    vocab = p.read_text(encoding="utf-8").splitlines()
+    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+    if missing:
+        raise DatasetError(f"vocab file {p} lacks the special tokens {missing}; it is not a BERT vocab")
+    return BertWordPieceTokenizer(str(p), lowercase=do_lower_case, strip_accents=do_lower_case)
+

@@ -1,6 +1,5 @@
-"""The framework-free parts of fine-tuning: which task the prepared data is (classification,
-regression, SQuAD), checking the sets, how many steps the epochs are, which evaluation
-records each rank scores, and the evaluation of each task.
+"""Fine-tuning's evaluation, framework-free: which evaluation records each rank scores, and
+the evaluation of each task (classification, regression, SQuAD) with its official metric.
 
 Evaluation is exact: every record of the evaluation set is scored once. Rank ``r`` of ``P``
 takes the records whose index (over the files in order) is ``r mod P``, in batches without
@@ -12,97 +11,17 @@ exactly one rank, which the summed row counts check).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from hvd_bert.data.bert import KIND_CLASSIFY, KIND_SQUAD, spec_for_meta
-from hvd_bert.config import ConfigError, FinetuneConfig
-from hvd_bert.data.records import DatasetError, decode_batch, iter_records, read_sidecar
-from hvd_bert.core.sharding import epoch_batches
-from hvd_bert.data.vocab import init_vocab_error
+from hvd_bert.data.kinds import spec_for_meta
+from hvd_bert.config import FinetuneConfig
+from hvd_bert.data.records import decode_batch, iter_records
 
-__all__ = ["task_of", "check_finetune_data", "total_steps", "eval_batches", "resolve_init", "Evaluation",
-           "evaluate_classification", "evaluate_regression", "evaluate_squad", "dense_gather"]
-
-SQUAD, CLASSIFICATION, REGRESSION = "squad", "classification", "regression"
-
-
-def task_of(meta: dict) -> str:
-    """What a prepared training set is fine-tuned for: ``squad``, ``regression`` or
-    ``classification``."""
-    if meta["kind"] == KIND_SQUAD:
-        return SQUAD
-    return REGRESSION if meta.get("regression") else CLASSIFICATION
-
-
-def _check_task(cfg: FinetuneConfig, meta: dict, folder: str) -> str:
-    task = task_of(meta)
-    if cfg.task and cfg.task not in (task, meta.get("task")):
-        what = meta.get("task") or task
-        tool = "prepare-squad" if cfg.task == SQUAD else "prepare-classification"
-        raise ConfigError(f"task {cfg.task!r}: {folder} holds {what} data ({meta['kind']}); prepare the "
-                          f"{cfg.task} data (hvd-bert {tool}) or drop --task")
-    return task
-
-
-def check_finetune_data(cfg: FinetuneConfig) -> tuple[dict, dict | None]:
-    """The sidecars of the training and evaluation sets, checked against each other and
-    against ``cfg.task``."""
-    if not cfg.do_train and not cfg.data:  # prediction only: the evaluation set says what the task is
-        if not cfg.eval_data:
-            raise ConfigError("do_train=false only evaluates: give eval_data=DIR (and init_checkpoint, "
-                              "e.g. a fine-tuned run folder)")
-        ev = read_sidecar(cfg.eval_data, (KIND_CLASSIFY, KIND_SQUAD))
-        _check_task(cfg, ev, cfg.eval_data)
-        if ev["kind"] == KIND_SQUAD and ev["is_training"]:
-            raise DatasetError(f"eval_data {cfg.eval_data} was prepared with --split train; prepare the dev "
-                               f"file with --split dev")
-        return ev, ev
-    if not cfg.data:
-        raise ConfigError("data: give the training set (a folder from hvd-bert prepare-classification or "
-                          "prepare-squad): --set data=DIR")
-    train = read_sidecar(cfg.data, (KIND_CLASSIFY, KIND_SQUAD))
-    task = _check_task(cfg, train, cfg.data)
-    if task == SQUAD and not train["is_training"]:
-        raise DatasetError(f"{cfg.data} holds SQuAD features prepared for prediction (--split dev, no answer "
-                           f"positions); prepare the training file with --split train")
-    ev = None
-    if cfg.eval_data:
-        ev = read_sidecar(cfg.eval_data, train["kind"])
-        if task == SQUAD:
-            if ev["is_training"]:
-                raise DatasetError(f"eval_data {cfg.eval_data} was prepared with --split train; prepare "
-                                   f"the dev file with --split dev (prediction needs every window)")
-            keys = ("vocab_sha256", "max_seq_length", "do_lower_case", "version_2_with_negative")
-            fix = "the same vocab, case, --max-seq-length and --version-2-with-negative"
-        else:
-            keys = ("labels", "vocab_sha256", "max_seq_length", "regression")
-            fix = ("the same vocab and --max-seq-length" + ("" if train.get("regression") else
-                                                            f" and --labels {' '.join(train['labels'])}"))
-        for key in keys:
-            if ev.get(key) != train.get(key):
-                raise DatasetError(f"eval_data {cfg.eval_data} has {key} {ev.get(key)!r}, the training set "
-                                   f"{train.get(key)!r}; prepare it with {fix}")
-    return train, ev
-
-
-def total_steps(cfg: FinetuneConfig, meta: dict, world_size: int, local_batch_size: int, k: int) -> int:
-    """Optimizer steps for ``cfg.epochs`` epochs (every rank reads the same number of batches)."""
-    if cfg.epochs == 0:
-        return cfg.train.schedule.total_steps
-    files = [s["file"] for s in meta["shards"]]
-    counts = [s["records"] for s in meta["shards"]]
-    striding = len(files) < world_size
-    per_epoch = epoch_batches(files, counts, world_size, local_batch_size, 0, cfg.train.seed, striding)
-    if per_epoch < k:
-        raise DatasetError(f"{cfg.data}: {meta['total_records']} examples make {per_epoch} batches of "
-                           f"{local_batch_size} per rank on {world_size} ranks, fewer than one optimizer "
-                           f"step of {k}; lower train.batch.local_batch_size")
-    return max(1, math.ceil(cfg.epochs * per_epoch / k))
-
+__all__ = ["eval_batches", "Evaluation", "evaluate_classification", "evaluate_regression", "evaluate_squad",
+           "dense_gather"]
 
 def eval_batches(folder: str | Path, meta: dict, rank: int, world_size: int, batch_size: int,
                  trim: int = 0) -> Iterator[dict[str, np.ndarray]]:
@@ -152,7 +71,7 @@ def evaluate_regression(score, batches: Iterator[dict[str, np.ndarray]], allredu
     """Mean squared error, Pearson and Spearman correlation (GLUE's STS-B metrics) over the
     ``n`` records of the set: ``score(batch)`` gives ``[B, 1]`` predictions of a batch of
     :func:`eval_batches` (record ``rank + j * world_size`` is this rank's ``j``-th)."""
-    from hvd_bert.data.glue import pearson, spearman
+    from hvd_bert.evaluation.glue import pearson, spearman
 
     rows, j = {}, 0
     for b in batches:
@@ -177,7 +96,8 @@ def evaluate_squad(score, batches: Iterator[dict[str, np.ndarray]], allreduce, f
     scripts do (``squad_metrics``). Returns the scores on rank 0 ({} elsewhere)."""
     import json
 
-    from hvd_bert.data.squad import FIRST_UNIQUE_ID, predictions, write_predictions
+    from hvd_bert.data.squad import FIRST_UNIQUE_ID
+    from hvd_bert.evaluation.squad_predictions import predictions, write_predictions
     from hvd_bert.evaluation.squad import evaluate_v1, evaluate_v2
 
     s, n = meta["max_seq_length"], meta["total_records"]
@@ -218,26 +138,6 @@ def evaluate_squad(score, batches: Iterator[dict[str, np.ndarray]], allreduce, f
     return {**out, "eval_examples": len(examples), "eval_features": n}
 
 
-def evaluate_pretraining(score, batches: Iterator[dict[str, np.ndarray]], allreduce) -> dict:
-    """Held-out masked-LM loss and accuracy (over the real predictions, ``masked_lm_weights``)
-    and next-sentence accuracy over the whole set: ``score(batch)`` gives ``(mlm_logits
-    [B, P, V], nsp_logits [B, 2])``; ``allreduce`` sums the ranks' ``[mlm loss sum, mlm
-    correct, predictions, nsp correct, sequences]`` (a collective)."""
-    sums = np.zeros(5)
-    for b in batches:
-        mlm, nsp = (np.asarray(x, np.float64) for x in score(b))
-        ids, w = b["masked_lm_ids"], b["masked_lm_weights"].astype(np.float64)
-        top = mlm.max(axis=-1, keepdims=True)
-        log_z = np.log(np.exp(mlm - top).sum(axis=-1)) + top[..., 0]
-        nll = log_z - np.take_along_axis(mlm, ids[..., None].astype(np.int64), axis=-1)[..., 0]
-        labels = b["next_sentence_labels"].reshape(-1)
-        sums += [(nll * w).sum(), ((mlm.argmax(-1) == ids) * w).sum(), w.sum(),
-                 (nsp.argmax(-1) == labels).sum(), len(labels)]
-    s = np.asarray(allreduce(sums))
-    return {"eval_mlm_loss": float(s[0] / max(s[2], 1)), "eval_mlm_accuracy": float(s[1] / max(s[2], 1)),
-            "eval_nsp_accuracy": float(s[3] / max(s[4], 1)), "eval_examples": int(s[4])}
-
-
 def evaluate_classification(score, batches: Iterator[dict[str, np.ndarray]], allreduce,
                             num_labels: int | None = None, task: str | None = None) -> dict:
     """Accuracy, mean cross-entropy and the task's metrics (:func:`glue.task_metrics`: MCC for
@@ -245,7 +145,7 @@ def evaluate_classification(score, batches: Iterator[dict[str, np.ndarray]], all
     the logits ``[B, labels]`` of one batch of :func:`eval_batches`, ``allreduce`` sums the
     ranks' ``[loss sum, count, confusion matrix...]`` (a collective: every rank must call it,
     with or without batches of its own, and so ``num_labels`` is given, not seen)."""
-    from hvd_bert.data.glue import confusion, task_metrics
+    from hvd_bert.evaluation.glue import confusion, task_metrics
 
     cm, sums = None, np.zeros(2)
     for b in batches:
@@ -268,29 +168,6 @@ def evaluate_classification(score, batches: Iterator[dict[str, np.ndarray]], all
            "eval_examples": int(totals[1])}
     out.update(task_metrics(task, cm))
     return out
-
-
-def resolve_init(cfg: FinetuneConfig, meta: dict, read_checkpoint_weights) -> tuple:
-    """On rank 0: ``(arrays or None, BertConfig, error or None)`` for the fine-tuning model:
-    the pretrained weights and their config (``read_checkpoint_weights`` is the frontend's),
-    or the ``model`` preset without ``init_checkpoint``; a vocabulary that differs from the
-    data's is an error. The error comes back as text so that it can be broadcast to the
-    other ranks (which then stop too)."""
-    from hvd_bert.config.bert import bert_preset
-    from hvd_bert.weights.portable import WeightsError
-
-    arrays = config = None
-    try:
-        if cfg.init_checkpoint:
-            arrays, config = read_checkpoint_weights(cfg.init_checkpoint)
-        config = config or bert_preset(cfg.model, vocab_size=meta["vocab_size"])
-        error = init_vocab_error(cfg.init_checkpoint, config.vocab_size, cfg.data, meta,
-                                 "prepare-classification") if cfg.init_checkpoint else None
-        if error:
-            raise WeightsError(error)
-    except WeightsError as e:
-        return None, None, str(e)
-    return arrays, config, None
 
 
 # what the evaluation line shows, in this order (SQuAD's scores are percentages)

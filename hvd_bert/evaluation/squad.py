@@ -174,7 +174,7 @@ def evaluate(data: dict, predictions: dict, na_probs: dict | None = None, warn=N
     raise DatasetError(f"the SQuAD data file's version is {version!r}: expected '1.1' or 'v2.0'")
 
 
-def _read_json(path: str | Path, what: str):
+def read_json(path: str | Path, what: str):
     p = Path(path)
     try:
         return json.loads(p.read_text(encoding="utf-8"))
@@ -186,14 +186,14 @@ def _read_json(path: str | Path, what: str):
 
 def evaluate_files(data_file: str | Path, predictions_file: str | Path,
                    na_prob_file: str | Path | None = None) -> dict:
-    data = _read_json(data_file, "SQuAD data file")
+    data = read_json(data_file, "SQuAD data file")
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise DatasetError(f"{data_file} is not a SQuAD data file (no 'data' list of articles)")
-    preds = _read_json(predictions_file, "predictions file")
+    preds = read_json(predictions_file, "predictions file")
     if not isinstance(preds, dict) or not all(isinstance(v, str) for v in preds.values()):
         raise DatasetError(f"{predictions_file} is not a SQuAD predictions file (a JSON object of "
                            f"question id -> answer text)")
-    na = _read_json(na_prob_file, "no-answer probabilities file") if na_prob_file else None
+    na = read_json(na_prob_file, "no-answer probabilities file") if na_prob_file else None
     if na is not None and str(data.get("version")) in ("1.1", "v1.1"):
         raise DatasetError(f"--na-prob is for SQuAD v2.0; {data_file} is version 1.1")
     if na is not None:

@@ -1,5 +1,5 @@
 """BERT fine-tuning on Horovod, in either framework: sentence(-pair) classification,
-regression (STS-B) or SQuAD, as the prepared training set says (``evaluation.finetune.task_of``).
+regression (STS-B) or SQuAD, as the prepared training set says (``data.finetune.task_of``).
 
     horovodrun -np 2 -H localhost:2 --gloo hvd-bert finetune --framework pt \\
         --set data=TRAIN_DIR --set eval_data=DEV_DIR --set init_checkpoint=runs/pretrain-pt-stdlib-seq128
@@ -19,13 +19,15 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from hvd_bert.weights.portable import WeightsError
 from hvd_bert.config import ConfigError, FinetuneConfig
-from hvd_bert.train.engine import fit
-from hvd_bert.evaluation.finetune import (REGRESSION, SQUAD, Evaluation, check_finetune_data, eval_batches,
-                                      evaluate_classification, evaluate_regression, evaluate_squad,
-                                      resolve_init, task_of, total_steps)
+from hvd_bert.config.bert import bert_preset
+from hvd_bert.data.finetune import REGRESSION, SQUAD, check_finetune_data, task_of, total_steps
+from hvd_bert.data.vocab import init_vocab_error
+from hvd_bert.evaluation.finetune import (Evaluation, eval_batches, evaluate_classification,
+                                          evaluate_regression, evaluate_squad)
 from hvd_bert.jobs.run_folder import finish_line, open_run, with_run_folder
+from hvd_bert.train.engine import fit
+from hvd_bert.weights.portable import WeightsError
 
 __all__ = ["run"]
 
@@ -121,3 +123,23 @@ def run(cfg: FinetuneConfig, backend) -> dict:
     finish_line(res, rank, f"checkpoint: {res.checkpoint or 'unchanged'}; metrics: {out / 'metrics.jsonl'}",
                 backend)
     return {"steps": res.steps, "stopped": res.stopped_by_signal, **final}
+
+
+def resolve_init(cfg: FinetuneConfig, meta: dict, read_checkpoint_weights) -> tuple:
+    """On rank 0: ``(arrays or None, BertConfig, error or None)`` for the fine-tuning model:
+    the pretrained weights and their config (``read_checkpoint_weights`` is the frontend's),
+    or the ``model`` preset without ``init_checkpoint``; a vocabulary that differs from the
+    data's is an error. The error comes back as text so that it can be broadcast to the
+    other ranks (which then stop too)."""
+    arrays = config = None
+    try:
+        if cfg.init_checkpoint:
+            arrays, config = read_checkpoint_weights(cfg.init_checkpoint)
+        config = config or bert_preset(cfg.model, vocab_size=meta["vocab_size"])
+        error = init_vocab_error(cfg.init_checkpoint, config.vocab_size, cfg.data, meta,
+                                 "prepare-classification") if cfg.init_checkpoint else None
+        if error:
+            raise WeightsError(error)
+    except WeightsError as e:
+        return None, None, str(e)
+    return arrays, config, None

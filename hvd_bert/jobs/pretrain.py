@@ -17,13 +17,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from hvd_bert.config.bert import bert_preset
-from hvd_bert.data.bert import check_pretraining_data
+from hvd_bert.data.pretraining import check_pretraining_data
 from hvd_bert.weights.portable import WeightsError
 from hvd_bert.config import BatchConfig, PretrainConfig
 from hvd_bert.core.schedules import make_schedule
 from hvd_bert.train.elastic import elastic_layout, fit_elastic, launched_elastic
 from hvd_bert.train.engine import fit
-from hvd_bert.evaluation.finetune import eval_batches, evaluate_pretraining
+from hvd_bert.evaluation.finetune import eval_batches
+from hvd_bert.evaluation.pretraining import evaluate_pretraining
 from hvd_bert.data.vocab import init_vocab_error
 from hvd_bert.cluster.horovod import horovod_settings_line
 from hvd_bert.jobs.run_folder import finish_line, open_elastic_run, open_run, with_run_folder

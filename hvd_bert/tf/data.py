@@ -14,7 +14,7 @@ from pathlib import Path
 import hvd_bert.tf  # noqa: F401
 import tensorflow as tf
 
-from hvd_bert.data.bert import spec_for_meta
+from hvd_bert.data.kinds import spec_for_meta
 from hvd_bert.data.records import CorruptRecordError, DatasetError, iter_records, read_sidecar
 from hvd_bert.core.sharding import (LEHMER_M, TooFewShardsError, _round_constants, epoch_batches,
                                       plan_reads, stream_seed)
@@ -23,7 +23,7 @@ __all__ = ["make_dataset", "feature_spec", "stream"]
 
 
 def feature_spec(meta: dict) -> dict:
-    """``tf.io`` parsing spec from the folder's feature layout (``data.bert``)."""
+    """``tf.io`` parsing spec from the folder's feature layout (``data.kinds``)."""
     kinds = {"int": tf.int64, "float": tf.float32}
     return {name: tf.io.FixedLenFeature([n], kinds[kind]) for name, (kind, n) in spec_for_meta(meta).items()}
 

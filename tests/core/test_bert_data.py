@@ -10,9 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from hvd_bert.data.bert import (PretrainingSettings, check_pretraining_data, create_instances,
-                                       prepare_bert, prepare_classification, pretraining_spec,
-                                       read_documents)
+from hvd_bert.data.classification import prepare_classification
+from hvd_bert.data.kinds import pretraining_spec
+from hvd_bert.data.masking import PretrainingSettings, create_instances
+from hvd_bert.data.pretraining import check_pretraining_data, prepare_bert
+from hvd_bert.data.text_input import read_documents
 from hvd_bert.data.corpus import stdlib_documents, write_stdlib_corpus
 from hvd_bert.data.records import (CorruptRecordError, DatasetError, decode_example, iter_records,
                                      read_sidecar)
@@ -158,7 +160,7 @@ def test_classification_from_tsv_and_csv(prepared, tmp_path):
     meta = prepare_classification(tsv, tmp_path / "cls", folder / "vocab.txt", text_a="sentence",
                                   text_b="other", label="label", max_seq_length=16, num_shards=1)
     assert meta["labels"] == ["neg", "pos"] and meta["total_records"] == 3
-    from hvd_bert.data.bert import classification_spec
+    from hvd_bert.data.kinds import classification_spec
     exs = [decode_example(r, classification_spec(16))
            for _, r in iter_records(tmp_path / "cls" / meta["shards"][0]["file"])]
     assert [int(e["label_ids"][0]) for e in exs] == [1, 0, 1]
@@ -228,7 +230,7 @@ def test_accented_utf8_text_keeps_its_accents_when_cased(tmp_path):
 def test_glue_tasks_in_their_published_layouts(prepared, tmp_path):
     """CoLA without a header (sentence in column 4), MRPC's pair columns, MNLI's matched dev
     file with gold_label last; labels in the task's order whatever the file holds."""
-    from hvd_bert.data.bert import classification_spec
+    from hvd_bert.data.kinds import classification_spec
 
     folder, _ = prepared
     vocab = folder / "vocab.txt"
@@ -302,7 +304,7 @@ def test_evaluation_reports_the_tasks_metric_from_summed_confusion_counts():
 def test_held_out_pretraining_evaluation_by_hand():
     import numpy as np
 
-    from hvd_bert.evaluation.finetune import evaluate_pretraining
+    from hvd_bert.evaluation.pretraining import evaluate_pretraining
 
     rng = np.random.default_rng(0)
     B, P, V = 5, 3, 7

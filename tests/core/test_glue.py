@@ -7,6 +7,7 @@ from scipy import stats
 from sklearn.metrics import f1_score, matthews_corrcoef
 
 from hvd_bert.data import glue as G
+from hvd_bert.evaluation import glue as M
 from hvd_bert.data.records import DatasetError
 
 
@@ -16,23 +17,23 @@ def test_metrics_equal_scikit_learn_and_scipy(seed):
     for labels in (2, 3):
         gold = rng.integers(0, labels, 200)
         pred = np.where(rng.random(200) < 0.7, gold, rng.integers(0, labels, 200))
-        cm = G.confusion(pred, gold, labels)
-        assert cm.sum() == 200 and G.accuracy(cm) == pytest.approx((pred == gold).mean())
-        assert G.matthews(cm) == pytest.approx(matthews_corrcoef(gold, pred))
+        cm = M.confusion(pred, gold, labels)
+        assert cm.sum() == 200 and M.accuracy(cm) == pytest.approx((pred == gold).mean())
+        assert M.matthews(cm) == pytest.approx(matthews_corrcoef(gold, pred))
         if labels == 2:
-            assert G.f1_binary(cm) == pytest.approx(f1_score(gold, pred))
+            assert M.f1_binary(cm) == pytest.approx(f1_score(gold, pred))
     x = rng.normal(size=100)
     y = np.round(x + rng.normal(size=100), 1)  # rounded: ties for Spearman
-    assert G.pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0])
-    assert G.spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0])
+    assert M.pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0])
+    assert M.spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0])
 
 
 def test_confusion_matrices_summed_over_ranks_give_the_whole_sets_metric():
     rng = np.random.default_rng(0)
     gold, pred = rng.integers(0, 2, 101), rng.integers(0, 2, 101)
-    parts = [G.confusion(pred[r::3], gold[r::3], 2) for r in range(3)]
-    assert G.matthews(sum(parts)) == pytest.approx(matthews_corrcoef(gold, pred))
-    assert G.matthews(np.array([[5, 0], [0, 0]])) == 0.0  # undefined: 0, as scikit-learn says
+    parts = [M.confusion(pred[r::3], gold[r::3], 2) for r in range(3)]
+    assert M.matthews(sum(parts)) == pytest.approx(matthews_corrcoef(gold, pred))
+    assert M.matthews(np.array([[5, 0], [0, 0]])) == 0.0  # undefined: 0, as scikit-learn says
 
 
 def test_each_task_layout():

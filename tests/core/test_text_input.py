@@ -16,7 +16,10 @@ import sys
 import pytest
 
 from hvd_bert.data import text_input
-from hvd_bert.data.bert import PretrainingSettings, prepare_bert, read_documents, train_vocab
+from hvd_bert.data.masking import PretrainingSettings
+from hvd_bert.data.pretraining import prepare_bert
+from hvd_bert.data.text_input import read_documents
+from hvd_bert.data.vocab import train_vocab
 from hvd_bert.data.records import DatasetError
 from tests.wiki_dump import SAMPLE_DOCS, article_pages, write_dump
 
@@ -172,7 +175,7 @@ def test_auto_shards_grow_with_the_input(tmp_path):
     small = text_input.Source("x", "google", None, 1000)
     big = text_input.Source("y", "google", None, 20 << 30)
     dump = text_input.Source("z", "wiki", "bzip2", 20 << 30)
-    from hvd_bert.data.bert import _auto_shards
+    from hvd_bert.data.pretraining import _auto_shards
     assert _auto_shards([small]) == 8
     assert _auto_shards([big]) == 640
     assert _auto_shards([dump]) > 640

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hvd_bert.cluster import launch
-from hvd_bert.data.bert import train_vocab
+from hvd_bert.data.vocab import train_vocab
 from hvd_bert.data.records import decode_example, iter_records
 from hvd_bert.data.squad import prepare_squad
 
@@ -127,7 +127,7 @@ def test_features_equal_googles_run_squad(tmp_path, vocab, version, train, lower
 
 
 def test_the_gold_answer_comes_back_from_its_token_span(tmp_path, vocab):
-    from hvd_bert.data.bert import load_tokenizer
+    from hvd_bert.data.vocab import load_tokenizer
 
     squad = squad_file(tmp_path / "squad.json", "v2.0")
     prepare_squad(squad, tmp_path / "out", vocab["lower"], version_2=True, max_seq_length=64, doc_stride=16,
@@ -187,7 +187,7 @@ def test_two_processes_write_the_same_bytes_as_one(tmp_path, vocab):
 def test_predictions_equal_googles_write_predictions_from_the_same_logits(tmp_path, vocab, version, lower):
     """n-best, max_answer_length 30, the text projected back onto the context's words (accents,
     punctuation), v2.0's null score and threshold: the same files as Google's."""
-    from hvd_bert.data.squad import predictions, write_predictions
+    from hvd_bert.evaluation.squad_predictions import predictions, write_predictions
 
     v2 = version == "v2.0"
     squad = squad_file(tmp_path / "squad.json", version)

@@ -1,0 +1,128 @@
+"""Sentence(-pair) classification and regression sets from TSV/CSV (or a GLUE task's published
+files) -> TFRecord shards in Google's ``run_classifier`` feature layout."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from hvd_bert.data.records import DatasetError, file_sha256, shard_name, write_examples, write_sidecar
+from hvd_bert.data.glue import TASKS, read_task
+from hvd_bert.data.masking import special_ids
+from hvd_bert.data.kinds import KIND_CLASSIFY
+from hvd_bert.data.output import prepare_output
+from hvd_bert.data.text_input import read_text
+from hvd_bert.data.vocab import load_tokenizer
+
+__all__ = ["prepare_classification"]
+
+
+def _read_rows(path: Path, delimiter: str | None) -> list[list[str]]:
+    import io
+
+    text = read_text(path, "table")
+    delim = delimiter or ("\t" if path.suffix.lower() in (".tsv", ".tab") else ",")
+    return list(csv.reader(io.StringIO(text, newline=""), delimiter=delim,
+                           quotechar=None if delim == "\t" else '"'))
+
+
+def _read_table(path: Path, delimiter: str | None) -> tuple[list[str], list[list[str]]]:
+    rows = _read_rows(path, delimiter)
+    if len(rows) < 2:
+        raise DatasetError(f"table {path} has no data rows (a header line and at least one row)")
+    return rows[0], rows[1:]
+
+
+def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file: str | Path, *,
+                           text_a: str | None = None, label: str | None = None, text_b: str | None = None,
+                           max_seq_length: int = 128, num_shards: int = 2, do_lower_case: bool = True,
+                           labels: Sequence[str] | None = None, delimiter: str | None = None,
+                           overwrite: bool = False, task: str | None = None,
+                           regression: bool = False) -> dict:
+    """Sentence (or sentence-pair) classification rows into shards with ``input_ids``,
+    ``input_mask``, ``segment_ids``, ``label_ids``: from a TSV/CSV with a header and the named
+    columns, or from a GLUE task's published file (``task``: its layout and label order, see
+    :mod:`hvd_bert.data.glue`). ``labels`` fixes the label order (pass the training set's to
+    a dev set); by default the sorted distinct labels. A regression set (STS-B, or
+    ``regression`` for a table) keeps its numeric labels as ``label_values``."""
+
+    out = Path(output_dir)
+    if task is not None:
+        if task not in TASKS:
+            raise DatasetError(f"unknown GLUE task {task!r}; choose one of {sorted(TASKS)}")
+        texts_a, texts_b, ys = read_task(task, _read_rows(Path(table), "\t"), str(table))
+        regression = TASKS[task].labels is None
+        label_list = [] if regression else list(TASKS[task].labels)
+        text_a, text_b, label = "text_a", ("text_b" if texts_b is not None else None), "label"
+    else:
+        if text_a is None or label is None:
+            raise DatasetError("give the columns (--text-a, --label) of the table, or a GLUE --task")
+        header, rows = _read_table(Path(table), delimiter)
+        for col in (text_a, label, text_b):
+            if col is not None and col not in header:
+                raise DatasetError(f"column {col!r} is not in {table} (columns: {header})")
+        ia, il = header.index(text_a), header.index(label)
+        ib = header.index(text_b) if text_b else None
+        bad = [n + 2 for n, r in enumerate(rows) if len(r) != len(header)]
+        if bad:
+            raise DatasetError(f"{table}: rows {bad[:5]} have {len(rows[bad[0] - 2])} fields, the header "
+                               f"has {len(header)}; check the delimiter and quoting")
+        texts_a, ys = [r[ia] for r in rows], [r[il] for r in rows]
+        texts_b = [r[ib] for r in rows] if ib is not None else None
+        label_list = [] if regression else sorted(set(ys))
+    if regression:
+        if labels:
+            raise DatasetError("--labels is for classification; a regression set's labels are numbers")
+        values = []
+        for n, y in enumerate(ys):
+            try:
+                values.append(float(y))
+            except ValueError:
+                raise DatasetError(f"{table}: example {n + 1} has the label {y!r}, not a number; a "
+                                   f"regression set needs numeric labels") from None
+            if not np.isfinite(values[-1]):
+                raise DatasetError(f"{table}: example {n + 1} has the label {y!r}; give finite numbers")
+    else:
+        label_list = list(labels) if labels is not None else label_list
+        unknown = sorted(set(ys) - set(label_list))
+        if unknown:
+            raise DatasetError(f"{table}: labels {unknown} are not in the label list {label_list}")
+    prepare_output(out, overwrite)
+    vocab_path = out / "vocab.txt"
+    if Path(vocab_file).resolve() != vocab_path.resolve():
+        shutil.copyfile(vocab_file, vocab_path)
+    tok = load_tokenizer(vocab_path, do_lower_case)
+    ids = special_ids(tok)
+    enc_a = tok.encode_batch(texts_a, add_special_tokens=False)
+    enc_b = tok.encode_batch(texts_b, add_special_tokens=False) if texts_b is not None else None
+    feats = []
+    for n, y in enumerate(ys):
+        a = list(enc_a[n].ids)
+        b = list(enc_b[n].ids) if enc_b is not None else []
+        budget = max_seq_length - (3 if enc_b is not None else 2)
+        while len(a) + len(b) > budget:  # longest first, from the end (Google's run_classifier)
+            (a if len(a) > len(b) else b).pop()
+        tokens = [ids["[CLS]"], *a, ids["[SEP]"]] + ([*b, ids["[SEP]"]] if enc_b is not None else [])
+        segs = [0] * (len(a) + 2) + [1] * (len(tokens) - len(a) - 2)
+        pad = max_seq_length - len(tokens)
+        feats.append({"input_ids": (tokens + [0] * pad, "int"),
+                      "input_mask": ([1] * len(tokens) + [0] * pad, "int"),
+                      "segment_ids": (segs + [0] * pad, "int"),
+                      **({"label_values": ([values[n]], "float")} if regression else
+                         {"label_ids": ([label_list.index(y)], "int")})})
+    shards = []
+    for s in range(num_shards):
+        name = shard_name(s, num_shards)
+        shards.append({"file": name, "records": write_examples(out / name, iter(feats[s::num_shards]))})
+    meta = {"kind": KIND_CLASSIFY, "format": 1, "vocab_file": "vocab.txt",
+            "vocab_sha256": file_sha256(vocab_path), "vocab_size": tok.get_vocab_size(),
+            "do_lower_case": do_lower_case, "max_seq_length": max_seq_length, "labels": label_list,
+            "text_a": text_a, "text_b": text_b, "label": label, "num_shards": num_shards,
+            "shards": shards, "total_records": len(feats), "source": Path(table).name, "task": task,
+            "regression": regression}
+    write_sidecar(out, meta)
+    return meta

@@ -1,0 +1,91 @@
+"""The prepared sets a fine-tuning run takes, framework-free: which task they are
+(classification, regression, SQuAD), the training and evaluation sets checked against each
+other and against ``task``, and how many optimizer steps the epochs make."""
+
+from __future__ import annotations
+
+import math
+
+
+from hvd_bert.data.kinds import KIND_CLASSIFY, KIND_SQUAD
+from hvd_bert.config import ConfigError, FinetuneConfig
+from hvd_bert.data.records import DatasetError, read_sidecar
+from hvd_bert.core.sharding import epoch_batches
+
+__all__ = ["SQUAD", "CLASSIFICATION", "REGRESSION", "task_of", "check_finetune_data", "total_steps"]
+
+SQUAD, CLASSIFICATION, REGRESSION = "squad", "classification", "regression"
+
+
+def task_of(meta: dict) -> str:
+    """What a prepared training set is fine-tuned for: ``squad``, ``regression`` or
+    ``classification``."""
+    if meta["kind"] == KIND_SQUAD:
+        return SQUAD
+    return REGRESSION if meta.get("regression") else CLASSIFICATION
+
+
+def _check_task(cfg: FinetuneConfig, meta: dict, folder: str) -> str:
+    task = task_of(meta)
+    if cfg.task and cfg.task not in (task, meta.get("task")):
+        what = meta.get("task") or task
+        tool = "prepare-squad" if cfg.task == SQUAD else "prepare-classification"
+        raise ConfigError(f"task {cfg.task!r}: {folder} holds {what} data ({meta['kind']}); prepare the "
+                          f"{cfg.task} data (hvd-bert {tool}) or drop --task")
+    return task
+
+
+def check_finetune_data(cfg: FinetuneConfig) -> tuple[dict, dict | None]:
+    """The sidecars of the training and evaluation sets, checked against each other and
+    against ``cfg.task``."""
+    if not cfg.do_train and not cfg.data:  # prediction only: the evaluation set says what the task is
+        if not cfg.eval_data:
+            raise ConfigError("do_train=false only evaluates: give eval_data=DIR (and init_checkpoint, "
+                              "e.g. a fine-tuned run folder)")
+        ev = read_sidecar(cfg.eval_data, (KIND_CLASSIFY, KIND_SQUAD))
+        _check_task(cfg, ev, cfg.eval_data)
+        if ev["kind"] == KIND_SQUAD and ev["is_training"]:
+            raise DatasetError(f"eval_data {cfg.eval_data} was prepared with --split train; prepare the dev "
+                               f"file with --split dev")
+        return ev, ev
+    if not cfg.data:
+        raise ConfigError("data: give the training set (a folder from hvd-bert prepare-classification or "
+                          "prepare-squad): --set data=DIR")
+    train = read_sidecar(cfg.data, (KIND_CLASSIFY, KIND_SQUAD))
+    task = _check_task(cfg, train, cfg.data)
+    if task == SQUAD and not train["is_training"]:
+        raise DatasetError(f"{cfg.data} holds SQuAD features prepared for prediction (--split dev, no answer "
+                           f"positions); prepare the training file with --split train")
+    ev = None
+    if cfg.eval_data:
+        ev = read_sidecar(cfg.eval_data, train["kind"])
+        if task == SQUAD:
+            if ev["is_training"]:
+                raise DatasetError(f"eval_data {cfg.eval_data} was prepared with --split train; prepare "
+                                   f"the dev file with --split dev (prediction needs every window)")
+            keys = ("vocab_sha256", "max_seq_length", "do_lower_case", "version_2_with_negative")
+            fix = "the same vocab, case, --max-seq-length and --version-2-with-negative"
+        else:
+            keys = ("labels", "vocab_sha256", "max_seq_length", "regression")
+            fix = ("the same vocab and --max-seq-length" + ("" if train.get("regression") else
+                                                            f" and --labels {' '.join(train['labels'])}"))
+        for key in keys:
+            if ev.get(key) != train.get(key):
+                raise DatasetError(f"eval_data {cfg.eval_data} has {key} {ev.get(key)!r}, the training set "
+                                   f"{train.get(key)!r}; prepare it with {fix}")
+    return train, ev
+
+
+def total_steps(cfg: FinetuneConfig, meta: dict, world_size: int, local_batch_size: int, k: int) -> int:
+    """Optimizer steps for ``cfg.epochs`` epochs (every rank reads the same number of batches)."""
+    if cfg.epochs == 0:
+        return cfg.train.schedule.total_steps
+    files = [s["file"] for s in meta["shards"]]
+    counts = [s["records"] for s in meta["shards"]]
+    striding = len(files) < world_size
+    per_epoch = epoch_batches(files, counts, world_size, local_batch_size, 0, cfg.train.seed, striding)
+    if per_epoch < k:
+        raise DatasetError(f"{cfg.data}: {meta['total_records']} examples make {per_epoch} batches of "
+                           f"{local_batch_size} per rank on {world_size} ranks, fewer than one optimizer "
+                           f"step of {k}; lower train.batch.local_batch_size")
+    return max(1, math.ceil(cfg.epochs * per_epoch / k))

@@ -1,0 +1,49 @@
+"""Writing a prepared data folder safely, once, across ranks: refuse to overwrite without
+``--overwrite``, agree on errors (every rank raises the first rank's), and commit new shards so
+that a reader never sees new shards under an old sidecar."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+from hvd_bert.data.records import (SIDECAR, DatasetError)
+
+__all__ = ["agree", "refuse_existing", "prepare_output", "bcast", "commit_shards"]
+
+
+def agree(comm, err: str | None) -> None:
+    """Raise the first rank's error on every rank (``comm`` None: this process's)."""
+    if comm is not None:
+        errs = [e for e in comm.allgather(err) if e]
+        err = errs[0] if errs else None
+    if err:
+        raise DatasetError(err)
+
+
+def refuse_existing(out: Path, overwrite: bool) -> None:
+    if (out / SIDECAR).exists() and not overwrite:
+        raise DatasetError(f"{out} already holds prepared data; pass --overwrite to replace it or "
+                           f"choose another output folder")
+
+
+def prepare_output(out: Path, overwrite: bool) -> None:
+    refuse_existing(out, overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+
+def bcast(comm, value):
+    return comm.bcast(value, root=0) if comm is not None else value
+
+
+
+def commit_shards(tmp: Path, out: Path, names: list[str]) -> None:
+    """Move the new shards and vocab into ``out``: the old sidecar goes first (a reader never
+    sees new shards under an old sidecar), then the old shards, then the new files."""
+    out.mkdir(exist_ok=True)
+    (out / SIDECAR).unlink(missing_ok=True)
+    for old in out.glob("part-*-of-*.tfrecord"):
+        old.unlink()
+    for name in [*names, "vocab.txt"]:
+        (tmp / name).replace(out / name)
