@@ -86,7 +86,8 @@ def prepare(task: str, root: Path, examples: int) -> Path:
 
 def lengths(folder: Path) -> list[int]:
     from hvd_bert.data.kinds import spec_for_meta
-    from hvd_bert.data.records import decode_batch, iter_records, read_sidecar
+    from hvd_bert.data.records import decode_batch, iter_records
+    from hvd_bert.data.sidecar import read_sidecar
 
     meta = read_sidecar(folder, ("bert-classification", "bert-squad"))
     recs = [r for s in meta["shards"] for _, r in iter_records(folder / s["file"])]
@@ -98,7 +99,7 @@ def run_variant(variant: str, folder: str, preset: str, b: int, steps: int, warm
     import torch
     torch.set_num_threads(threads)
     from hvd_bert.config.bert import bert_preset
-    from hvd_bert.data.records import read_sidecar
+    from hvd_bert.data.sidecar import read_sidecar
     from hvd_bert.pt.data import ShardedDataset
 
     meta = read_sidecar(folder, ("bert-classification", "bert-squad"))

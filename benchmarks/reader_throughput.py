@@ -54,7 +54,7 @@ def reader_rate(fw: str, folder: Path, world: int, batch: int, epochs: int) -> f
 def train_rates(folder: Path, batch: int, steps: int) -> dict:
     import torch
     from hvd_bert.config.bert import bert_preset
-    from hvd_bert.data.records import read_sidecar
+    from hvd_bert.data.sidecar import read_sidecar
     from hvd_bert.pt.models.bert import BertForPreTraining, pretraining_loss
     from hvd_bert.pt.data import ShardedDataset
 

@@ -113,14 +113,14 @@ def stream_seed(seed: int, epoch: int, rank: int) -> int:
     return ((int(seed) * 1_000_003 + int(epoch)) * 1_000_003 + int(rank)) % LEHMER_M
 
 
-def _round_constants(stream: int) -> list[tuple[int, int]]:
+def round_constants(stream: int) -> list[tuple[int, int]]:
     return [(a, (stream * 2_654_435_761 + 97 * (i + 1)) % LEHMER_M) for a, i in _ROUNDS]
 
 
 def shuffle_keys(indices: np.ndarray, stream: int) -> np.ndarray:
     """Distinct pseudo-random sort keys for record indices (see above)."""
     k = np.asarray(indices, dtype=np.int64) % LEHMER_M
-    for a, c in _round_constants(stream):
+    for a, c in round_constants(stream):
         k = (k * a + c) % LEHMER_M
     return k
 

@@ -1,13 +1,20 @@
 """Data preparation and readers, framework-free: published formats in, TFRecord shards with a
 ``dataset.json`` sidecar out, and the record streams a rank reads.
 
-    records     TFRecord framing and tf.train.Example, by hand; DatasetError
-    text_input  input text: plain, Wikipedia dumps (WikiExtractor), JSON lines; sentence splitting
-    corpus      the built-in corpus (Python standard library docstrings)
-    vocab       WordPiece vocabularies: training one, resolving --vocab, checking a checkpoint's
-    bert        BERT pretraining instances (Google's create_pretraining_data) and classification sets
-    glue        GLUE's published TSV layouts
-    squad       SQuAD v1.1 / v2.0 features (Google's run_squad)
-    ncf         MovieLens ratings (ml-1m, ml-20m, ml-25m) and synthetic sets -> NCF leave-one-out data
-    padding     batches trimmed to their longest sequence
+    records         TFRecord framing and tf.train.Example, by hand; the reading order; DatasetError
+    sidecar         a prepared folder's dataset.json: written last, checked by every reader
+    kinds           the prepared kinds (pretraining, classification, SQuAD) and their record layouts
+    output          writing a prepared folder safely across ranks (overwrite, errors, commit)
+    text_input      input text: plain, Wikipedia dumps, Google's format, JSON lines; sentences
+    corpus          the built-in corpus (Python standard library docstrings)
+    vocab           WordPiece vocabularies: training, the tokenizer, resolving --vocab, checking
+    masking         Google's create_pretraining_data: sentence pairs and masked-LM records
+    pretraining     text -> pretraining shards, across ranks (hvd-bert prepare-bert)
+    classification  TSV/CSV or GLUE -> classification shards (hvd-bert prepare-classification)
+    glue            GLUE's published TSV layouts
+    squad           SQuAD v1.1 / v2.0 -> features (hvd-bert prepare-squad)
+    finetune        the sets a fine-tuning run takes: its task, checks, steps per epoch
+    ncf             MovieLens (ml-1m, ml-20m, ml-25m) or synthetic -> NCF data; each epoch's pairs
+    padding         batches trimmed to their longest sequence
+    defaults        the built-in data: the cache folder, the default corpus, vocab and sets
 """

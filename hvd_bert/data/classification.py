@@ -10,7 +10,8 @@ from typing import Sequence
 
 import numpy as np
 
-from hvd_bert.data.records import DatasetError, file_sha256, shard_name, write_examples, write_sidecar
+from hvd_bert.data.records import DatasetError, shard_name, write_examples
+from hvd_bert.data.sidecar import file_sha256, write_sidecar
 from hvd_bert.data.glue import TASKS, read_task
 from hvd_bert.data.masking import special_ids
 from hvd_bert.data.kinds import KIND_CLASSIFY

@@ -9,7 +9,8 @@ import math
 
 from hvd_bert.data.kinds import KIND_CLASSIFY, KIND_SQUAD
 from hvd_bert.config import ConfigError, FinetuneConfig
-from hvd_bert.data.records import DatasetError, read_sidecar
+from hvd_bert.data.records import DatasetError
+from hvd_bert.data.sidecar import read_sidecar
 from hvd_bert.core.sharding import epoch_batches
 
 __all__ = ["SQUAD", "CLASSIFICATION", "REGRESSION", "task_of", "check_finetune_data", "total_steps"]

@@ -28,7 +28,8 @@ import numpy as np
 
 from hvd_bert.config.base import ConfigError
 from hvd_bert.train.checkpoint import atomic_write
-from hvd_bert.data.records import DatasetError, read_sidecar, write_sidecar
+from hvd_bert.data.records import DatasetError
+from hvd_bert.data.sidecar import read_sidecar, write_sidecar
 
 __all__ = ["SYNTHETIC_PRESETS", "NCFData", "load_movielens", "synthetic_movielens", "leave_one_out",
            "sample_test_negatives", "sample_train_negatives", "epoch_keys", "permuted", "epoch_pairs",

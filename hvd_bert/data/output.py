@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-from hvd_bert.data.records import (SIDECAR, DatasetError)
+from hvd_bert.data.records import DatasetError
+from hvd_bert.data.sidecar import SIDECAR
 
 __all__ = ["agree", "refuse_existing", "prepare_output", "bcast", "commit_shards"]
 

@@ -28,8 +28,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from hvd_bert.data import text_input
-from hvd_bert.data.records import (SIDECAR, DatasetError, file_sha256, read_sidecar, shard_name,
-                                   write_records, write_sidecar)
+from hvd_bert.data.records import DatasetError, shard_name, write_records
+from hvd_bert.data.sidecar import SIDECAR, file_sha256, read_sidecar, write_sidecar
 from hvd_bert.data.kinds import KIND_PRETRAIN
 from hvd_bert.data.masking import PretrainingSettings, create_instances, masked_records, special_ids
 from hvd_bert.data.output import agree, bcast, commit_shards, refuse_existing

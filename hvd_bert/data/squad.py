@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hvd_bert.data.kinds import KIND_SQUAD
-from hvd_bert.data.records import DatasetError, file_sha256, shard_name, write_examples, write_sidecar
+from hvd_bert.data.records import DatasetError, shard_name, write_examples
+from hvd_bert.data.sidecar import file_sha256, write_sidecar
 
 __all__ = ["SquadExample", "read_squad", "convert_examples", "prepare_squad", "KIND_SQUAD", "FIRST_UNIQUE_ID"]
 

@@ -119,7 +119,7 @@ def checkpoint_vocab_sha256(init: str) -> tuple[str, str] | None:
     """``(sha256, vocab file)`` of the vocabulary a checkpoint was trained with, where it can be
     known: a published folder's ``vocab.txt``, or a run folder's data (its config.json names the
     data, whose sidecar records the vocab's hash); None otherwise (a .npz, say)."""
-    from hvd_bert.data.records import file_sha256
+    from hvd_bert.data.sidecar import file_sha256
 
     p = Path(init).expanduser()
     folder = p if p.is_dir() and not p.name.startswith("ckpt-") else p.parent

@@ -1,5 +1,13 @@
-"""PyTorch frontend of hvd_bert: ``backend`` (what the jobs call), ``engine``, ``optim``,
-``models/`` (BERT, NeuMF), ``data`` (the TFRecord reader) and ``kernels``."""
+"""The PyTorch backend of hvd_bert.
+
+    backend     what the jobs call (the train.backend.Backend protocol, in PyTorch)
+    engine      Horovod's DistributedOptimizer, accumulation, AMP, checkpoints (train.engine.Engine)
+    optim       LAMB, NVLAMB, LARS as torch optimizers (checked against core.optim)
+    data        the TFRecord reader (the core's reading order)
+    checkpoint  reading checkpoint files without unpickling code
+    models      BERT and NeuMF
+    kernels     the CPU kernels in C (GELU, dropout, optimizer steps, the tied embedding)
+"""
 
 
 def init_horovod(horovod_cfg=None) -> None:

@@ -21,7 +21,8 @@ import torch
 
 from hvd_bert.data.kinds import spec_for_meta
 from hvd_bert.data.padding import length_grouped
-from hvd_bert.data.records import decode_batch, read_ordered, read_sidecar
+from hvd_bert.data.records import decode_batch, read_ordered
+from hvd_bert.data.sidecar import read_sidecar
 from hvd_bert.core.sharding import TooFewShardsError, epoch_batches, plan_reads, stream_seed
 
 __all__ = ["ShardedDataset"]

@@ -1,4 +1,13 @@
-"""TensorFlow / tf-keras frontend of hvd_bert.
+"""The TensorFlow / tf-keras backend of hvd_bert.
+
+    backend      what the jobs call (the train.backend.Backend protocol, in TensorFlow)
+    engine       Horovod's DistributedGradientTape, accumulation, mixed precision, checkpoints
+    optim        LAMB, NVLAMB, LARS as Keras optimizers (checked against core.optim)
+    callbacks    Keras fit() callbacks: the schedule, Horovod's broadcast and metric average
+    data         the tf.data reader (the core's reading order)
+    kernels      XLA-fused GELU
+    google_ckpt  reading and writing Google's TF1 checkpoints
+    models       BERT and NeuMF in Keras
 
 Horovod's Keras integration needs Keras 2 (tf-keras): ``tf.keras`` must resolve to tf-keras,
 which TensorFlow >= 2.16 does only when ``TF_USE_LEGACY_KERAS=1`` is set before TensorFlow is

@@ -15,8 +15,9 @@ import hvd_bert.tf  # noqa: F401
 import tensorflow as tf
 
 from hvd_bert.data.kinds import spec_for_meta
-from hvd_bert.data.records import CorruptRecordError, DatasetError, iter_records, read_sidecar
-from hvd_bert.core.sharding import (LEHMER_M, TooFewShardsError, _round_constants, epoch_batches,
+from hvd_bert.data.records import CorruptRecordError, DatasetError, iter_records
+from hvd_bert.data.sidecar import read_sidecar
+from hvd_bert.core.sharding import (LEHMER_M, TooFewShardsError, round_constants, epoch_batches,
                                       plan_reads, stream_seed)
 
 __all__ = ["make_dataset", "feature_spec", "stream"]
@@ -30,7 +31,7 @@ def feature_spec(meta: dict) -> dict:
 
 def _keys(indices, stream: int):
     k = tf.math.floormod(tf.cast(indices, tf.int64), LEHMER_M)
-    for a, c in _round_constants(stream):
+    for a, c in round_constants(stream):
         k = tf.math.floormod(k * a + c, LEHMER_M)
     return k
 

@@ -25,7 +25,7 @@ from hvd_bert.config.bert import BertConfig
 from hvd_bert.train.checkpoint import atomic_write
 
 __all__ = ["WeightsError", "save_weights", "write_run_bert_config", "read_run_bert_config",
-           "read_weights", "fit_weights", "fit_for_model", "read_published", "POSITION_EMBEDDINGS",
+           "read_weights", "fit_weights", "fit_for_model", "POSITION_EMBEDDINGS",
            "ENCODER_PREFIXES"]
 
 CONFIG_KEY = "__bert_config__"
@@ -139,46 +139,6 @@ def fit_for_model(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple
               f"BERT's initialisation", file=sys.stderr, flush=True)
     return fit_weights(arrays, expected, source=source,
                        allow_missing=() if has_heads else (*HEADS, "pooler."))
-
-
-def read_published(path: Path, load_bin=None, read_google=None):
-    """``(arrays, config)`` when ``path`` is a published checkpoint: a Hugging Face folder
-    (``load_bin`` reads a ``pytorch_model.bin``) or a Google TF1 checkpoint (``read_google``,
-    which needs TensorFlow); else None."""
-    from hvd_bert.weights.google import google_checkpoint_prefix
-    from hvd_bert.weights.hf import is_hf_folder, read_hf_folder
-
-    if is_hf_folder(path):
-        return read_hf_folder(path, load_bin)
-    if google_checkpoint_prefix(path) is not None:
-        return read_google(path)
-    if is_nvidia_checkpoint(path):
-        return read_nvidia(path, load_bin)
-    return None
-
-
-def is_nvidia_checkpoint(path: Path) -> bool:
-    """An NVIDIA DeepLearningExamples BERT checkpoint: a ``.pt`` holding ``{"model": state_dict}``
-    with Hugging Face-style names, beside a Google-style ``bert_config.json``."""
-    cfg = Path(path).parent / "bert_config.json"
-    if not (Path(path).is_file() and Path(path).suffix in (".pt", ".pth") and cfg.is_file()):
-        return False
-    try:
-        return "num_hidden_layers" in json.loads(cfg.read_text())  # hvd_bert's own says num_layers
-    except ValueError:
-        return False
-
-
-def read_nvidia(path: Path, load_bin) -> tuple[dict[str, np.ndarray], BertConfig]:
-    """NVIDIA's PyTorch BERT computes GELU in the erf form (its ``gelu``/``bias_gelu``) and
-    names the intermediate layer ``dense_act``; otherwise its names are Hugging Face's."""
-    from hvd_bert.weights.google import read_google_config
-    from hvd_bert.weights.hf import hf_to_portable
-
-    if load_bin is None:
-        raise WeightsError(f"{path} is a PyTorch pickle: read it with PyTorch")
-    config = dataclasses.replace(read_google_config(Path(path).parent), gelu="none")
-    return hf_to_portable(load_bin(Path(path)), config, str(path)), config
 
 
 VOCAB_ROWS = ("embeddings.word_embeddings.weight", "mlm_bias")  # one row per vocabulary entry

@@ -16,8 +16,8 @@ from hvd_bert.data.masking import PretrainingSettings, create_instances
 from hvd_bert.data.pretraining import check_pretraining_data, prepare_bert
 from hvd_bert.data.text_input import read_documents
 from hvd_bert.data.corpus import stdlib_documents, write_stdlib_corpus
-from hvd_bert.data.records import (CorruptRecordError, DatasetError, decode_example, iter_records,
-                                     read_sidecar)
+from hvd_bert.data.records import CorruptRecordError, DatasetError, decode_example, iter_records
+from hvd_bert.data.sidecar import read_sidecar
 
 SMALL = PretrainingSettings(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, seed=7)
 

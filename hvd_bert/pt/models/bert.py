@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hvd_bert.config.bert import BertConfig
-from hvd_bert.weights.portable import (WeightsError, fit_for_model, read_published, read_run_bert_config,
-                                          read_weights)
+from hvd_bert.weights.portable import WeightsError, fit_for_model, read_run_bert_config, read_weights
+from hvd_bert.weights.published import read_published
 from hvd_bert.train.checkpoint import latest_checkpoint
 from hvd_bert.core.kernels import env_flag
 from hvd_bert.pt.kernels.dropout import dropout, dropout_add, served

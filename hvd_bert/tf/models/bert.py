@@ -23,8 +23,8 @@ import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
 
 from hvd_bert.config.bert import BertConfig
-from hvd_bert.weights.portable import (WeightsError, fit_for_model, read_published, read_run_bert_config,
-                                          read_weights)
+from hvd_bert.weights.portable import WeightsError, fit_for_model, read_run_bert_config, read_weights
+from hvd_bert.weights.published import read_published
 from hvd_bert.tf.kernels import DenseGELU, bias_gelu
 
 __all__ = ["BertForPreTraining", "BertForSequenceClassification", "BertForQuestionAnswering",

@@ -1,0 +1,74 @@
+"""A prepared data folder's ``dataset.json``: what the folder holds (its ``kind``, settings,
+vocabulary hash, shards with their record counts and sizes), written last and atomically, and
+checked by every reader before it reads a record."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from hvd_bert.data.records import DatasetError
+from hvd_bert.train.checkpoint import atomic_write
+
+__all__ = ["SIDECAR", "write_sidecar", "read_sidecar", "file_sha256"]
+
+SIDECAR = "dataset.json"
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_sidecar(folder: str | Path, meta: dict) -> Path:
+    """Write ``folder/dataset.json`` atomically (written last: its presence marks the data
+    complete)."""
+    folder = Path(folder)
+    for shard in meta.get("shards", []):  # each shard's size, checked by every reader
+        if isinstance(shard, dict) and "file" in shard and (folder / shard["file"]).is_file():
+            shard["bytes"] = (folder / shard["file"]).stat().st_size
+    return atomic_write(folder / SIDECAR,
+                        lambda tmp: tmp.write_text(json.dumps(meta, indent=1, sort_keys=True)))
+
+
+def read_sidecar(folder: str | Path, kind: str | tuple[str, ...],
+                 expect: Mapping[str, Any] | None = None) -> dict:
+    """Read and check a dataset folder: the sidecar exists and is of ``kind`` (or one of the
+    kinds), every shard it lists exists, and each ``expect`` setting matches (e.g.
+    ``max_seq_length``)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DatasetError(f"data folder {folder} does not exist; prepare it first "
+                           f"(hvd-bert prepare-bert / prepare-ncf) or pass the right path")
+    side = folder / SIDECAR
+    if not side.is_file():
+        raise DatasetError(f"{folder} has no {SIDECAR}: the data is incomplete (preparation was "
+                           f"interrupted?) or not prepared by hvd_bert; prepare it again")
+    try:
+        meta = json.loads(side.read_text())
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{side} is not valid JSON ({e}); prepare the data again") from None
+    kinds = (kind,) if isinstance(kind, str) else tuple(kind)
+    if meta.get("kind") not in kinds:
+        raise DatasetError(f"{folder} holds {meta.get('kind')!r} data, expected "
+                           f"{' or '.join(map(repr, kinds))}")
+    for shard in meta.get("shards", []):
+        path = folder / shard["file"]
+        if not path.is_file():
+            raise DatasetError(f"{path} is listed in {SIDECAR} but missing; prepare the data again")
+        if "bytes" in shard and path.stat().st_size != shard["bytes"]:
+            raise DatasetError(f"{path} is {path.stat().st_size} bytes but {SIDECAR} says {shard['bytes']}: "
+                               f"the file was cut short or changed after preparation; prepare the data again")
+    if not meta.get("shards"):
+        raise DatasetError(f"{folder} has no shards; the input was empty?")
+    for key, want in (expect or {}).items():
+        if key in meta and meta[key] != want:
+            raise DatasetError(
+                f"{folder} was prepared with {key}={meta[key]!r} but {want!r} is expected; prepare "
+                f"the data again with {key}={want!r} or change the setting to {meta[key]!r}")
+    return meta

@@ -1,0 +1,80 @@
+"""The package's layout keeps its promises (docs/architecture.md): no module imports a private
+name of another, the modules import each other without a circle (counting imports inside
+functions), each concept's folder says in its ``__init__`` what it holds, and no module outside
+the models grows past about 450 lines."""
+
+import ast
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import hvd_bert
+
+ROOT = Path(hvd_bert.__file__).parent
+MODULES = {m.name: m for m in pkgutil.walk_packages(hvd_bert.__path__, "hvd_bert.")}
+LONGEST = 470  # lines; the models (hvd_bert/*/models/) are exempt
+
+
+def path_of(name: str) -> Path:
+    rel = Path(*name.split(".")[1:])
+    return ROOT / rel / "__init__.py" if (ROOT / rel).is_dir() else ROOT / rel.with_suffix(".py")
+
+
+def imports_of(name: str):
+    """``(line, imported module, names)`` of every ``hvd_bert`` import in module ``name``."""
+    tree = ast.parse(path_of(name).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("hvd_bert"):
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                yield node.lineno, (sub if sub in MODULES else node.module), a.name
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("hvd_bert."):
+                    yield node.lineno, a.name, None
+
+
+def test_no_private_name_crosses_a_module():
+    found = [f"{name}:{line} imports {name_!r} from {mod}" for name in MODULES
+             for line, mod, name_ in imports_of(name)
+             if name_ and name_.startswith("_") and not mod.endswith(f".{name_}")]
+    assert not found, "\n".join(found)
+
+
+def test_no_import_circle():
+    graph = {name: {mod for _, mod, _ in imports_of(name) if mod in MODULES and mod != name} for name in MODULES}
+    # a package's __init__ that re-exports its own modules is not a circle with them
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not (MODULES[name].ispkg and m.startswith(name + "."))
+                       and not (MODULES[m].ispkg and name.startswith(m + "."))}
+    state, stack, circles = {}, [], []
+
+    def visit(n):
+        state[n] = "open"
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == "open":
+                circles.append(stack[stack.index(m):] + [m])
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = "done"
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+    assert not circles, "\n".join(" -> ".join(c) for c in circles)
+
+
+@pytest.mark.parametrize("package", sorted(n for n, m in MODULES.items() if m.ispkg) + ["hvd_bert"])
+def test_every_package_says_what_it_holds(package):
+    doc = ast.get_docstring(ast.parse(path_of(package).read_text())) or ""
+    own = sorted(n.rsplit(".", 1)[1] for n in MODULES if n.rsplit(".", 1)[0] == package)
+    missing = [m for m in own if m not in doc and m != "__main__"]
+    assert not missing, f"{package}'s __init__ docstring does not name {missing}"
+
+
+def test_no_module_outside_the_models_is_long():
+    long = {n: len(path_of(n).read_text().splitlines()) for n in MODULES if ".models" not in n}
+    assert not {n: k for n, k in long.items() if k > LONGEST}, sorted(long.items(), key=lambda x: -x[1])[:3]
