@@ -118,7 +118,7 @@ def main() -> None:
         args.data = str(Path(args.work) / "data")
         if not (Path(args.data) / "dataset.json").is_file():
             prepare_ncf(args.data, movielens=args.movielens, overwrite=True)
-    from hvd_bert.cli import default_ncf_data
+    from hvd_bert.data.defaults import default_ncf_data
     from hvd_bert.data.ncf import load_ncf
     data = load_ncf(args.data or default_ncf_data())
     pairs = len(data.train_users) * 5

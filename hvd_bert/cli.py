@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 
@@ -44,7 +43,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
     from hvd_bert import config as C
 
-    cls = _config_class(args.job)
+    cls = C.JOB_CONFIGS[args.job]
     if args.explain:
         print("\n".join(C.explain(cls)))
         return 0
@@ -53,118 +52,39 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def default_cache():
-    import os
-    from pathlib import Path
-    return Path(os.environ.get("HVD_BERT_CACHE", Path.home() / ".cache" / "hvd_bert"))
-
-
-def default_corpus(vocab_size: int = 8192, lower: bool = True, build: bool = True, vocab=None):
-    """The built-in corpus and its WordPiece vocab, made once and cached (a trained vocab is not
-    bit-reproducible: the trainer breaks frequency ties in hash order)."""
-    from hvd_bert.data.vocab import train_vocab
-    from hvd_bert.train.checkpoint import atomic_write
-    from hvd_bert.data.corpus import write_stdlib_corpus
-
-    folder = default_cache() / "corpus"
-    corpus = folder / f"stdlib-py{sys.version_info[0]}.{sys.version_info[1]}.txt"
-    if vocab is None:
-        vocab = folder / f"vocab-{vocab_size}-{'uncased' if lower else 'cased'}.txt"
-        if build and not vocab.is_file():
-            write_stdlib_corpus(corpus)
-            import tempfile
-            with tempfile.TemporaryDirectory() as tmp:
-                made = train_vocab([corpus], tmp, vocab_size, lower)
-                atomic_write(vocab, lambda t: t.write_bytes(made.read_bytes()))
-    if build:
-        write_stdlib_corpus(corpus)
-    return corpus, vocab
-
-
-def _mpi_world():
-    """(rank, size, comm) under mpirun/srun --mpi=pmix, else (0, 1, None)."""
-    import os
-    if not any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")):
-        return 0, 1, None
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD
-    return comm.Get_rank(), comm.Get_size(), comm
-
-
-def _vocab_and_case(args: argparse.Namespace):
-    """``(vocab.txt or None, do_lower_case)``: ``--vocab`` resolved (a vocab.txt, a tokenizer.json
-    or a checkpoint folder), and the case from ``--cased``/``--uncased``, else the checkpoint's,
-    else lower-case."""
-    from hvd_bert.data.vocab import resolve_vocab
-
-    vocab = resolve_vocab(args.vocab) if args.vocab else None
-    if args.cased or args.uncased:
-        lower = not args.cased
-    elif vocab is not None and vocab.do_lower_case is not None:
-        lower = vocab.do_lower_case
-        print(f"{'lower-casing' if lower else 'keeping case'}, as the checkpoint of {vocab.source} does "
-              f"(--cased / --uncased to change)")
-    else:
-        lower = True
-    return (vocab.path if vocab else None), lower
-
-
-def _like_phase_one(args: argparse.Namespace, rank: int) -> None:
-    """``--like``: the text, vocabulary and case of phase-1 data (or of a run folder's data),
-    for what the command line does not give itself."""
-    from hvd_bert.data.pretraining import phase_one_data
-
-    folder, meta = phase_one_data(args.like)
-    if not args.input:  # phase 1's files, read as phase 1 read them
-        args.input = meta["input_paths"]
-        formats = set(meta.get("input_formats", []))
-        if args.input_format == "auto" and len(formats) == 1:
-            args.input_format = formats.pop()
-    args.sentence_splitter = args.sentence_splitter or meta.get("sentence_splitter")
-    args.vocab = args.vocab or str(folder / meta.get("vocab_file", "vocab.txt"))
-    if not (args.cased or args.uncased):
-        args.uncased, args.cased = bool(meta["do_lower_case"]), not meta["do_lower_case"]
-    if rank == 0:
-        more = len(args.input) - 3
-        shown = ", ".join(args.input[:3]) + (f" and {more} more" if more > 0 else "")
-        print(f"as {folder}: text {shown}; vocab {args.vocab}; "
-              f"{'lower-cased' if args.uncased else 'cased'} (--input, --vocab, --cased/--uncased to change)")
-
-
 def _cmd_prepare_bert(args: argparse.Namespace) -> int:
-    from hvd_bert.data.masking import PretrainingSettings
-    from hvd_bert.data.pretraining import prepare_bert
-    from hvd_bert.data.records import DatasetError
+    from hvd_bert.cluster.processes import mpi_world
+    from hvd_bert.data.defaults import default_corpus
+    from hvd_bert.data.pretraining import PretrainingSettings, like_phase_one, prepare_bert
+    from hvd_bert.data.vocab import vocab_and_case
 
-    rank, size, comm = _mpi_world()
-    try:
-        if args.like:
-            _like_phase_one(args, rank)
-        vocab, lower = _vocab_and_case(args)
-    except DatasetError as e:
-        print(f"hvd-bert prepare-bert: {e}", file=sys.stderr)
-        return 2
+    rank, size, comm = mpi_world()
+    say = print if rank == 0 else (lambda *_: None)
+    lower = (not args.cased) if (args.cased or args.uncased) else None
+    if args.like:
+        got = like_phase_one(args.like, inputs=args.input, input_format=args.input_format,
+                             sentence_splitter=args.sentence_splitter, vocab=args.vocab, lower_case=lower,
+                             say=say)
+        args.input, args.input_format, args.sentence_splitter, args.vocab = (
+            got["inputs"], got["input_format"], got["sentence_splitter"], got["vocab"])
+        args.cased, args.uncased = not got["lower_case"], got["lower_case"]
+    vocab, lower = vocab_and_case(args.vocab, args.cased, args.uncased)
     inputs = args.input
     if not inputs:
         corpus, vocab = default_corpus(args.vocab_size, lower, rank == 0, vocab)
         if comm is not None:
             comm.Barrier()
         inputs = [str(corpus)]
-        if rank == 0:
-            print(f"no --input: using the built-in corpus {corpus} (Python standard library docstrings)")
-    try:
-        settings = PretrainingSettings(
-            max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
-            masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
-            dupe_factor=args.dupe_factor, do_lower_case=lower, seed=args.seed)
-        meta = prepare_bert(inputs, args.output, vocab_file=vocab, vocab_size=args.vocab_size,
-                            num_shards=args.num_shards, settings=settings, rank=rank, world_size=size,
-                            comm=comm, overwrite=args.overwrite, input_format=args.input_format,
-                            progress=args.progress, unit_bytes=max(1, int(args.split_mb * 2**20)),
-                            sentence_splitter=args.sentence_splitter or "syntok")
-    except (DatasetError, ValueError) as e:  # raised on every rank (prepare_bert agrees on errors)
-        print(f"hvd-bert prepare-bert: {e}", file=sys.stderr)
-        return 2
+        say(f"no --input: using the built-in corpus {corpus} (Python standard library docstrings)")
+    settings = PretrainingSettings(
+        max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
+        masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
+        dupe_factor=args.dupe_factor, do_lower_case=lower, seed=args.seed)
+    meta = prepare_bert(inputs, args.output, vocab_file=vocab, vocab_size=args.vocab_size,
+                        num_shards=args.num_shards, settings=settings, rank=rank, world_size=size,
+                        comm=comm, overwrite=args.overwrite, input_format=args.input_format,
+                        progress=args.progress, unit_bytes=max(1, int(args.split_mb * 2**20)),
+                        sentence_splitter=args.sentence_splitter or "syntok")
     if meta is not None:
         print(f"wrote {meta['total_records']} instances in {meta['num_shards']} shards to {args.output} "
               f"(vocab {meta['vocab_size']} tokens, seq {meta['max_seq_length']}, {size} process(es))")
@@ -176,39 +96,31 @@ def _cmd_prepare_bert(args: argparse.Namespace) -> int:
 
 def _cmd_prepare_classification(args: argparse.Namespace) -> int:
     from hvd_bert.data.classification import prepare_classification
-    from hvd_bert.data.records import DatasetError
+    from hvd_bert.data.vocab import vocab_and_case
 
-    try:
-        vocab, lower = _vocab_and_case(args)
-        meta = prepare_classification(args.table, args.output, vocab, text_a=args.text_a,
-                                      text_b=args.text_b, label=args.label,
-                                      max_seq_length=args.max_seq_length, num_shards=args.num_shards,
-                                      do_lower_case=lower, labels=args.labels,
-                                      overwrite=args.overwrite, task=args.task, regression=args.regression)
-    except (DatasetError, ValueError) as e:
-        print(f"hvd-bert prepare-classification: {e}", file=sys.stderr)
-        return 2
+    vocab, lower = vocab_and_case(args.vocab, args.cased, args.uncased)
+    meta = prepare_classification(args.table, args.output, vocab, text_a=args.text_a, text_b=args.text_b,
+                                  label=args.label, max_seq_length=args.max_seq_length,
+                                  num_shards=args.num_shards, do_lower_case=lower, labels=args.labels,
+                                  overwrite=args.overwrite, task=args.task, regression=args.regression)
     what = "a numeric label (regression)" if meta["regression"] else f"{len(meta['labels'])} labels"
     print(f"wrote {meta['total_records']} examples ({what}) to {args.output}")
     return 0
 
 
 def _cmd_prepare_squad(args: argparse.Namespace) -> int:
-    from hvd_bert.data.records import DatasetError
+    from hvd_bert.cluster.processes import mpi_world
     from hvd_bert.data.squad import prepare_squad
+    from hvd_bert.data.vocab import vocab_and_case
 
-    rank, size, comm = _mpi_world()
-    try:
-        vocab, lower = _vocab_and_case(args)
-        meta = prepare_squad(args.input, args.output, vocab, do_lower_case=lower,
-                             version_2=args.version_2_with_negative, is_training=args.split == "train",
-                             max_seq_length=args.max_seq_length, doc_stride=args.doc_stride,
-                             max_query_length=args.max_query_length, num_shards=args.num_shards, rank=rank,
-                             world_size=size, comm=comm, overwrite=args.overwrite)
-    except DatasetError as e:  # raised on every rank (prepare_squad agrees on errors)
-        print(f"hvd-bert prepare-squad: {e}", file=sys.stderr)
-        return 2
-    if meta is not None:
+    rank, size, comm = mpi_world()
+    vocab, lower = vocab_and_case(args.vocab, args.cased, args.uncased)
+    meta = prepare_squad(args.input, args.output, vocab, do_lower_case=lower,
+                         version_2=args.version_2_with_negative, is_training=args.split == "train",
+                         max_seq_length=args.max_seq_length, doc_stride=args.doc_stride,
+                         max_query_length=args.max_query_length, num_shards=args.num_shards, rank=rank,
+                         world_size=size, comm=comm, overwrite=args.overwrite)
+    if meta is not None:  # (an error is raised on every rank: prepare_squad agrees on errors)
         print(f"wrote {meta['total_records']} features of {meta['examples']} questions "
               f"({meta['skipped_examples']} skipped: answer not in the context's words) in "
               f"{meta['num_shards']} shards to {args.output} ({size} process(es))")
@@ -217,136 +129,27 @@ def _cmd_prepare_squad(args: argparse.Namespace) -> int:
 
 def _cmd_prepare_ncf(args: argparse.Namespace) -> int:
     from hvd_bert.data.ncf import prepare_ncf
-    from hvd_bert.data.records import DatasetError
 
-    try:
-        meta = prepare_ncf(args.output, movielens=args.movielens,
-                           synthetic=None if args.movielens else args.synthetic,
-                           synthetic_scale=args.scale, seed=args.seed, overwrite=args.overwrite,
-                           eval_negatives=args.eval_negatives, skip_bad_lines=args.skip_bad_lines,
-                           report=lambda m: print(f"warning: {m}", file=sys.stderr))
-    except (DatasetError, ValueError) as e:
-        print(f"hvd-bert prepare-ncf: {e}", file=sys.stderr)
-        return 2
+    meta = prepare_ncf(args.output, movielens=args.movielens,
+                       synthetic=None if args.movielens else args.synthetic,
+                       synthetic_scale=args.scale, seed=args.seed, overwrite=args.overwrite,
+                       eval_negatives=args.eval_negatives, skip_bad_lines=args.skip_bad_lines,
+                       report=lambda m: print(f"warning: {m}", file=sys.stderr))
     print(f"{meta['source']}: {meta['n_users']} users, {meta['n_items']} items, "
           f"{meta['train_interactions']} training interactions, leave-one-out test with "
           f"{meta['test_negatives']} negatives per user -> {args.output}")
     return 0
 
 
-def default_data(max_seq_length: int = 128):
-    return default_cache() / "data" / f"stdlib-seq{max_seq_length}"
-
-
-def default_ncf_data() -> Path:
-    """The synthetic ml-1m data under the cache, prepared by the first process that needs it
-    (a file lock keeps concurrent ranks from preparing it twice)."""
-    import fcntl
-
-    from hvd_bert.data.ncf import prepare_ncf
-
-    folder = default_cache() / "data" / "ncf-synthetic-ml-1m"
-    if not (folder / "dataset.json").is_file():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with open(folder.parent / ".ncf-synthetic-ml-1m.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (folder / "dataset.json").is_file():
-                prepare_ncf(folder, synthetic="ml-1m", seed=0, overwrite=True)
-    return folder
-
-
-def _pretrain_defaults(cfg):
-    return cfg if cfg.data else replace(cfg, data=str(default_data(cfg.max_seq_length)))
-
-
-def _ncf_defaults(cfg):
-    return cfg if cfg.data else replace(cfg, data=str(default_ncf_data()))
-
-
-def _pretrain_data_hint(cfg) -> str:
-    if (Path(cfg.data).expanduser() / "dataset.json").is_file():  # prepared: the error says the rest
-        return ""
-    return (f"\n  to prepare the built-in corpus: hvd-bert prepare-bert --output {cfg.data} "
-            f"--max-seq-length {cfg.max_seq_length}")
-
-
-def _config_class(job: str):
-    from hvd_bert import config as C
-    from hvd_bert.evaluation.ncf import NCFConfig
-
-    return {"train": C.TrainConfig, "pretrain": C.PretrainConfig, "finetune": C.FinetuneConfig,
-            "ncf": NCFConfig}[job]
-
-
-# The training jobs: name -> (help, module of run(cfg, backend), fill-in of defaults, hint for
-# a data error). Each job is one file in hvd_bert/jobs/, the same for both frameworks.
-JOBS = {
-    "pretrain": ("BERT pretraining, one process per rank: start it with horovodrun -np N or mpirun -np N",
-                 "hvd_bert.jobs.pretrain", _pretrain_defaults, _pretrain_data_hint),
-    "finetune": ("BERT fine-tuning from a pretrained checkpoint: classification, regression (STS-B) or "
-                 "SQuAD, one process per rank (horovodrun / mpirun)", "hvd_bert.jobs.finetune", None, None),
-    "ncf": ("NCF (NeuMF) recommendation with HR@10 / NDCG@10, one process per rank (horovodrun / "
-            "mpirun)", "hvd_bert.jobs.ncf", _ncf_defaults, None),
-}
-
-
-EXIT_STOPPED = 3  # a job stopped by a signal after saving its checkpoint: rerun it to resume
-
-
-def user_errors() -> tuple[type, ...]:
-    """The errors that are the user's to fix (bad settings, data, checkpoints, a diverged run):
-    one line and exit status 2, never a traceback."""
-    from hvd_bert.weights.portable import WeightsError
-    from hvd_bert.train.checkpoint import RunFolderBusy
-    from hvd_bert.config import ConfigError
-    from hvd_bert.train.engine import CheckpointError, ResumeError
-    from hvd_bert.data.records import DatasetError
-    from hvd_bert.train.log import DivergedError
-
-    return (ConfigError, DatasetError, WeightsError, CheckpointError, ResumeError, DivergedError,
-            RunFolderBusy)
-
-
 def _cmd_job(args: argparse.Namespace) -> int:
-    """Every training job: the config (recipe, --set, --framework), the backend, ``run``; a
-    user error is one clear line on every rank and exit status 2 (``main``)."""
-    import importlib
+    """Every training job: the config (recipe, --set, --framework), then ``jobs.run_job``."""
+    from hvd_bert.config import JOB_CONFIGS, load_config
+    from hvd_bert.jobs import run_job
 
-    from hvd_bert.train.backend import get_backend
-    from hvd_bert.config import load_config
-
-    from hvd_bert.data.records import DatasetError
-
-    _, module, defaults, hint = JOBS[args.command]
     overrides = list(args.overrides) + ([f"framework={args.framework}"] if args.framework else [])
     overrides += [f"task={args.task}"] if getattr(args, "task", None) else []
-    cfg = load_config(_config_class(args.command), args.config, overrides)
-    if defaults is not None:
-        cfg = defaults(cfg)
-    if hint is not None:
-        args.error_hint = lambda e: hint(cfg) if isinstance(e, DatasetError) else ""
-    result = importlib.import_module(module).run(cfg, get_backend(cfg.framework))
-    # Stopped by SIGTERM/SIGINT before the end (a checkpoint was saved): not a success, so that a
-    # SLURM dependency (afterok) waits for the run to finish; the job scripts requeue on it.
-    return EXIT_STOPPED if result.get("stopped") else 0
-
-
-def _vocab_of(src: Path) -> Path | None:
-    """The vocab.txt that goes with a checkpoint: a Hugging Face folder's own, or the one of the
-    data a run folder trained on (its config.json names the data)."""
-    import json
-
-    folder = src if src.is_dir() else src.parent
-    if (folder / "vocab.txt").is_file():
-        return folder / "vocab.txt"
-    cfg = folder / "config.json"
-    try:
-        data = json.loads(cfg.read_text()).get("data") if cfg.is_file() else None
-    except (OSError, ValueError):
-        data = None
-    if data and (Path(data).expanduser() / "vocab.txt").is_file():
-        return Path(data).expanduser() / "vocab.txt"
-    return None
+    cfg = load_config(JOB_CONFIGS[args.command], args.config, overrides)
+    return run_job(args.command, cfg, on_data_error=lambda hint: setattr(args, "error_hint", hint))
 
 
 def _cmd_evaluate_squad(args: argparse.Namespace) -> int:
@@ -363,89 +166,27 @@ def _cmd_evaluate_squad(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    """A checkpoint of either framework, a portable .npz or a Hugging Face folder -> portable
-    weights (.npz) or a Hugging Face folder (``--to hf``)."""
-    from hvd_bert.weights.portable import WeightsError, save_weights
-    from hvd_bert.train.checkpoint import latest_checkpoint
-    from hvd_bert.weights.hf import is_hf_folder, write_hf_folder
+    from hvd_bert.weights.convert import convert
 
-    src = Path(args.checkpoint).expanduser()
-    if not src.exists():
-        raise WeightsError(f"{src} does not exist; give a run folder, a ckpt-*.pt / ckpt-*.tf, a .npz or a "
-                           f"Hugging Face model folder")
-    framework = args.framework
-    if framework == "auto":  # PyTorch's reader also reads .npz and Hugging Face folders
-        tf_only = src.is_dir() and not is_hf_folder(src) and latest_checkpoint(src, "tf") and \
-            not latest_checkpoint(src, "pt")
-        framework = "tf" if src.suffix == ".tf" or tf_only else "pt"
-    kind = {".pt": "pt", ".tf": "tf"}.get(src.suffix)
-    if kind and kind != framework:
-        raise WeightsError(f"{src} is a {'PyTorch' if kind == 'pt' else 'TensorFlow'} checkpoint; use "
-                           f"--framework {kind} (or leave it out)")
-    if framework == "pt":
-        from hvd_bert.pt.models.bert import read_checkpoint_weights
-    else:
-        from hvd_bert.tf.models.bert import read_checkpoint_weights
-    arrays, config = read_checkpoint_weights(src)
-    if config is None:
-        raise WeightsError(f"no bert_config.json beside {src}: it is written into every run folder by "
-                           f"hvd-bert pretrain / finetune")
-    n = f"{len(arrays)} tensors, {sum(a.size for a in arrays.values()) / 1e6:.1f}M parameters"
-    if args.to == "google":
-        from hvd_bert.tf.google_ckpt import write_google
-
-        vocab = Path(args.vocab) if args.vocab else _vocab_of(src)
-        out = write_google(args.output, arrays, config, vocab_file=vocab)
-        print(f"{src} ({n}) -> {out} (Google TF1: bert_config.json + bert_model.ckpt, as modeling.py reads)")
-        return 0
-    if args.to == "hf":
-        vocab = Path(args.vocab) if args.vocab else _vocab_of(src)
-        out = write_hf_folder(args.output, arrays, config, vocab_file=vocab, do_lower_case=not args.cased)
-        print(f"{src} ({n}) -> {out} (Hugging Face: transformers.BertForPreTraining.from_pretrained"
-              f"({str(out)!r})){'' if vocab else '; no vocab.txt found: copy one in, or pass --vocab'}")
-        return 0
-    out = save_weights(args.output, arrays, config)
-    print(f"{src} ({framework}, {n}) -> {out}; load it with --set init_checkpoint={out} in either framework")
+    print(convert(args.checkpoint, args.output, to=args.to, framework=args.framework, vocab=args.vocab,
+                  cased=args.cased))
     return 0
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from hvd_bert.core import cost_model as S
 
     net = S.INTERCONNECTS[args.interconnect]
     if args.calibrate:
-        from hvd_bert.cluster import launch
-        from hvd_bert.cluster.doctor import parse_hosts
-        np_ = args.calibrate_np
-        if args.calibrate_hosts and np_ is None:  # every slot of the hosts
-            try:
-                np_ = sum(slots for _, slots in parse_hosts(args.calibrate_hosts))
-            except ValueError as e:
-                print(f"hvd-bert simulate: {str(e).replace('--hosts', '--calibrate-hosts')}", file=sys.stderr)
-                return 2
-        res = launch.run(["-m", "hvd_bert.cluster.allreduce_probe"], np=np_ or 2, timeout=600,
-                         hosts=args.calibrate_hosts, nic=args.calibrate_nic)
-        if not res.ok:
-            print(res.explain(), file=sys.stderr)
+        net = _calibrate(args, net)
+        if net is None:
             return 1
-        probe, alpha, bw = S.fit_probe(res.stdout)
-        where = f"across {args.calibrate_hosts}" if args.calibrate_hosts else "on this machine"
-        print(f"measured {probe['size']}-rank allreduce {where}:")
-        fitted = S.Interconnect(alpha, bw)
-        for sz, t in probe["points"]:
-            model = S.allreduce_time(sz, probe["size"], fitted)
-            print(f"  {sz / 1024:>8.0f} KiB  {t * 1e3:8.3f} ms  (model {model * 1e3:8.3f} ms)")
-        print(f"fitted ring model: alpha {alpha * 1e6:.1f} us, bandwidth {bw / 1e9:.2f} GB/s per rank")
-        net = S.with_bandwidth(replace(net, gpus_per_node=1), alpha, bw)
     if args.params is not None:
         w = S.Workload("custom", args.params, args.tensors, args.micro_batch_seconds, args.samples)
     else:
         w = S.WORKLOADS[args.workload]
-    kw = dict(algorithm=args.algorithm,
-              fusion_bytes=None if args.fusion_mb == 0 else args.fusion_mb * S.MIB, fp16=args.fp16,
-              overlap=not args.no_overlap, backward_passes_per_step=args.k)
+    kw = dict(algorithm=args.algorithm, fusion_bytes=None if args.fusion_mb == 0 else args.fusion_mb * S.MIB,
+              fp16=args.fp16, overlap=not args.no_overlap, backward_passes_per_step=args.k)
     print(f"workload: {w.name} ({w.params / 1e6:.1f}M parameters, {w.micro_batch_seconds * 1e3:.1f} ms "
           f"per micro-batch{'; ' + w.note if w.note else ''})")
     print(f"network: {net.note}; {args.algorithm} allreduce, "
@@ -458,21 +199,49 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         print(f"{n:>6} {p.step_s * 1e3:>9.1f} {p.comm_s * 1e3:>9.1f} {p.exposed_comm_s * 1e3:>10.1f} "
               f"{p.efficiency:>10.1%} {p.samples_per_s:>12,.0f}")
     if args.bert_recipe:
-        total = 0.0
         n = args.gpus[-1]
-        for name, steps, gbatch, seq in (("phase 1", 7038, 65536, 128), ("phase 2", 1563, 32768, 512)):
-            per_gpu = gbatch / n
-            base = S.WORKLOADS["bert-large-p1"]
-            tflops = 6 * base.params * 128 * 64 / base.micro_batch_seconds / 1e12
-            wl = replace(base, micro_batch_seconds=6 * base.params * seq * per_gpu / (tflops * 1e12),
-                         samples_per_micro_batch=round(per_gpu))
-            p = S.project(wl, n, net, **kw)
-            total += steps * p.step_s
+        rows, total = S.project_bert_recipe(n, net, **kw)
+        for name, steps, gbatch, seq, per_gpu, p in rows:
             print(f"{name}: {steps} steps of {gbatch} x {seq} ({per_gpu:.1f} seq/GPU): "
                   f"{p.step_s * 1e3:.0f} ms/step, efficiency {p.efficiency:.1%}, "
                   f"{steps * p.step_s / 60:.1f} min")
         print(f"BERT-Large (NVIDIA LAMB recipe) on {n} GPUs: {total / 60:.1f} minutes")
     return 0
+
+
+def _calibrate(args: argparse.Namespace, net):
+    """``simulate --calibrate``: the flat network fitted to allreduces measured here (or across
+    ``--calibrate-hosts``); None when the measurement failed (said on stderr)."""
+    from dataclasses import replace
+
+    from hvd_bert.cluster import launch
+    from hvd_bert.cluster.doctor import parse_hosts
+    from hvd_bert.core import cost_model as S
+
+    np_ = args.calibrate_np
+    if args.calibrate_hosts and np_ is None:  # every slot of the hosts
+        try:
+            np_ = sum(slots for _, slots in parse_hosts(args.calibrate_hosts))
+        except ValueError as e:
+            raise SimulateError(str(e).replace("--hosts", "--calibrate-hosts")) from None
+    res = launch.run(["-m", "hvd_bert.cluster.allreduce_probe"], np=np_ or 2, timeout=600,
+                     hosts=args.calibrate_hosts, nic=args.calibrate_nic)
+    if not res.ok:
+        print(res.explain(), file=sys.stderr)
+        return None
+    probe, alpha, bw = S.fit_probe(res.stdout)
+    where = f"across {args.calibrate_hosts}" if args.calibrate_hosts else "on this machine"
+    print(f"measured {probe['size']}-rank allreduce {where}:")
+    fitted = S.Interconnect(alpha, bw)
+    for sz, t in probe["points"]:
+        model = S.allreduce_time(sz, probe["size"], fitted)
+        print(f"  {sz / 1024:>8.0f} KiB  {t * 1e3:8.3f} ms  (model {model * 1e3:8.3f} ms)")
+    print(f"fitted ring model: alpha {alpha * 1e6:.1f} us, bandwidth {bw / 1e9:.2f} GB/s per rank")
+    return S.with_bandwidth(replace(net, gpus_per_node=1), alpha, bw)
+
+
+class SimulateError(ValueError):
+    """A bad ``simulate`` argument: one line, exit status 2."""
 
 
 def _add_case_args(p: argparse.ArgumentParser) -> None:
@@ -601,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_cmd_prepare_ncf)
 
+    from hvd_bert.jobs import JOBS
+
     for name, (text, *_) in JOBS.items():
         p = sub.add_parser(name, help=text)
         p.add_argument("--framework", choices=["pt", "tf"], default=None,
@@ -667,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     """Every subcommand through one error handler: a user error (settings, data, checkpoint,
     weights, a diverged run) is one line naming the problem and the fix, exit status 2, on
     every rank; anything else is a bug and keeps its traceback."""
+    from hvd_bert.cluster.processes import let_peers_report, peer_failed
+    from hvd_bert.jobs import user_errors
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -674,44 +448,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except user_errors() as e:
+    except (*user_errors(), SimulateError, ValueError) as e:
+        if type(e) is ValueError and not args.command.startswith("prepare-"):
+            raise  # a bare ValueError outside data preparation is a bug
         hint = getattr(args, "error_hint", None)
         print(f"hvd-bert {args.command}: {e}{hint(e) if hint else ''}", file=sys.stderr, flush=True)
-        _let_peers_report()
+        let_peers_report()
         return 2
     except Exception as e:
-        if not _peer_failed(e):
+        if not peer_failed(e):
             raise
         # Another rank stopped (a user error it reported, or a crash with its traceback) while
         # this one waited in a collective: one line here instead of Horovod's traceback.
         print(f"hvd-bert {args.command}: stopped because another rank failed (its message is in "
               f"that rank's output); nothing more was written", file=sys.stderr, flush=True)
         return 2
-
-
-def _let_peers_report(grace_s: float = 2.0) -> None:
-    """After a user error on a rank of a Horovod job: shut Horovod down now (the ranks waiting
-    in a collective then raise at once and print their own line) and wait a moment before
-    exiting, since a launcher kills the remaining ranks as soon as one exits."""
-    import time
-
-    for name in ("horovod.torch", "horovod.tensorflow"):
-        hvd = sys.modules.get(name)
-        try:
-            if hvd is not None and hvd.is_initialized() and hvd.size() > 1:
-                hvd.shutdown()
-                time.sleep(grace_s)
-                return
-        except Exception:  # noqa: BLE001 - only a courtesy to the other ranks
-            return
-
-
-def _peer_failed(e: BaseException | None) -> bool:
-    """Whether ``e`` (or an exception it came from) is Horovod's "has been shut down" error,
-    which every framework raises in the ranks left waiting when one rank ends."""
-    seen = 0
-    while e is not None and seen < 10:
-        if "Horovod has been shut down" in str(e):
-            return True
-        e, seen = e.__cause__ or e.__context__, seen + 1
-    return False

@@ -32,9 +32,9 @@ def _extensions() -> list[Path]:
 def _cache_file() -> Path:
     import hashlib
 
-    from hvd_bert.cli import default_cache
+    from hvd_bert.data.defaults import cache_dir
     key = "\0".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in _extensions())
-    return default_cache() / "horovod" / f"built-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    return cache_dir() / "horovod" / f"built-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
 def _horovods_check(what: str) -> bool | None:

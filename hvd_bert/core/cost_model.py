@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 __all__ = ["Interconnect", "Workload", "allreduce_time", "project", "Projection", "INTERCONNECTS",
-           "WORKLOADS", "fit_alpha_beta", "fit_probe"]
+           "WORKLOADS", "fit_alpha_beta", "fit_probe", "BERT_LARGE_PHASES", "project_bert_recipe"]
 
 GB = 1e9
 MIB = 2**20
@@ -171,3 +171,27 @@ def fit_probe(output: str) -> tuple[dict, float, float]:
     sizes, times = zip(*probe["points"])
     alpha, bw = fit_alpha_beta(list(sizes), list(times), probe["size"])
     return probe, alpha, bw
+
+
+# NVIDIA's BERT-Large LAMB recipe (recipes/bert-large-phase1.yaml, -phase2.yaml):
+# (phase, optimizer steps, global batch, sequence length)
+BERT_LARGE_PHASES = (("phase 1", 7038, 65536, 128), ("phase 2", 1563, 32768, 512))
+
+
+def project_bert_recipe(ranks: int, net: Interconnect, phases=BERT_LARGE_PHASES, **kw):
+    """Both phases of the BERT-Large recipe on ``ranks`` GPUs: ``([(phase, steps, global batch,
+    seq, sequences per GPU, Projection)], total seconds)``. A phase's compute per micro-batch
+    scales the ``bert-large-p1`` workload's sustained TFLOP/s to its sequence length and per-GPU
+    batch (6 x parameters x tokens FLOPs per sequence)."""
+    base = WORKLOADS["bert-large-p1"]
+    tflops = 6 * base.params * 128 * 64 / base.micro_batch_seconds / 1e12
+    rows, total = [], 0.0
+    for name, steps, gbatch, seq in phases:
+        per_gpu = gbatch / ranks
+        wl = replace(base, micro_batch_seconds=6 * base.params * seq * per_gpu / (tflops * 1e12),
+                     samples_per_micro_batch=round(per_gpu))
+        p = project(wl, ranks, net, **kw)
+        total += steps * p.step_s
+        rows.append((name, steps, gbatch, seq, per_gpu, p))
+    return rows, total
+

@@ -428,12 +428,10 @@ def load_ncf(folder: str | Path) -> NCFData:
 
 # ----------------------------------------------------------------------------- training data
 class EpochData:
-    """Each epoch's training pairs (every positive and ``num_negatives`` fresh negatives per
-    positive) in an order shuffled with a seed of the epoch (:func:`epoch_pairs`): rank
-    ``r`` takes positions ``r, r + P, ...`` of it and computes only those pairs, so every rank
-    does 1/P of the sampling, and the epoch (its pairs and their order) does not depend on the
-    number of ranks. Every rank gets ``steps_per_epoch x k`` micro-batches of
-    ``local_batch_size``; the tail that does not fill a global batch is left out."""
+    """Each epoch's training pairs (every positive, ``num_negatives`` fresh negatives each) in an
+    order shuffled with a seed of the epoch (:func:`epoch_pairs`): rank ``r`` takes positions
+    ``r, r + P, ...`` and computes only those, so the epoch does not depend on the number of
+    ranks. Every rank gets ``steps_per_epoch x k`` micro-batches of ``local_batch_size``."""
 
     CHUNK = 1 << 20  # pairs computed at a time (memory stays bounded at any data size)
 

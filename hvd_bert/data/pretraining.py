@@ -35,7 +35,8 @@ from hvd_bert.data.masking import PretrainingSettings, create_instances, masked_
 from hvd_bert.data.output import agree, bcast, commit_shards, refuse_existing
 from hvd_bert.data.vocab import load_tokenizer, train_vocab
 
-__all__ = ["PretrainingSettings", "prepare_bert", "phase_one_data", "check_pretraining_data"]
+__all__ = ["PretrainingSettings", "prepare_bert", "phase_one_data", "like_phase_one",
+           "check_pretraining_data"]
 
 
 SHARD_TEXT_BYTES = 32 << 20   # auto num_shards: about this much input text per shard
@@ -370,6 +371,28 @@ def phase_one_data(src: str | Path) -> tuple[Path, dict]:
         raise DatasetError(f"the text {folder} was prepared from is gone ({missing[0]}): pass it with "
                            f"--input")
     return folder, meta
+
+
+def like_phase_one(like: str | Path, *, inputs: list[str], input_format: str, sentence_splitter: str | None,
+                   vocab: str | None, lower_case: bool | None, say=print) -> dict:
+    """``prepare-bert --like``: the text, input format, sentence splitter, vocabulary and case
+    of phase-1 data (or of a run folder's data), for what the command line leaves out (given
+    values win). Returns them as ``prepare_bert``'s arguments; ``say`` reports the choice."""
+    folder, meta = phase_one_data(like)
+    if not inputs:  # phase 1's files, read as phase 1 read them
+        inputs = meta["input_paths"]
+        formats = set(meta.get("input_formats", []))
+        if input_format == "auto" and len(formats) == 1:
+            input_format = formats.pop()
+    vocab = vocab or str(folder / meta.get("vocab_file", "vocab.txt"))
+    lower = bool(meta["do_lower_case"]) if lower_case is None else lower_case
+    more = len(inputs) - 3
+    shown = ", ".join(inputs[:3]) + (f" and {more} more" if more > 0 else "")
+    say(f"as {folder}: text {shown}; vocab {vocab}; {'lower-cased' if lower else 'cased'} "
+        f"(--input, --vocab, --cased/--uncased to change)")
+    return dict(inputs=inputs, input_format=input_format,
+                sentence_splitter=sentence_splitter or meta.get("sentence_splitter"), vocab=vocab,
+                lower_case=lower)
 
 
 def check_pretraining_data(folder: str | Path, max_seq_length: int | None = None,

@@ -17,7 +17,8 @@ from typing import Iterable, Sequence
 
 from hvd_bert.data.records import DatasetError
 
-__all__ = ["ResolvedVocab", "resolve_vocab", "SPECIAL_TOKENS", "train_vocab", "load_tokenizer"]
+__all__ = ["ResolvedVocab", "resolve_vocab", "SPECIAL_TOKENS",
+           "train_vocab", "load_tokenizer", "vocab_and_case"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -186,4 +187,20 @@ def load_tokenizer(vocab_file: str | Path, do_lower_case: bool = True):
     if missing:
         raise DatasetError(f"vocab file {p} lacks the special tokens {missing}; it is not a BERT vocab")
     return BertWordPieceTokenizer(str(p), lowercase=do_lower_case, strip_accents=do_lower_case)
+
+
+def vocab_and_case(vocab: str | None, cased: bool = False, uncased: bool = False, say=print):
+    """``(vocab.txt or None, do_lower_case)`` of a preparation command: ``vocab`` resolved (a
+    vocab.txt, a tokenizer.json or a checkpoint folder), and the case from ``cased`` /
+    ``uncased``, else the checkpoint's (said with ``say``), else lower-case."""
+    resolved = resolve_vocab(vocab) if vocab else None
+    if cased or uncased:
+        lower = not cased
+    elif resolved is not None and resolved.do_lower_case is not None:
+        lower = resolved.do_lower_case
+        say(f"{'lower-casing' if lower else 'keeping case'}, as the checkpoint of {resolved.source} does "
+            f"(--cased / --uncased to change)")
+    else:
+        lower = True
+    return (resolved.path if resolved else None), lower
 

@@ -10,3 +10,54 @@ A job reads top to bottom: the backend's process set-up, the data checked agains
 the model, the engine (``backend.engine``: optimizer, schedule, accumulation, precision,
 broadcast), then ``train.engine.fit``. ``backend`` is ``train.backend.get_backend(cfg.framework)``.
 """
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["JOBS", "EXIT_STOPPED", "run_job", "user_errors"]
+
+# name -> (help, module of run(cfg, backend), fill-in of defaults, hint for a data error)
+JOBS = {
+    "pretrain": ("BERT pretraining, one process per rank: start it with horovodrun -np N or mpirun -np N",
+                 "hvd_bert.jobs.pretrain", "pretrain_defaults", "pretrain_data_hint"),
+    "finetune": ("BERT fine-tuning from a pretrained checkpoint: classification, regression (STS-B) or "
+                 "SQuAD, one process per rank (horovodrun / mpirun)", "hvd_bert.jobs.finetune", None, None),
+    "ncf": ("NCF (NeuMF) recommendation with HR@10 / NDCG@10, one process per rank (horovodrun / "
+            "mpirun)", "hvd_bert.jobs.ncf", "ncf_defaults", None),
+}
+
+EXIT_STOPPED = 3  # a job stopped by a signal after saving its checkpoint: rerun it to resume
+
+
+def user_errors() -> tuple[type, ...]:
+    """The errors that are the user's to fix (bad settings, data, checkpoints, a diverged run):
+    one line and exit status 2, never a traceback."""
+    from hvd_bert.config import ConfigError
+    from hvd_bert.data.records import DatasetError
+    from hvd_bert.train.checkpoint import RunFolderBusy
+    from hvd_bert.train.engine import CheckpointError, ResumeError
+    from hvd_bert.train.log import DivergedError
+    from hvd_bert.weights.portable import WeightsError
+
+    return (ConfigError, DatasetError, WeightsError, CheckpointError, ResumeError, DivergedError,
+            RunFolderBusy)
+
+
+def run_job(name: str, cfg, on_data_error=None) -> int:
+    """Job ``name`` on ``cfg`` (the built-in data filled in where the job has one) with the
+    backend of ``cfg.framework``; the exit status: 0, or ``EXIT_STOPPED`` when a signal stopped
+    it before the end (a checkpoint was saved: not a success, so that a SLURM ``afterok``
+    dependency waits for the run to finish; the job scripts requeue on it). ``on_data_error``
+    receives the hint to add to a data error's line."""
+    from hvd_bert.data import defaults
+    from hvd_bert.data.records import DatasetError
+    from hvd_bert.train.backend import get_backend
+
+    _, module, fill, hint = JOBS[name]
+    if fill is not None:
+        cfg = getattr(defaults, fill)(cfg)
+    if hint is not None and on_data_error is not None:
+        on_data_error(lambda e: getattr(defaults, hint)(cfg) if isinstance(e, DatasetError) else "")
+    result = importlib.import_module(module).run(cfg, get_backend(cfg.framework))
+    return EXIT_STOPPED if result.get("stopped") else 0

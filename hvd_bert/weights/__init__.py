@@ -5,4 +5,5 @@ form (numpy arrays under hvd_bert's names, the vocabulary padded to a multiple o
     published  which published checkpoint a path is, read (Hugging Face, Google, NVIDIA)
     hf         Hugging Face folders (config.json + model.safetensors / pytorch_model.bin)
     google     Google's TF1 checkpoints (bert_config.json + bert_model.ckpt), their names
+    convert    hvd-bert convert: any checkpoint -> .npz, a Hugging Face folder or a Google checkpoint
 """

@@ -25,7 +25,7 @@ def imports_of(name: str):
     """``(line, imported module, names)`` of every ``hvd_bert`` import in module ``name``."""
     tree = ast.parse(path_of(name).read_text())
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("hvd_bert"):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("hvd_bert"):
             for a in node.names:
                 sub = f"{node.module}.{a.name}"
                 yield node.lineno, (sub if sub in MODULES else node.module), a.name
@@ -43,7 +43,8 @@ def test_no_private_name_crosses_a_module():
 
 
 def test_no_import_circle():
-    graph = {name: {mod for _, mod, _ in imports_of(name) if mod in MODULES and mod != name} for name in MODULES}
+    graph = {name: {mod for _, mod, _ in imports_of(name) if mod in MODULES and mod != name}
+             for name in MODULES}
     # a package's __init__ that re-exports its own modules is not a circle with them
     for name in graph:
         graph[name] = {m for m in graph[name] if not (MODULES[name].ispkg and m.startswith(name + "."))

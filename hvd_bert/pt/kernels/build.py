@@ -22,6 +22,8 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+from hvd_bert.data.defaults import cache_dir
+
 __all__ = ["CKernels", "threads"]
 
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-std=c11"]
@@ -48,7 +50,7 @@ def _cpu_key() -> str:
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("HVD_BERT_CACHE", Path.home() / ".cache" / "hvd_bert")) / "kernels"
+    return cache_dir() / "kernels"
 
 
 class CKernels:

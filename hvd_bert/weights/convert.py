@@ -1,0 +1,75 @@
+"""``hvd-bert convert``: a checkpoint of either framework, a portable ``.npz`` or a published
+checkpoint, read by the framework it needs, written as portable weights (``.npz``), a Hugging
+Face folder (``--to hf``) or a Google TF1 checkpoint (``--to google``). Which framework reads
+a path is decided here: its suffix, or a run folder's checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hvd_bert.train.checkpoint import latest_checkpoint
+from hvd_bert.weights.hf import is_hf_folder, write_hf_folder
+from hvd_bert.weights.portable import WeightsError, save_weights
+
+__all__ = ["reading_framework", "vocab_of", "convert"]
+
+
+def reading_framework(src: Path, framework: str = "auto") -> str:
+    """``pt`` or ``tf``: the framework that reads ``src`` (PyTorch's reader also reads .npz and
+    published checkpoints); a checkpoint of the other framework than the one asked is an error."""
+    if framework == "auto":
+        tf_only = src.is_dir() and not is_hf_folder(src) and latest_checkpoint(src, "tf") and \
+            not latest_checkpoint(src, "pt")
+        framework = "tf" if src.suffix == ".tf" or tf_only else "pt"
+    kind = {".pt": "pt", ".tf": "tf"}.get(src.suffix)
+    if kind and kind != framework:
+        raise WeightsError(f"{src} is a {'PyTorch' if kind == 'pt' else 'TensorFlow'} checkpoint; use "
+                           f"--framework {kind} (or leave it out)")
+    return framework
+
+
+def vocab_of(src: Path) -> Path | None:
+    """The vocab.txt that goes with a checkpoint: a Hugging Face folder's own, or the one of the
+    data a run folder trained on (its config.json names the data)."""
+    folder = src if src.is_dir() else src.parent
+    if (folder / "vocab.txt").is_file():
+        return folder / "vocab.txt"
+    cfg = folder / "config.json"
+    try:
+        data = json.loads(cfg.read_text()).get("data") if cfg.is_file() else None
+    except (OSError, ValueError):
+        data = None
+    if data and (Path(data).expanduser() / "vocab.txt").is_file():
+        return Path(data).expanduser() / "vocab.txt"
+    return None
+
+
+def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", framework: str = "auto",
+            vocab: str | Path | None = None, cased: bool = False) -> str:
+    """Convert ``checkpoint`` to ``output`` (see the module docstring); returns the line that
+    says what was written and how to load it."""
+    from hvd_bert.train.backend import get_backend
+
+    src = Path(checkpoint).expanduser()
+    if not src.exists():
+        raise WeightsError(f"{src} does not exist; give a run folder, a ckpt-*.pt / ckpt-*.tf, a .npz or a "
+                           f"Hugging Face model folder")
+    framework = reading_framework(src, framework)
+    arrays, config = get_backend(framework).read_checkpoint_weights(src)
+    if config is None:
+        raise WeightsError(f"no bert_config.json beside {src}: it is written into every run folder by "
+                           f"hvd-bert pretrain / finetune")
+    n = f"{len(arrays)} tensors, {sum(a.size for a in arrays.values()) / 1e6:.1f}M parameters"
+    vocab = Path(vocab) if vocab else vocab_of(src)
+    if to == "google":
+        from hvd_bert.tf.google_ckpt import write_google  # TensorFlow writes TF1 checkpoints
+
+        out = write_google(output, arrays, config, vocab_file=vocab)
+        return f"{src} ({n}) -> {out} (Google TF1: bert_config.json + bert_model.ckpt, as modeling.py reads)"
+    if to == "hf":
+        out = write_hf_folder(output, arrays, config, vocab_file=vocab, do_lower_case=not cased)
+        return (f"{src} ({n}) -> {out} (Hugging Face: transformers.BertForPreTraining.from_pretrained"
+                f"({str(out)!r})){'' if vocab else '; no vocab.txt found: copy one in, or pass --vocab'}")
+    out = save_weights(output, arrays, config)
+    return f"{src} ({framework}, {n}) -> {out}; load it with --set init_checkpoint={out} in either framework"
