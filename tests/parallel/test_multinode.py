@@ -128,7 +128,7 @@ def test_slurm_job_scripts_on_two_nodes(slurm2, bert_data, tmp_path):
     rank0 = (p1 / "jobs" / p1_id / "rank-0.log").read_text()
     assert "world: 4 ranks on 2 hosts: node1 ranks 0-1, node2 ranks 2-3" in rank0, (rank0, outs)
     assert "global batch 32 = local batch 8 x backward_passes_per_step 1 x world size 4" in rank0
-    assert "2 node(s), 4 task(s)" in outs
+    assert "2 node(s), 4 task(s)" in outs and "recipes/bert-large-phase1.yaml" in outs
     logs = sorted(p.name for p in (p1 / "jobs" / p1_id).glob("rank-*.log"))
     assert logs == [f"rank-{i}.log" for i in range(4)]
     assert [m["step"] for m in metrics_of(p1)] == [5, 10]
