@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hvd_bert.config import ConfigError
-from hvd_bert.train.engine import fit
+from hvd_bert.train.loop import fit
 from hvd_bert.config import NCFConfig
 from hvd_bert.data.ncf import EpochData
 from hvd_bert.evaluation.ncf import EpochEvaluation, evaluate

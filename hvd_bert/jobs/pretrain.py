@@ -13,21 +13,18 @@ NVIDIA does.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
+from hvd_bert.config import PretrainConfig
 from hvd_bert.config.bert import bert_preset
 from hvd_bert.data.pretraining import check_pretraining_data
-from hvd_bert.weights.portable import WeightsError
-from hvd_bert.config import BatchConfig, PretrainConfig
-from hvd_bert.core.schedules import make_schedule
-from hvd_bert.train.elastic import elastic_layout, fit_elastic, launched_elastic
-from hvd_bert.train.engine import fit
+from hvd_bert.data.vocab import init_vocab_error
 from hvd_bert.evaluation.finetune import eval_batches
 from hvd_bert.evaluation.pretraining import evaluate_pretraining
-from hvd_bert.data.vocab import init_vocab_error
-from hvd_bert.cluster.horovod import horovod_settings_line
-from hvd_bert.jobs.run_folder import finish_line, open_elastic_run, open_run, with_run_folder
+from hvd_bert.jobs.run_folder import finish_line, open_run, with_run_folder
+from hvd_bert.train.elastic import launch_mode
+from hvd_bert.train.loop import fit
+from hvd_bert.weights.portable import WeightsError
 
 __all__ = ["run"]
 
@@ -35,9 +32,9 @@ __all__ = ["run"]
 def run(cfg: PretrainConfig, backend) -> dict:
     cfg = with_run_folder(cfg, "pretrain")
     rank, size = backend.init(cfg.train)
-    # Horovod elastic: no collective before fit_elastic (a worker that joins later would pair it
-    # with the others' state sync); each rank reads what rank 0 would have broadcast.
-    elastic = launched_elastic()
+    # Plain, or Horovod elastic: then no collective before fit's state sync (a worker that joins
+    # later would pair it with the others'), so each rank reads what rank 0 would have broadcast.
+    launch = launch_mode()
     out = Path(cfg.train.output_dir)
     meta = check_pretraining_data(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq)
     eval_meta = None
@@ -52,7 +49,7 @@ def run(cfg: PretrainConfig, backend) -> dict:
     backend.seed(cfg.train.seed + rank)  # per-rank dropout streams; the weights come from rank 0
     model = backend.bert_pretraining(bert, cfg.max_seq_length, cfg.max_predictions_per_seq)
     error = None
-    if cfg.init_checkpoint and (rank == 0 or elastic):  # phase 2: weights only; the engine broadcasts them
+    if cfg.init_checkpoint and launch.reads_here(rank):  # phase 2: weights only; the engine broadcasts them
         try:
             arrays, config = backend.read_checkpoint_weights(cfg.init_checkpoint)
             if config is not None:  # before the weights: a data/vocab mismatch is the data's fault
@@ -62,28 +59,15 @@ def run(cfg: PretrainConfig, backend) -> dict:
                 backend.load_weights(model, arrays, source=f"init_checkpoint {cfg.init_checkpoint}")
         except WeightsError as e:
             error = str(e)
-    if not elastic:
-        error = backend.broadcast_object(error, "hvd_bert.pretrain.init")  # every rank stops on it
+    error = launch.shared(backend.broadcast_object, error, "hvd_bert.pretrain.init")  # every rank stops on it
     if error:
         raise WeightsError(error)
-    train = cfg.train
-    if elastic:  # the configured global batch, laid out on this world (k recomputed on every change)
-        b = train.batch
-        target = b.global_batch_size or b.plan(size).global_batch_size
-        cap = b.local_batch_size or b.plan(size).local_batch_size
-        plan = elastic_layout(target, cap, size, train.elastic.uneven).plan
-        train = replace(train, resume_resized=True, batch=BatchConfig(
-            local_batch_size=plan.local_batch_size if plan else cap,
-            backward_passes_per_step=plan.backward_passes_per_step if plan else 1))
-    engine = backend.engine(model, backend.pretraining_loss, train, sync=not elastic)
+    train = launch.layout(cfg.train, size)  # (elastic: the global batch laid out on this world)
+    engine = backend.engine(model, backend.pretraining_loss, train, sync=launch.syncs_at_start)
 
     total = cfg.train.schedule.total_steps
-    keys = ("loss", "mlm_accuracy", "lr", "sequences_per_s")
-    if elastic:
-        log, agree, announce = open_elastic_run(cfg, backend, rank, total_steps=total, bert=bert,
-                                                line_keys=keys)
-    else:
-        log = open_run(cfg, backend, rank, total_steps=total, bert=bert, line_keys=keys)
+    log = open_run(cfg, backend, rank, total_steps=total, bert=bert, launch=launch,
+                   line_keys=("loss", "mlm_accuracy", "lr", "sequences_per_s"))
     log.print(f"model: BERT-{cfg.model} ({backend.param_count(model) / 1e6:.1f}M parameters, "
               f"{backend.label}), "
               f"data: {cfg.data} ({meta['total_records']} sequences of {cfg.max_seq_length}, "
@@ -116,22 +100,10 @@ def run(cfg: PretrainConfig, backend) -> dict:
         return False
 
     t = cfg.train
-    common = dict(total_steps=total, output_dir=out, checkpoint_every=t.checkpoint_every,
-                  keep_checkpoints=t.keep_checkpoints, log_every=t.log_every, log=log, unit="sequences",
-                  on_step=on_step, max_skipped_steps=t.max_skipped_steps)
-    if elastic:
-        def first_entry() -> None:
-            agree()
-            log.print(horovod_settings_line())
-
-        res = fit_elastic(engine, batches_from, elastic_run=backend.elastic_run,
-                          bcast_object=backend.broadcast_object,
-                          target_global_batch=target, local_batch_size=cap, elastic_cfg=t.elastic,
-                          schedule_for=lambda g: make_schedule(t.schedule, t.optim.peak_lr(g)),
-                          on_first_entry=first_entry, on_world=announce,
-                          make_writer=lambda: backend.summary_writer(out / "tensorboard"), **common)
-    else:
-        res = fit(engine, batches_from, **common)
+    elastic = launch.hook(backend, t, make_writer=lambda: backend.summary_writer(out / "tensorboard"))
+    res = fit(engine, batches_from, total_steps=total, output_dir=out, checkpoint_every=t.checkpoint_every,
+              keep_checkpoints=t.keep_checkpoints, log_every=t.log_every, log=log, unit="sequences",
+              on_step=on_step, max_skipped_steps=t.max_skipped_steps, elastic=elastic)
     final = heldout(res.steps) if cfg.eval_data and not res.stopped_by_signal else {}
     log.close()
     finish_line(res, engine.rank, f"checkpoint: {res.checkpoint or 'unchanged'}; "

@@ -12,10 +12,11 @@ from hvd_bert.cluster.horovod import horovod_settings_line, placement_line
 from hvd_bert.weights.portable import write_run_bert_config
 from hvd_bert.train.checkpoint import RunFolderBusy, atomic_write, list_checkpoints, lock_run_folder
 from hvd_bert.config import ConfigError, to_dict
+from hvd_bert.train.elastic import PlainLaunch
 from hvd_bert.train.log import RunLog
 from hvd_bert.jobs.identity import previous_config, run_differences
 
-__all__ = ["open_run", "open_elastic_run", "finish_line"]
+__all__ = ["with_run_folder", "open_run", "finish_line"]
 
 _LOCKS: list = []  # the run folders this process holds (released when it exits)
 
@@ -34,24 +35,15 @@ def list_all_checkpoints(folder: Path) -> list:
     return list_checkpoints(folder, "pt") + list_checkpoints(folder, "tf")
 
 
-def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str, ...], bert=None) -> RunLog:
+def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str, ...], bert=None,
+             launch=None) -> RunLog:
     """On rank 0: the run folder, its ``config.json`` (the resolved config, with the real
     ``total_steps``) and ``bert_config.json`` (``bert``: a BERT job's model), and the run's
     :class:`RunLog` (bar or progress lines, ``metrics.jsonl``, TensorBoard); other ranks get a
-    RunLog that does nothing."""
-    log, agree, announce = open_elastic_run(cfg, backend, rank, total_steps=total_steps, line_keys=line_keys,
-                                            bert=bert)
-    agree()
-    log.print(horovod_settings_line())  # the Horovod knobs in effect, once
-    announce()
-    return log
-
-
-def open_elastic_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str, ...], bert=None):
-    """:func:`open_run` with its collectives left for later, as an elastic run needs them (a worker
-    that joins later must not run them): ``(log, agree, announce)``. ``agree()`` makes every rank
-    raise rank 0's run-folder error, if any, then writes the config (once, at the start);
-    ``announce()`` prints where the ranks are (after every change of the world)."""
+    RunLog that does nothing. Its collectives (every rank raises rank 0's run-folder error, the
+    Horovod settings line, the placement line) run when ``launch`` (``train.elastic.launch_mode()``)
+    says: at once, or under Horovod elastic on the first entry and after every change of the world."""
+    launch = launch or PlainLaunch()
     out = Path(cfg.train.output_dir)
     # One job per run folder: rank 0 locks it before writing anything; every rank learns the outcome.
     # A rerun that would resume another run's checkpoints is refused before anything is written.
@@ -81,7 +73,9 @@ def open_elastic_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tu
     def announce() -> None:
         log.print(placement_line(backend.allgather_object(socket.gethostname(), "hvd_bert.hosts")))
 
-    return log, agree, announce
+    launch.at_start(agree, lambda: log.print(horovod_settings_line()))  # the Horovod knobs in effect, once
+    launch.on_world(announce)
+    return log
 
 
 def _resume_mismatch(out: Path, cfg) -> str | None:

@@ -41,8 +41,9 @@ from hvd_bert.core.batch import is_sync_step
 from hvd_bert.train.checkpoint import atomic_write, checkpoint_path, prune
 from hvd_bert.config import PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, checkpoint_meta,
-                                    engine_settings, fit, host_rng_state, resume_on_rank0, rng_for_rank,
-                                    set_host_rng_state)
+                                   engine_settings, host_rng_state, resume_on_rank0, rng_for_rank,
+                                   set_host_rng_state)
+from hvd_bert.train.loop import fit
 from hvd_bert.train.log import StopSignal
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.pt import init_horovod
@@ -60,10 +61,6 @@ def autocast(mode: str, device_type: str = "cpu"):
     if mode == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type, dtype=torch.float16 if mode == "fp16" else torch.bfloat16)
-
-
-def _ensure_init(cfg: TrainConfig | None = None) -> None:
-    init_horovod(cfg.horovod if cfg is not None else None)
 
 
 class Engine:
@@ -93,7 +90,7 @@ class Engine:
                  device: torch.device | str | None = None,
                  loss_fn: Callable[[torch.nn.Module, Any], Any] | None = None, resume_resized: bool = False,
                  sync: bool = True):
-        _ensure_init()
+        init_horovod()  # the one path (hvd_bert.cluster.horovod.init_horovod); once per process
         pcfg = check_engine_args(backward_passes_per_step, compression, precision)
         self.model = model
         self.schedule = schedule
@@ -136,7 +133,7 @@ class Engine:
                     sync: bool = True) -> Engine:
         """Optimizer, schedule (peak LR scaled to the global batch), accumulation, compression
         and precision from one :class:`TrainConfig`."""
-        _ensure_init(cfg)
+        init_horovod(cfg.horovod)
         plan, peak, kwargs = engine_settings(cfg, hvd.size())
         opt = build_optimizer(model.named_parameters(), cfg.optim, lr=peak)
         engine = cls(model, opt, device=device, loss_fn=loss_fn, sync=sync, **kwargs)

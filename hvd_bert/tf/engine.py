@@ -35,8 +35,9 @@ from hvd_bert.core.batch import is_sync_step
 from hvd_bert.train.checkpoint import checkpoint_path, list_checkpoints
 from hvd_bert.config import PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (CheckpointError, FitResult, StepResult, check_engine_args,
-                                    checkpoint_meta, engine_settings, fit, host_rng_state, resume_on_rank0,
-                                    rng_for_rank, set_host_rng_state)
+                                   checkpoint_meta, engine_settings, host_rng_state, resume_on_rank0,
+                                   rng_for_rank, set_host_rng_state)
+from hvd_bert.train.loop import fit
 from hvd_bert.train.log import StopSignal
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.tf import check_keras, init_horovod
@@ -55,10 +56,6 @@ def set_precision_policy(mode: str) -> None:
     before building the model)."""
     policy = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}[mode]
     tf.keras.mixed_precision.set_global_policy(policy)
-
-
-def _ensure_init(cfg: TrainConfig | None = None) -> None:
-    init_horovod(cfg.horovod if cfg is not None else None)
 
 
 def rng_generators(model) -> list:
@@ -90,7 +87,7 @@ class Engine:
                  gradient_predivide_factor: float = 1.0, precision: str | PrecisionConfig = "fp32",
                  max_grad_norm: float | None = None, jit_compile: bool = False, resume_resized: bool = False,
                  sync: bool = True):
-        _ensure_init()
+        init_horovod()  # the one path (hvd_bert.cluster.horovod.init_horovod); once per process
         pcfg = check_engine_args(backward_passes_per_step, compression, precision)
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.schedule, self.k, self.precision = schedule, backward_passes_per_step, pcfg
@@ -128,7 +125,7 @@ class Engine:
     @classmethod
     def from_config(cls, model, loss_fn, cfg: TrainConfig, jit_compile: bool = False,
                     sync: bool = True) -> Engine:
-        _ensure_init(cfg)
+        init_horovod(cfg.horovod)
         plan, peak, kwargs = engine_settings(cfg, hvd.size())
         engine = cls(model, build_optimizer(cfg.optim, lr=peak), loss_fn, jit_compile=jit_compile, sync=sync,
                      **kwargs)

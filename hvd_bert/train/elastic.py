@@ -10,7 +10,7 @@ Framework-free: the engines provide ``snapshot()`` / ``restore_snapshot(s)`` (th
 state in host memory), ``sync()`` (rank 0's state to every rank) and ``resize(plan, schedule)``
 (the new world's layout); the backends provide Horovod's ``elastic.run`` of their framework.
 
-How one run goes (:func:`fit_elastic`)::
+How one run goes (:class:`ElasticHook`, the hook of ``train.loop.fit``)::
 
     state.sync()                    # Horovod: rank 0's weights, counters and position to all
     body(state):                    # entered again after every reset
@@ -39,9 +39,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hvd_bert.core.batch import BatchPlan
-from hvd_bert.train.log import MetricWindow, RunLog, StepBook
+from hvd_bert.train.log import RunLog
 
-__all__ = ["launched_elastic", "Layout", "elastic_layout", "fit_elastic"]
+__all__ = ["launched_elastic", "Layout", "elastic_layout", "ElasticHook", "launch_mode", "PlainLaunch",
+           "ElasticLaunch"]
 
 
 def launched_elastic() -> bool:
@@ -135,90 +136,184 @@ def _state_class():
     return EngineState
 
 
-def fit_elastic(engine, batches_from: Callable[[int], Iterator[Any]], *, elastic_run: Callable,
-                bcast_object: Callable, target_global_batch: int, local_batch_size: int,
-                schedule_for: Callable[[int], Any], elastic_cfg, total_steps: int,
-                on_first_entry: Callable[[], None] = lambda: None,
-                on_world: Callable[[], None] = lambda: None, output_dir: str | Path | None = None,
-                checkpoint_every: int = 0, keep_checkpoints: int = 3, log_every: int = 10,
-                log: RunLog, make_writer: Callable[[], Any] | None = None, unit: str = "samples",
-                on_step: Callable | None = None, max_skipped_steps: int = 50):
-    """:func:`hvd_bert.train.engine.fit` under Horovod elastic (see the module docstring).
+class ElasticHook:
+    """What :func:`hvd_bert.train.loop.fit` does differently under Horovod elastic (see the
+    module docstring): it runs the loop inside ``elastic_run`` and, around each step, commits
+    the state and checks for new hosts.
 
     ``elastic_run``: the framework's ``hvd.elastic.run``; ``bcast_object(obj, name)``: Horovod's
     ``broadcast_object`` from rank 0; ``schedule_for(global_batch)``: the LR schedule with the
     peak LR scaled to that global batch; ``on_first_entry``: the job's start-up collectives (run
     once, by the workers that start the run); ``on_world``: collectives after every change of
-    the world (e.g. the placement line). ``batches_from(micro_step)`` reads this rank's share
-    with the engine's current rank, world size and plan."""
-    from hvd_bert.train.engine import FitResult
+    the world (e.g. the placement line). The loop's ``batches_from(micro_step)`` reads this
+    rank's share with the engine's current rank, world size and plan."""
 
-    # plain values synced with the state; "pending": the last committed step's result and metrics,
-    # "posted": whether its logging, checkpoint and hook ran (a lost worker can cut them short)
-    values = {"started": False, "samples": 0, "target": target_global_batch, "pending": None, "posted": True}
-    # (Horovod's host check broadcasts without a name; every broadcast_object needs one)
-    state = _state_class()(engine, values, lambda obj, name="hvd_bert.elastic.hosts": bcast_object(obj, name),
-                           lambda: engine.rank)
-    book = StepBook(engine, log, plan=None, total_steps=total_steps, log_every=log_every, unit=unit,
-                    output_dir=output_dir, checkpoint_every=checkpoint_every,
-                    keep_checkpoints=keep_checkpoints, on_step=on_step, max_skipped_steps=max_skipped_steps,
-                    data_state=lambda: {"micro_step": engine.micro_step, "samples": values["samples"]})
-    engine.install_stop_handler()
-    uneven = elastic_cfg.uneven
+    def __init__(self, *, elastic_run: Callable, bcast_object: Callable, target_global_batch: int,
+                 local_batch_size: int, schedule_for: Callable[[int], Any], elastic_cfg,
+                 on_first_entry: Callable[[], None] = lambda: None,
+                 on_world: Callable[[], None] = lambda: None, make_writer: Callable[[], Any] | None = None):
+        self.elastic_run, self.bcast_object = elastic_run, bcast_object
+        self.local_batch_size, self.schedule_for, self.cfg = local_batch_size, schedule_for, elastic_cfg
+        self.on_first_entry, self.on_world, self.make_writer = on_first_entry, on_world, make_writer
+        # plain values synced with the state; "pending": the last committed step's result and
+        # metrics, "posted": whether its logging, checkpoint and hook ran (a lost worker can cut
+        # them short)
+        self.values = {"started": False, "samples": 0, "target": target_global_batch, "pending": None,
+                       "posted": True}
+        self.engine = self.state = None
+        self.per_micro, self.total_steps, self.commit = 0, 0, False
 
-    def body(state) -> None:
-        engine.resize(None, None)  # this world's rank and size
-        log.set_rank(engine.rank, make_writer)
-        if not values["started"]:
-            on_first_entry()
-            engine.target_global_batch = values["target"]
-            data = engine.resume(output_dir) if output_dir is not None else None
-            if engine.step_count:
-                log.print(f"resumed from step {engine.step_count} in {output_dir}")
-                values["samples"] = (data or {}).get("samples", engine.step_count * values["target"])
-            values["started"] = True
-            state.save()
-        layout = elastic_layout(values["target"], local_batch_size, engine.world_size, uneven)
-        unposted = 0 if values["posted"] else 1  # the committed step's bookkeeping is done again
-        log.set_step(engine.step_count - unposted)  # (drops the records of steps rolled back)
-        book.logged_step = min(book.logged_step, engine.step_count - unposted)
-        log.print(f"elastic: {layout.describe(engine.world_size, uneven)}; from step {engine.step_count}")
-        on_world()
-        if layout.plan is None:
-            while True:  # until Horovod reports new or lost hosts (HostsUpdatedInterrupt)
-                time.sleep(elastic_cfg.wait_poll_s)
-                state.check_host_updates()
-        engine.resize(layout.plan, schedule_for(layout.plan.global_batch_size))
-        book.plan = layout.plan
-        per_micro = layout.plan.local_batch_size * layout.plan.world_size
-        engine.micro_step = engine.step_count * engine.k
-        batches = iter(batches_from(values["samples"] // per_micro))
-        window = MetricWindow(engine.k)
-        book.t0, book.steps_since_log = time.perf_counter(), 0
-        if unposted:
-            stop = book.after_step(*values["pending"])
-            values["posted"] = True
-            if stop:
-                return book.finish()
-        while engine.step_count < total_steps:
-            result = engine.train_micro_batch(next(batches))
-            values["samples"] += per_micro
-            window.add(engine.last_metrics)
-            if result is None:
-                continue
-            commit = result.step % elastic_cfg.commit_every == 0 or result.step >= total_steps
-            local = window.take()
-            if commit:  # before the step's collectives: a lost worker rolls back to here
-                values["pending"], values["posted"] = (result, local), False
+    def data_state(self) -> dict:
+        """What a checkpoint records of the data position: samples over all ranks too."""
+        return {"micro_step": self.engine.micro_step, "samples": self.values["samples"]}
+
+    def run(self, engine, log: RunLog, book, batches_from: Callable[[int], Iterator[Any]], total_steps: int,
+            output_dir: str | Path | None) -> None:
+        from hvd_bert.train.loop import train_steps
+
+        values = self.values
+        self.engine, self.total_steps = engine, total_steps
+        # (Horovod's host check broadcasts without a name; every broadcast_object needs one)
+        self.state = state = _state_class()(
+            engine, values, lambda obj, name="hvd_bert.elastic.hosts": self.bcast_object(obj, name),
+            lambda: engine.rank)
+
+        def body(state) -> None:
+            engine.resize(None, None)  # this world's rank and size
+            log.set_rank(engine.rank, self.make_writer)
+            if not values["started"]:
+                self.on_first_entry()
+                engine.target_global_batch = values["target"]
+                data = engine.resume(output_dir) if output_dir is not None else None
+                if engine.step_count:
+                    log.print(f"resumed from step {engine.step_count} in {output_dir}")
+                    values["samples"] = (data or {}).get("samples", engine.step_count * values["target"])
+                values["started"] = True
                 state.save()
-            stop = book.after_step(result, local)
-            values["posted"] = True
-            if commit:
-                state.check_host_updates()  # Horovod: every rank learns of new hosts together
-            if stop:
-                break
-        book.finish()
+            layout = elastic_layout(values["target"], self.local_batch_size, engine.world_size,
+                                    self.cfg.uneven)
+            unposted = 0 if values["posted"] else 1  # the committed step's bookkeeping is done again
+            log.set_step(engine.step_count - unposted)  # (drops the records of steps rolled back)
+            book.logged_step = min(book.logged_step, engine.step_count - unposted)
+            log.print(f"elastic: {layout.describe(engine.world_size, self.cfg.uneven)}; "
+                      f"from step {engine.step_count}")
+            self.on_world()
+            if layout.plan is None:
+                while True:  # until Horovod reports new or lost hosts (HostsUpdatedInterrupt)
+                    time.sleep(self.cfg.wait_poll_s)
+                    state.check_host_updates()
+            engine.resize(layout.plan, self.schedule_for(layout.plan.global_batch_size))
+            book.plan = layout.plan
+            self.per_micro = layout.plan.local_batch_size * layout.plan.world_size
+            engine.micro_step = engine.step_count * engine.k
+            batches = iter(batches_from(values["samples"] // self.per_micro))
+            book.t0, book.steps_since_log = time.perf_counter(), 0
+            if unposted:
+                stop = book.after_step(*values["pending"])
+                values["posted"] = True
+                if stop:
+                    return book.finish()
+            train_steps(engine, batches, book, total_steps, hooks=self)
+            book.finish()
 
-    elastic_run(body)(state)
-    return FitResult(engine.step_count, engine.skipped_steps, book.last_loss, book.checkpoint, book.stopped,
-                     log.history, book.by_signal)
+        self.elastic_run(body)(state)
+
+    # the loop's hooks
+    def after_micro_batch(self) -> None:
+        self.values["samples"] += self.per_micro
+
+    def before_bookkeeping(self, result, local: dict) -> None:
+        self.commit = result.step % self.cfg.commit_every == 0 or result.step >= self.total_steps
+        if self.commit:  # before the step's collectives: a lost worker rolls back to here
+            self.values["pending"], self.values["posted"] = (result, local), False
+            self.state.save()
+
+    def after_bookkeeping(self) -> None:
+        self.values["posted"] = True
+        if self.commit:
+            self.state.check_host_updates()  # Horovod: every rank learns of new hosts together
+
+
+# ---------------------------------------------------------------------- how the job was launched
+class PlainLaunch:
+    """A job launched once on a fixed world (horovodrun, mpirun, srun): its start-up
+    collectives run at once, rank 0 reads what all need and broadcasts it, the engine
+    broadcasts rank 0's weights when it is built, and ``fit`` runs the plain loop."""
+
+    syncs_at_start = True
+
+    def reads_here(self, rank: int) -> bool:
+        return rank == 0
+
+    def shared(self, broadcast_object: Callable, value, name: str):
+        return broadcast_object(value, name)  # Horovod: rank 0's value on every rank
+
+    def layout(self, train, world_size: int):
+        return train
+
+    def at_start(self, *collectives: Callable[[], None]) -> None:
+        for c in collectives:
+            c()
+
+    def on_world(self, collective: Callable[[], None]) -> None:
+        collective()
+
+    def hook(self, backend, train, make_writer=None) -> ElasticHook | None:
+        return None
+
+
+class ElasticLaunch(PlainLaunch):
+    """A job launched by ``horovodrun --min-np/--max-np`` (Horovod elastic): no collective before
+    the state sync inside ``elastic.run`` (a worker that joins later would pair with it), so every
+    rank reads what rank 0 would have broadcast, the start-up collectives run on the first entry
+    and the placement after every change of the world, and the configured global batch is laid
+    out on each world (k recomputed)."""
+
+    syncs_at_start = False
+
+    def __init__(self):
+        self.first: list[Callable[[], None]] = []
+        self.every_world: list[Callable[[], None]] = []
+        self.target = self.cap = 0
+
+    def reads_here(self, rank: int) -> bool:
+        return True
+
+    def shared(self, broadcast_object: Callable, value, name: str):
+        return value
+
+    def layout(self, train, world_size: int):
+        from dataclasses import replace
+
+        from hvd_bert.config import BatchConfig
+
+        b = train.batch
+        self.target = b.global_batch_size or b.plan(world_size).global_batch_size
+        self.cap = b.local_batch_size or b.plan(world_size).local_batch_size
+        plan = elastic_layout(self.target, self.cap, world_size, train.elastic.uneven).plan
+        return replace(train, resume_resized=True, batch=BatchConfig(
+            local_batch_size=plan.local_batch_size if plan else self.cap,
+            backward_passes_per_step=plan.backward_passes_per_step if plan else 1))
+
+    def at_start(self, *collectives: Callable[[], None]) -> None:
+        self.first.extend(collectives)
+
+    def on_world(self, collective: Callable[[], None]) -> None:
+        self.every_world.append(collective)
+
+    def hook(self, backend, train, make_writer=None) -> ElasticHook:
+        from hvd_bert.core.schedules import make_schedule
+
+        return ElasticHook(elastic_run=backend.elastic_run, bcast_object=backend.broadcast_object,
+                           target_global_batch=self.target, local_batch_size=self.cap,
+                           schedule_for=lambda g: make_schedule(train.schedule, train.optim.peak_lr(g)),
+                           elastic_cfg=train.elastic, make_writer=make_writer,
+                           on_first_entry=lambda: [c() for c in self.first],
+                           on_world=lambda: [c() for c in self.every_world])
+
+
+def launch_mode() -> PlainLaunch:
+    """How this process was launched: :class:`ElasticLaunch` under Horovod elastic, else
+    :class:`PlainLaunch`. A job asks it instead of branching on elastic."""
+    return ElasticLaunch() if launched_elastic() else PlainLaunch()
+

@@ -1,7 +1,7 @@
-"""The seam between the jobs and a framework: the engine interface, the one training loop
-(``fit``) and the one checkpoint metadata schema. Framework-free (numpy and the standard
-library); ``hvd_bert.pt.engine.Engine`` and ``hvd_bert.tf.engine.Engine`` implement
-:class:`Engine`, and every job trains through :func:`fit`.
+"""The seam between the jobs and a framework: the engine interface and the one checkpoint
+metadata schema. Framework-free (numpy and the standard library); ``hvd_bert.pt.engine.Engine``
+and ``hvd_bert.tf.engine.Engine`` implement :class:`Engine`, and every job trains through
+``train.loop.fit``.
 
     engine = backend.engine(model, loss_fn, cfg.train)     # a framework's Engine
     result = fit(engine, batches_from, total_steps=..., output_dir=...)
@@ -24,13 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from hvd_bert.core.batch import BatchPlan
 from hvd_bert.train.checkpoint import latest_checkpoint, remove_stale_temporaries
-from hvd_bert.train.log import MetricWindow, RunLog, StepBook
 
-__all__ = ["StepResult", "FitResult", "Engine", "fit", "checkpoint_meta", "check_resume", "ResumeError",
+__all__ = ["StepResult", "FitResult", "Engine", "checkpoint_meta", "check_resume", "ResumeError",
            "CheckpointError", "resume_on_rank0", "META_FORMAT", "host_rng_state", "set_host_rng_state",
            "rng_for_rank", "check_engine_args", "engine_settings"]
 
@@ -234,52 +233,3 @@ def rng_for_rank(meta: dict, rank: int, world_size: int) -> Any:
     if meta.get("world_size") != world_size or not meta.get("rng"):
         return None
     return meta["rng"][rank]
-
-
-# ---------------------------------------------------------------------- the loop
-def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_steps: int,
-        plan: BatchPlan | None = None, output_dir: str | Path | None = None,
-        checkpoint_every: int = 0, keep_checkpoints: int = 3, log_every: int = 10,
-        progress: bool = True, log: RunLog | None = None, unit: str = "samples",
-        on_step: Callable[[StepResult, dict], bool | None] | None = None,
-        max_skipped_steps: int = 50) -> FitResult:
-    """Train until ``total_steps`` optimizer steps, resuming from ``output_dir``'s newest
-    checkpoint: the loop every job of the toolkit runs, in either framework.
-
-    ``batches_from(micro_step)`` yields this rank's micro-batches from that position on (so a
-    resumed run continues where the data left off). Every ``log_every`` steps the loss and
-    metrics are averaged over ranks and rank 0 records them with LR, ``<unit>/s`` and the
-    gradient norm (``log``, a :class:`RunLog`). ``on_step(result, metrics)`` runs on every rank
-    after each optimizer step (it may run collectives, e.g. an evaluation); returning True
-    stops the run. Checkpoints are atomic; SIGTERM saves one and stops. After
-    ``max_skipped_steps`` overflow-skipped steps in a row it raises ``DivergedError`` on every
-    rank and writes nothing.
-    """
-    plan = plan or getattr(engine, "plan", None)
-    if output_dir is not None:
-        engine.resume(output_dir)
-    own_log = log is None
-    if own_log:
-        log = RunLog(None, engine.rank, total_steps=total_steps, initial_step=engine.step_count,
-                     progress=progress, line_keys=("loss", "lr", f"{unit}_per_s", "grad_norm"))
-    log.set_step(engine.step_count)
-    if plan is not None:
-        log.print(f"batch: {plan.describe()}")  # printed once
-    if engine.step_count and output_dir is not None:
-        log.print(f"resumed from step {engine.step_count} in {output_dir}")
-    engine.install_stop_handler()
-    batches = iter(batches_from(engine.micro_step))
-    window = MetricWindow(engine.k)
-    book = StepBook(engine, log, plan=plan, total_steps=total_steps, log_every=log_every, unit=unit,
-                    output_dir=output_dir, checkpoint_every=checkpoint_every,
-                    keep_checkpoints=keep_checkpoints, on_step=on_step, max_skipped_steps=max_skipped_steps)
-    while engine.step_count < total_steps:
-        result = engine.train_micro_batch(next(batches))
-        window.add(engine.last_metrics)
-        if result is not None and book.after_step(result, window.take()):  # one host sync a step
-            break
-    book.finish()
-    if own_log:
-        log.close()
-    return FitResult(engine.step_count, engine.skipped_steps, book.last_loss, book.checkpoint, book.stopped,
-                     log.history, book.by_signal)

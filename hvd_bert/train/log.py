@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["RunLog", "MetricWindow", "StepBook", "StopSignal", "format_line", "DivergedError"]
+__all__ = ["RunLog", "StopSignal", "format_line", "DivergedError"]
 
 
 class DivergedError(RuntimeError):
@@ -188,92 +188,6 @@ class RunLog:
 def _finite(rec: dict) -> dict:
     """The record with non-finite numbers as None (JSON has no NaN or Infinity)."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
-
-
-class MetricWindow:
-    """Sums of per-micro-batch metrics over an optimizer step's ``k`` micro-batches; ``take()``
-    gives their means as floats (one host sync per optimizer step) and starts over."""
-
-    def __init__(self, k: int):
-        self.k = k
-        self.sums: dict[str, Any] = {}
-
-    def add(self, metrics: dict) -> None:
-        for name, v in metrics.items():
-            self.sums[name] = self.sums.get(name, 0.0) + v / self.k
-
-    def take(self) -> dict[str, float]:
-        out = {k: float(v) for k, v in self.sums.items()}
-        self.sums = {}
-        return out
-
-
-class StepBook:
-    """The bookkeeping both frameworks' ``fit`` loops do after each optimizer step: the
-    progress bar, the metrics averaged over ranks and recorded every ``log_every`` steps (with
-    LR, ``<unit>/s``, gradient norm, loss scale), the periodic checkpoint, the ``on_step`` hook,
-    and the stop signal. ``engine`` is either frontend's Engine (``average``, ``save``,
-    ``should_stop``, ``step_count``, ``micro_step``, ``skipped_steps``)."""
-
-    def __init__(self, engine, log: RunLog, *, plan=None, total_steps: int, log_every: int, unit: str,
-                 output_dir=None, checkpoint_every: int = 0, keep_checkpoints: int = 3, on_step=None,
-                 max_skipped_steps: int = 50, data_state=None):
-        self.engine, self.log, self.plan, self.total = engine, log, plan, total_steps
-        # what a checkpoint records of the data position (default: the micro-batch counter)
-        self.data_state = data_state or (lambda: {"micro_step": engine.micro_step})
-        self.log_every, self.unit, self.output_dir = log_every, unit, output_dir
-        self.checkpoint_every, self.keep, self.on_step = checkpoint_every, keep_checkpoints, on_step
-        self.saved_step, self.checkpoint = engine.step_count, None
-        self.t0, self.steps_since_log, self.last_loss = time.perf_counter(), 0, float("nan")
-        self.stopped = self.by_signal = False
-        self.max_skipped, self.skipped_in_a_row = max_skipped_steps, 0
-        self.logged_step = engine.step_count  # a resumed run logged this step already
-
-    def after_step(self, result, local: dict) -> bool:
-        """Account for one optimizer step (``local``: this rank's metric means over its
-        micro-batches). Returns True when the run must stop (every rank returns the same)."""
-        e = self.engine
-        self.steps_since_log += 1
-        self.last_loss = local["loss"]
-        self.skipped_in_a_row = self.skipped_in_a_row + 1 if result.skipped else 0
-        if self.skipped_in_a_row >= self.max_skipped:  # the same on every rank: raised on all
-            raise DivergedError(
-                f"the last {self.skipped_in_a_row} optimizer steps were all skipped for inf/NaN gradients "
-                f"(step {result.step}, lr {result.lr:.3g}): the run diverged and no checkpoint of it was "
-                f"written; lower train.optim.lr, use train.precision.mode=fp32 or bf16, or raise "
-                f"train.max_skipped_steps")
-        if not result.skipped:
-            self.log.advance()
-        # a skipped step does not advance the count: log each step once, not once per retry
-        due = result.step % self.log_every == 0 or result.step == self.total
-        if due and result.step != self.logged_step:
-            self.logged_step = result.step
-            mean = {k: e.average(v, f"hvd_bert.{k}") for k, v in local.items()}  # collectives
-            dt = time.perf_counter() - self.t0
-            rate = (self.plan.global_batch_size * self.steps_since_log / dt if self.plan and dt > 0
-                    else float("nan"))
-            self.log.record(dict(step=result.step, **mean, lr=result.lr, **{f"{self.unit}_per_s": rate},
-                                 grad_norm=result.grad_norm, loss_scale=result.loss_scale,
-                                 skipped_steps=e.skipped_steps, time=time.time()))
-            self.t0, self.steps_since_log = time.perf_counter(), 0
-        if (self.output_dir is not None and self.checkpoint_every
-                and result.step % self.checkpoint_every == 0 and result.step != self.saved_step):
-            self.save()
-        if self.on_step is not None and not result.skipped and self.on_step(result, local):
-            self.stopped = True  # (a skipped step applied nothing: no evaluation of it again)
-        elif e.should_stop():  # SIGTERM on any rank (e.g. SLURM's time limit)
-            self.stopped = self.by_signal = True
-        return self.stopped
-
-    def save(self) -> None:
-        e = self.engine
-        self.checkpoint = e.save(self.output_dir, self.data_state(), self.keep)
-        self.saved_step = e.step_count
-
-    def finish(self) -> None:
-        """The final checkpoint, unless this step's is already written."""
-        if self.output_dir is not None and self.saved_step != self.engine.step_count:
-            self.save()
 
 
 class StopSignal:

@@ -28,7 +28,7 @@ from toy_models import adapter  # noqa: E402
 
 from hvd_bert.train.backend import get_backend  # noqa: E402
 from hvd_bert.config import TrainConfig, apply_overrides  # noqa: E402
-from hvd_bert.train.engine import fit  # noqa: E402
+from hvd_bert.train.loop import fit  # noqa: E402
 
 LOCAL_B = 4
 

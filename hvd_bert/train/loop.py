@@ -1,0 +1,193 @@
+"""The one training loop every job runs, in either framework, launched plainly or by Horovod
+elastic::
+
+    result = fit(engine, batches_from, total_steps=..., output_dir=...)          # a plain run
+    result = fit(engine, batches_from, ..., elastic=ElasticHook(...))            # Horovod elastic
+
+``engine`` is a framework's Engine (``train.engine.Engine``). The loop reads a micro-batch,
+lets the engine back-propagate it (and, on every k-th, allreduce and step), and after each
+optimizer step does the bookkeeping (:class:`StepBook`): the progress bar, the metrics averaged
+over ranks every ``log_every`` steps, the checkpoint every ``checkpoint_every`` steps, the job's
+``on_step`` hook and the stop signal. A plain run resumes from ``output_dir``'s newest
+checkpoint first. An elastic run (``train.elastic.ElasticHook``) wraps the same loop in
+Horovod's ``elastic.run`` and hooks into it: it commits the state after a step and checks for
+new hosts; nothing else differs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from hvd_bert.core.batch import BatchPlan
+from hvd_bert.train.engine import Engine, FitResult, StepResult
+from hvd_bert.train.log import DivergedError, RunLog
+
+__all__ = ["fit", "train_steps", "StepBook", "MetricWindow"]
+
+
+def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_steps: int,
+        plan: BatchPlan | None = None, output_dir: str | Path | None = None,
+        checkpoint_every: int = 0, keep_checkpoints: int = 3, log_every: int = 10,
+        progress: bool = True, log: RunLog | None = None, unit: str = "samples",
+        on_step: Callable[[StepResult, dict], bool | None] | None = None,
+        max_skipped_steps: int = 50, elastic=None) -> FitResult:
+    """Train until ``total_steps`` optimizer steps, resuming from ``output_dir``'s newest
+    checkpoint.
+
+    ``batches_from(micro_step)`` yields this rank's micro-batches from that position on (so a
+    resumed run continues where the data left off). Every ``log_every`` steps the loss and
+    metrics are averaged over ranks and rank 0 records them with LR, ``<unit>/s`` and the
+    gradient norm (``log``, a :class:`RunLog`). ``on_step(result, metrics)`` runs on every rank
+    after each optimizer step (it may run collectives, e.g. an evaluation); returning True
+    stops the run. Checkpoints are atomic; SIGTERM saves one and stops. After
+    ``max_skipped_steps`` overflow-skipped steps in a row it raises ``DivergedError`` on every
+    rank and writes nothing. ``elastic``: a ``train.elastic.ElasticHook`` under Horovod elastic.
+    """
+    own_log = log is None
+    if own_log:
+        log = RunLog(None, engine.rank, total_steps=total_steps, initial_step=engine.step_count,
+                     progress=progress, line_keys=("loss", "lr", f"{unit}_per_s", "grad_norm"))
+    book = StepBook(engine, log, plan=plan or getattr(engine, "plan", None), total_steps=total_steps,
+                    log_every=log_every, unit=unit, output_dir=output_dir, checkpoint_every=checkpoint_every,
+                    keep_checkpoints=keep_checkpoints, on_step=on_step, max_skipped_steps=max_skipped_steps,
+                    data_state=elastic.data_state if elastic is not None else None)
+    engine.install_stop_handler()
+    if elastic is not None:  # the same loop, inside Horovod's elastic.run (train.elastic)
+        elastic.run(engine, log, book, batches_from, total_steps, output_dir)
+    else:
+        if output_dir is not None:
+            engine.resume(output_dir)
+        book.saved_step = book.logged_step = engine.step_count
+        book.t0 = time.perf_counter()
+        log.set_step(engine.step_count)
+        if book.plan is not None:
+            log.print(f"batch: {book.plan.describe()}")  # printed once
+        if engine.step_count and output_dir is not None:
+            log.print(f"resumed from step {engine.step_count} in {output_dir}")
+        train_steps(engine, iter(batches_from(engine.micro_step)), book, total_steps)
+        book.finish()
+    if own_log:
+        log.close()
+    return FitResult(engine.step_count, engine.skipped_steps, book.last_loss, book.checkpoint, book.stopped,
+                     log.history, book.by_signal)
+
+
+class _Plain:
+    """The loop's hooks of a plain run: nothing happens around a step."""
+
+    def after_micro_batch(self) -> None: ...
+
+    def before_bookkeeping(self, result: StepResult, local: dict) -> None: ...
+
+    def after_bookkeeping(self) -> None: ...
+
+
+PLAIN = _Plain()
+
+
+def train_steps(engine: Engine, batches: Iterator[Any], book: StepBook, total_steps: int,
+                hooks=PLAIN) -> None:
+    """The loop itself: micro-batches until ``total_steps`` optimizer steps or a stop.
+    ``hooks`` (an elastic run's) see each micro-batch and each step before and after its
+    bookkeeping (which may run collectives)."""
+    window = MetricWindow(engine.k)
+    while engine.step_count < total_steps:
+        result = engine.train_micro_batch(next(batches))
+        window.add(engine.last_metrics)
+        hooks.after_micro_batch()
+        if result is None:
+            continue
+        local = window.take()  # one host sync a step
+        hooks.before_bookkeeping(result, local)
+        stop = book.after_step(result, local)
+        hooks.after_bookkeeping()
+        if stop:
+            break
+
+
+class MetricWindow:
+    """Sums of per-micro-batch metrics over an optimizer step's ``k`` micro-batches; ``take()``
+    gives their means as floats (one host sync per optimizer step) and starts over."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.sums: dict[str, Any] = {}
+
+    def add(self, metrics: dict) -> None:
+        for name, v in metrics.items():
+            self.sums[name] = self.sums.get(name, 0.0) + v / self.k
+
+    def take(self) -> dict[str, float]:
+        out = {k: float(v) for k, v in self.sums.items()}
+        self.sums = {}
+        return out
+
+
+class StepBook:
+    """The bookkeeping of :func:`fit` after each optimizer step: the
+    progress bar, the metrics averaged over ranks and recorded every ``log_every`` steps (with
+    LR, ``<unit>/s``, gradient norm, loss scale), the periodic checkpoint, the ``on_step`` hook,
+    and the stop signal. ``engine`` is either frontend's Engine (``average``, ``save``,
+    ``should_stop``, ``step_count``, ``micro_step``, ``skipped_steps``)."""
+
+    def __init__(self, engine, log: RunLog, *, plan=None, total_steps: int, log_every: int, unit: str,
+                 output_dir=None, checkpoint_every: int = 0, keep_checkpoints: int = 3, on_step=None,
+                 max_skipped_steps: int = 50, data_state=None):
+        self.engine, self.log, self.plan, self.total = engine, log, plan, total_steps
+        # what a checkpoint records of the data position (default: the micro-batch counter)
+        self.data_state = data_state or (lambda: {"micro_step": engine.micro_step})
+        self.log_every, self.unit, self.output_dir = log_every, unit, output_dir
+        self.checkpoint_every, self.keep, self.on_step = checkpoint_every, keep_checkpoints, on_step
+        self.saved_step, self.checkpoint = engine.step_count, None
+        self.t0, self.steps_since_log, self.last_loss = time.perf_counter(), 0, float("nan")
+        self.stopped = self.by_signal = False
+        self.max_skipped, self.skipped_in_a_row = max_skipped_steps, 0
+        self.logged_step = engine.step_count  # a resumed run logged this step already
+
+    def after_step(self, result, local: dict) -> bool:
+        """Account for one optimizer step (``local``: this rank's metric means over its
+        micro-batches). Returns True when the run must stop (every rank returns the same)."""
+        e = self.engine
+        self.steps_since_log += 1
+        self.last_loss = local["loss"]
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if result.skipped else 0
+        if self.skipped_in_a_row >= self.max_skipped:  # the same on every rank: raised on all
+            raise DivergedError(
+                f"the last {self.skipped_in_a_row} optimizer steps were all skipped for inf/NaN gradients "
+                f"(step {result.step}, lr {result.lr:.3g}): the run diverged and no checkpoint of it was "
+                f"written; lower train.optim.lr, use train.precision.mode=fp32 or bf16, or raise "
+                f"train.max_skipped_steps")
+        if not result.skipped:
+            self.log.advance()
+        # a skipped step does not advance the count: log each step once, not once per retry
+        due = result.step % self.log_every == 0 or result.step == self.total
+        if due and result.step != self.logged_step:
+            self.logged_step = result.step
+            mean = {k: e.average(v, f"hvd_bert.{k}") for k, v in local.items()}  # collectives
+            dt = time.perf_counter() - self.t0
+            rate = (self.plan.global_batch_size * self.steps_since_log / dt if self.plan and dt > 0
+                    else float("nan"))
+            self.log.record(dict(step=result.step, **mean, lr=result.lr, **{f"{self.unit}_per_s": rate},
+                                 grad_norm=result.grad_norm, loss_scale=result.loss_scale,
+                                 skipped_steps=e.skipped_steps, time=time.time()))
+            self.t0, self.steps_since_log = time.perf_counter(), 0
+        if (self.output_dir is not None and self.checkpoint_every
+                and result.step % self.checkpoint_every == 0 and result.step != self.saved_step):
+            self.save()
+        if self.on_step is not None and not result.skipped and self.on_step(result, local):
+            self.stopped = True  # (a skipped step applied nothing: no evaluation of it again)
+        elif e.should_stop():  # SIGTERM on any rank (e.g. SLURM's time limit)
+            self.stopped = self.by_signal = True
+        return self.stopped
+
+    def save(self) -> None:
+        e = self.engine
+        self.checkpoint = e.save(self.output_dir, self.data_state(), self.keep)
+        self.saved_step = e.step_count
+
+    def finish(self) -> None:
+        """The final checkpoint, unless this step's is already written."""
+        if self.output_dir is not None and self.saved_step != self.engine.step_count:
+            self.save()
