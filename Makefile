@@ -15,7 +15,7 @@ lint: setup
 # The whole suite (scripts/run_tests.sh): the single-process tests on 2 pytest-xdist workers,
 # then tests/parallel (real multi-process runs, fake nodes, SLURM) and tests/readme (every
 # README code block as written) two modules at a time, then the 25 slowest tests and the time per
-# directory. The budget: 25 minutes on 2 cores (README, "Developing hvd_bert").
+# directory. The budget: 25 minutes on 2 cores (docs/development.md).
 test: lint
 	-bash scripts/slurm_local.sh install   # for tests/parallel/test_slurm.py (skips without it)
 	-bash scripts/fake_cluster.sh install  # sshd, for tests/parallel/test_multinode.py

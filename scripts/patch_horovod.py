@@ -1,5 +1,5 @@
 """Apply the four changes that make Horovod 0.28.1 build and run against torch 2.13,
-TensorFlow 2.21 and tf-keras 2.21 (see README, "Why Horovod is patched").
+TensorFlow 2.21 and tf-keras 2.21 (see docs/development.md, "Why Horovod is patched").
 
 Usage: python scripts/patch_horovod.py path/to/horovod-0.28.1
 

@@ -1,4 +1,5 @@
-"""Every code block of README.md, run as written, in order, in one sandbox.
+"""Every code block of README.md, then of docs/frontends.md, run as written, in order, in one
+sandbox.
 
 The sandbox is a folder of symlinks to this checkout (so `make demo`, `.venv/bin/hvd-bert` and
 `examples/` resolve as in the repository) with its own HOME: the built-in data is prepared
@@ -31,15 +32,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+DOCS = [README, ROOT / "docs" / "frontends.md"]  # the pages whose blocks run, in this order
 NOT_RUN = {"make test": "the README's test command is the suite that runs this test"}
-LINKED = ["Makefile", "scripts", "hvd_bert", "examples", "setup.py", "requirements.txt",
+LINKED = ["Makefile", "scripts", "hvd_bert", "examples", "setup.py", "requirements.txt", "recipes", "docs",
           "requirements-dev.txt", ".venv", "slurm", "docker", "benchmarks"]
 
 pytestmark = pytest.mark.readme
 
 
-def code_blocks(text: str) -> list[tuple[int, str, str]]:
-    """``(line, language, code)`` of every fenced block."""
+def code_blocks(text: str, page: str = "README.md") -> list[tuple[str, str, str]]:
+    """``(where, language, code)`` of every fenced block (``where``: page and line)."""
     blocks, lines, i = [], text.splitlines(), 0
     while i < len(lines):
         m = re.match(r"^```(\w*)\s*$", lines[i])
@@ -49,12 +51,12 @@ def code_blocks(text: str) -> list[tuple[int, str, str]]:
             while not lines[i].startswith("```"):
                 body.append(lines[i])
                 i += 1
-            blocks.append((start, m.group(1), "\n".join(body) + "\n"))
+            blocks.append((f"{page} line {start}", m.group(1), "\n".join(body) + "\n"))
         i += 1
     return blocks
 
 
-BLOCKS = code_blocks(README.read_text())
+BLOCKS = [b for page in DOCS for b in code_blocks(page.read_text(), str(page.relative_to(ROOT)))]
 
 
 def test_every_block_has_a_language_this_test_knows():
@@ -209,12 +211,13 @@ def _run_block(script: list[str], work: Path, env: dict, timeout: int = 1500) ->
 
 
 @pytest.mark.parametrize("line,lang,code", [b for b in BLOCKS if b[1] != "text"],
-                         ids=[f"line{b[0]}-{b[1]}" for b in BLOCKS if b[1] != "text"])
+                         ids=[f"{b[0].replace('.md line ', '-line').replace('/', '-')}-{b[1]}"
+                              for b in BLOCKS if b[1] != "text"])
 def test_readme_block_runs_as_written(sandbox, line, lang, code):
     work, env = sandbox
     if lang == "python":
         m = re.match(r"# (\S+\.py) -- run it with: (.+)$", code.splitlines()[0])
-        assert m, f"README line {line}: a Python block starts with '# NAME.py -- run it with: COMMAND'"
+        assert m, f"{line}: a Python block starts with '# NAME.py -- run it with: COMMAND'"
         (work / m.group(1)).write_text(code)
         res = _run(["bash", "-c", m.group(2)], work, env)
     else:
@@ -225,7 +228,7 @@ def test_readme_block_runs_as_written(sandbox, line, lang, code):
         if "fake_cluster.sh up" in code:  # a block that failed half-way leaves no cluster up
             _run(["bash", "scripts/fake_cluster.sh", "down"], work, env, timeout=120)
         if res.returncode != 0 and _upstream_abort(work, started):
-            print(f"README line {line}: a surviving worker was aborted by Gloo ({UPSTREAM_ABORT}), as "
+            print(f"{line}: a surviving worker was aborted by Gloo ({UPSTREAM_ABORT}), as "
                   f"Horovod 0.28.1 sometimes does when a peer dies mid-message; running the block once more")
             for folder in re.findall(r"train\.output_dir=(\S+)", code):
                 shutil.rmtree(work / folder, ignore_errors=True)
@@ -233,7 +236,7 @@ def test_readme_block_runs_as_written(sandbox, line, lang, code):
             if "fake_cluster.sh up" in code:
                 _run(["bash", "scripts/fake_cluster.sh", "down"], work, env, timeout=120)
     out = res.stdout + res.stderr
-    assert res.returncode == 0, f"README line {line} failed ({res.returncode}):\n{code}\n---\n{out[-6000:]}"
+    assert res.returncode == 0, f"{line} failed ({res.returncode}):\n{code}\n---\n{out[-6000:]}"
     assert "<stderr>:Traceback" not in out and "\nTraceback" not in out, out[-6000:]
     if "finetune --task squad" in code:  # the predictions file is scored as the official script does
         assert re.search(r'\{"exact_match": [0-9.]+, "f1": [0-9.]+\}', out), out[-3000:]

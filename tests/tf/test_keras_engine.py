@@ -104,6 +104,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_fit_under_loss_scale_and_distributed_optimizer():
+    hvd_bert.tf.init_horovod()  # the fit callbacks broadcast: a script calls hvd.init() first (not Engine)
     set_precision_policy("fp16")
     model, x, y = model_and_data()
     model.compile(optimizer=distributed_optimizer(Lamb(0.05), loss_scale=True), loss="mse")
@@ -121,6 +122,7 @@ def test_fit_accumulation_with_fp16_loss_scaling_is_refused_with_the_fix():
 
 
 def test_fit_accumulation_counts_optimizer_steps_not_micro_batches():
+    hvd_bert.tf.init_horovod()  # the fit callbacks broadcast: a script calls hvd.init() first (not Engine)
     model, x, y = model_and_data()
     model.compile(optimizer=distributed_optimizer(Lamb(0.05), backward_passes_per_step=2), loss="mse")
     model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=fit_callbacks(Constant(0.05), 2, 16))
