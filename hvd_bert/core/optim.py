@@ -1,4 +1,15 @@
-"""Optimizer math as pure functions over lists of numpy arrays with explicit state.
+"""Optimizer math as small composable transforms over lists of numpy arrays, with explicit
+state, in the spirit of optax: a :class:`Transform` maps ``(updates, state, params)`` to new
+updates and state; :func:`chain` runs several in order; an optimizer is a chain, e.g.
+
+    LAMB   = chain(clip_by_global_norm (NVLAMB), scale_by_adam, add_decayed_weights(mask),
+                   scale_by_trust_ratio(mask), scale(-lr))
+    LARS   = chain(scale_by_lars(eta, wd, mask), scale(lr), trace(momentum), scale(-1))
+    SGD    = chain(add_decayed_weights(mask), trace(momentum, nesterov), scale(-lr))
+    AdamW  = chain(scale_by_adam, add_decayed_weights(mask), scale(-lr))
+
+and ``params + updates`` is the new weights. ``lamb_step`` and the others are these chains with
+the step's hyperparameters, the state kept as :class:`AdamState` / :class:`MomentumState`.
 
 This is the single home of the update rules; the PyTorch and TensorFlow optimizers
 implement the same math and are tested against these functions on the same inputs.
@@ -23,7 +34,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -31,7 +42,9 @@ __all__ = [
     "BERT_EXCLUDE", "LARS_EXCLUDE", "name_mask", "global_norm", "clip_by_global_norm",
     "lamb_trust_ratio", "lars_trust_ratio", "AdamState", "MomentumState", "StepInfo",
     "adam_init", "momentum_init", "lamb_step", "nvlamb_step", "lars_step", "sgd_step",
-    "adamw_step", "OPTIMIZERS", "init_state", "apply_step",
+    "adamw_step", "OPTIMIZERS", "init_state", "apply_step", "Transform", "chain", "clip_by_global_norm_tx",
+    "scale_by_adam", "add_decayed_weights", "scale_by_trust_ratio", "scale_by_lars", "trace", "scale",
+    "apply_updates", "TrustRatios",
 ]
 
 # BERT's parameters without weight decay (and, for NVLAMB by default, without trust ratio).
@@ -138,12 +151,119 @@ def _check_lengths(params, grads, *buffers) -> None:
                          f"{n} params, {len(grads)} grads, {[len(b) for b in buffers]} state")
 
 
+# ---------------------------------------------------------------------- transforms
+@dataclass(frozen=True)
+class Transform:
+    """``init(params) -> state`` and ``update(updates, state, params) -> (updates, state)``."""
+
+    init: Callable[[Sequence[np.ndarray]], Any]
+    update: Callable[[Arrays, Any, Arrays], tuple[Arrays, Any]]
+
+
+def _stateless(fn: Callable[[Arrays, Arrays], Arrays]) -> Transform:
+    return Transform(lambda params: None, lambda u, state, params: (fn(u, params), None))
+
+
+def chain(*transforms: Transform) -> Transform:
+    """The transforms applied in order; the state is the tuple of their states."""
+    def init(params):
+        return tuple(t.init(params) for t in transforms)
+
+    def update(updates, states, params):
+        out = []
+        for t, s in zip(transforms, states):
+            updates, s = t.update(updates, s, params)
+            out.append(s)
+        return updates, tuple(out)
+    return Transform(init, update)
+
+
+def clip_by_global_norm_tx(max_norm: float | None) -> Transform:
+    """Scale the updates by ``max_norm / G`` when their global norm ``G`` exceeds it (None: never)."""
+    if max_norm is None:
+        return _stateless(lambda u, params: u)
+    return _stateless(lambda u, params: clip_by_global_norm(u, max_norm)[0])
+
+
+def scale_by_adam(beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-6,
+                  bias_correction: bool = True) -> Transform:
+    """Adam's direction ``m_hat / (sqrt(v_hat) + eps)`` (eps outside the root, as BERT's), its
+    state an :class:`AdamState` counting applied steps."""
+    def update(g, state: AdamState, params):
+        t = state.step + 1
+        c1 = 1.0 - beta1 ** t if bias_correction else 1.0
+        c2 = 1.0 - beta2 ** t if bias_correction else 1.0
+        m = [beta1 * m + (1.0 - beta1) * x for m, x in zip(state.m, g)]
+        v = [beta2 * v + (1.0 - beta2) * x * x for v, x in zip(state.v, g)]
+        u = [(a / c1) / (np.sqrt(b / c2) + eps) for a, b in zip(m, v)]
+        return u, AdamState(t, tuple(m), tuple(v))
+    return Transform(adam_init, update)
+
+
+def add_decayed_weights(weight_decay: float, mask: Sequence[bool]) -> Transform:
+    """``u + wd w`` where ``mask`` is True (decoupled weight decay)."""
+    return _stateless(lambda u, params: [x + weight_decay * w if d and weight_decay else x
+                                         for x, w, d in zip(u, params, mask)])
+
+
+@dataclass(frozen=True)
+class TrustRatios:
+    """The trust ratios a step applied, one per tensor (1.0 where not adapted)."""
+
+    ratios: tuple[float, ...] = ()
+
+
+def scale_by_trust_ratio(mask: Sequence[bool]) -> Transform:
+    """LAMB's layer adaptation: ``u * ||w|| / ||u||`` where ``mask`` is True (1 on a zero norm);
+    the state after an update holds the ratios."""
+    def update(u, state, params):
+        ratios = [lamb_trust_ratio(_norm(w), _norm(x)) if a else 1.0 for x, w, a in zip(u, params, mask)]
+        return [r * x for r, x in zip(ratios, u)], TrustRatios(tuple(ratios))
+    return Transform(lambda params: TrustRatios(), update)
+
+
+def scale_by_lars(eta: float, weight_decay: float, eps: float, mask: Sequence[bool]) -> Transform:
+    """LARS in the MLPerf form: ``eta ||w|| / (||g|| + wd ||w|| + eps) * (g + wd w)`` where
+    ``mask`` is True (the ratio from the raw gradient), ``g`` elsewhere; the ratios as state."""
+    def update(g, state, params):
+        ratios = [lars_trust_ratio(_norm(w), _norm(x), eta, weight_decay, eps) if a else 1.0
+                  for x, w, a in zip(g, params, mask)]
+        u = [r * (x + weight_decay * w) if a else x for r, x, w, a in zip(ratios, g, params, mask)]
+        return u, TrustRatios(tuple(ratios))
+    return Transform(lambda params: TrustRatios(), update)
+
+
+def trace(momentum: float, nesterov: bool = False) -> Transform:
+    """Momentum: ``v = mu v + u``, giving ``v`` (Nesterov: ``u + mu v``); the state a
+    :class:`MomentumState`."""
+    def update(u, state: MomentumState, params):
+        v = [momentum * b + x for b, x in zip(state.v, u)]
+        out = [x + momentum * b for x, b in zip(u, v)] if nesterov else v
+        return out, MomentumState(state.step + 1, tuple(v))
+    return Transform(momentum_init, update)
+
+
+def scale(factor: float) -> Transform:
+    """``factor * u`` (``scale(-lr)``: a descent step of the learning rate)."""
+    return _stateless(lambda u, params: [factor * x for x in u])
+
+
+def apply_updates(params: Sequence[np.ndarray], updates: Sequence[np.ndarray]) -> Arrays:
+    return [w + u for w, u in zip(params, updates)]
+
+
+def _run(tx: Transform, params, grads, states) -> tuple[Arrays, tuple]:
+    updates, states = tx.update(grads, states, params)
+    return apply_updates(params, updates), states
+
+
+# ---------------------------------------------------------------------- the optimizers
 def lamb_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: AdamState, *,
               lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-6,
               weight_decay: float = 0.0, bias_correction: bool = True,
               decay_mask: Sequence[bool] | None = None, adapt_mask: Sequence[bool] | None = None,
               max_grad_norm: float | None = None) -> tuple[Arrays, AdamState, StepInfo]:
-    """One LAMB update (REFERENCE section 1).
+    """One LAMB update (You et al., Algorithm 2; REFERENCE section 1).
 
     m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; r = m_hat / (sqrt(v_hat) + eps);
     u = r + wd w; w -= lr * ratio * u with ratio = ||w|| / ||u|| (1 on a zero norm).
@@ -152,25 +272,10 @@ def lamb_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: 
     params, grads = _as_arrays(params), _as_arrays(grads)
     _check_lengths(params, grads, state.m, state.v)
     decay, adapt = _masks(len(params), decay_mask, adapt_mask)
-    gnorm = global_norm(grads)
-    if max_grad_norm is not None and gnorm > max_grad_norm:
-        grads = [g / (gnorm / max_grad_norm) for g in grads]
-    t = state.step + 1
-    c1 = 1.0 - beta1 ** t if bias_correction else 1.0
-    c2 = 1.0 - beta2 ** t if bias_correction else 1.0
-    new_w, new_m, new_v, ratios = [], [], [], []
-    for w, g, m, v, d, a in zip(params, grads, state.m, state.v, decay, adapt):
-        m = beta1 * m + (1.0 - beta1) * g
-        v = beta2 * v + (1.0 - beta2) * g * g
-        u = (m / c1) / (np.sqrt(v / c2) + eps)
-        if d and weight_decay:
-            u = u + weight_decay * w
-        ratio = lamb_trust_ratio(_norm(w), _norm(u)) if a else 1.0
-        new_w.append(w - lr * ratio * u)
-        new_m.append(m)
-        new_v.append(v)
-        ratios.append(ratio)
-    return new_w, AdamState(t, tuple(new_m), tuple(new_v)), StepInfo(tuple(ratios), gnorm)
+    tx = chain(clip_by_global_norm_tx(max_grad_norm), scale_by_adam(beta1, beta2, eps, bias_correction),
+               add_decayed_weights(weight_decay, decay), scale_by_trust_ratio(adapt), scale(-lr))
+    new_w, (_, adam, _, trust, _) = _run(tx, params, grads, (None, state, None, TrustRatios(), None))
+    return new_w, adam, StepInfo(trust.ratios, global_norm(grads))
 
 
 def nvlamb_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: AdamState, *,
@@ -193,7 +298,7 @@ def lars_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: 
               lr: float, momentum: float = 0.9, weight_decay: float = 0.0, eta: float = 1e-3,
               eps: float = 0.0, adapt_mask: Sequence[bool] | None = None,
               ) -> tuple[Arrays, MomentumState, StepInfo]:
-    """One LARS update (MLPerf form).
+    """One LARS update (You, Gitman, Ginsburg 2017, in the MLPerf form).
 
     trust = eta ||w|| / (||g|| + wd ||w|| + eps); v = mu v + lr trust (g + wd w); w -= v.
     Tensors with ``adapt_mask[i] == False`` (bias, normalisation) get neither trust ratio nor
@@ -202,61 +307,35 @@ def lars_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: 
     params, grads = _as_arrays(params), _as_arrays(grads)
     _check_lengths(params, grads, state.v)
     _, adapt = _masks(len(params), None, adapt_mask)
-    new_w, new_v, ratios = [], [], []
-    for w, g, v, a in zip(params, grads, state.v, adapt):
-        if a:
-            trust = lars_trust_ratio(_norm(w), _norm(g), eta, weight_decay, eps)
-            v = momentum * v + lr * trust * (g + weight_decay * w)
-        else:
-            trust = 1.0
-            v = momentum * v + lr * g
-        new_w.append(w - v)
-        new_v.append(v)
-        ratios.append(trust)
-    return new_w, MomentumState(state.step + 1, tuple(new_v)), StepInfo(tuple(ratios), global_norm(grads))
+    tx = chain(scale_by_lars(eta, weight_decay, eps, adapt), scale(lr), trace(momentum), scale(-1.0))
+    new_w, (trust, _, mom, _) = _run(tx, params, grads, (TrustRatios(), None, state, None))
+    return new_w, mom, StepInfo(trust.ratios, global_norm(grads))
 
 
 def sgd_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: MomentumState, *,
              lr: float, momentum: float = 0.9, weight_decay: float = 0.0, nesterov: bool = False,
              decay_mask: Sequence[bool] | None = None) -> tuple[Arrays, MomentumState, StepInfo]:
     """SGD with momentum in PyTorch's form: d = g + wd w; v = mu v + d; w -= lr v
-    (Nesterov: w -= lr (d + mu v))."""
+    (Nesterov: w -= lr (d + mu v)). PyTorch starts the buffer at the first d; v0 = 0 is the same."""
     params, grads = _as_arrays(params), _as_arrays(grads)
     _check_lengths(params, grads, state.v)
     decay, _ = _masks(len(params), decay_mask, None)
-    new_w, new_v = [], []
-    for w, g, v, dm in zip(params, grads, state.v, decay):
-        d = g + weight_decay * w if (dm and weight_decay) else g
-        # PyTorch initialises the buffer with the first gradient; with v0 = 0 this is the same.
-        v = momentum * v + d
-        new_w.append(w - lr * (d + momentum * v if nesterov else v))
-        new_v.append(v)
-    n = len(params)
-    return new_w, MomentumState(state.step + 1, tuple(new_v)), StepInfo((1.0,) * n, global_norm(grads))
+    tx = chain(add_decayed_weights(weight_decay, decay), trace(momentum, nesterov), scale(-lr))
+    new_w, (_, mom, _) = _run(tx, params, grads, (None, state, None))
+    return new_w, mom, StepInfo((1.0,) * len(params), global_norm(grads))
 
 
 def adamw_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: AdamState, *,
                lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
                weight_decay: float = 0.0, decay_mask: Sequence[bool] | None = None,
                ) -> tuple[Arrays, AdamState, StepInfo]:
-    """AdamW (decoupled weight decay): w -= lr (m_hat / (sqrt(v_hat) + eps) + wd w)."""
+    """AdamW (Loshchilov & Hutter, decoupled weight decay): w -= lr (m_hat / (sqrt(v_hat) + eps) + wd w)."""
     params, grads = _as_arrays(params), _as_arrays(grads)
     _check_lengths(params, grads, state.m, state.v)
     decay, _ = _masks(len(params), decay_mask, None)
-    t = state.step + 1
-    c1, c2 = 1.0 - beta1 ** t, 1.0 - beta2 ** t
-    new_w, new_m, new_v = [], [], []
-    for w, g, m, v, d in zip(params, grads, state.m, state.v, decay):
-        m = beta1 * m + (1.0 - beta1) * g
-        v = beta2 * v + (1.0 - beta2) * g * g
-        u = (m / c1) / (np.sqrt(v / c2) + eps)
-        if d and weight_decay:
-            u = u + weight_decay * w
-        new_w.append(w - lr * u)
-        new_m.append(m)
-        new_v.append(v)
-    n = len(params)
-    return new_w, AdamState(t, tuple(new_m), tuple(new_v)), StepInfo((1.0,) * n, global_norm(grads))
+    tx = chain(scale_by_adam(beta1, beta2, eps), add_decayed_weights(weight_decay, decay), scale(-lr))
+    new_w, (adam, _, _) = _run(tx, params, grads, (state, None, None))
+    return new_w, adam, StepInfo((1.0,) * len(params), global_norm(grads))
 
 
 # name -> (state initialiser, step function); the frontends use the same names.

@@ -170,3 +170,33 @@ def test_every_optimizer_keeps_shapes_and_advances_step(name):
     assert [x.shape for x in new] == [x.shape for x in params]
     assert state.step == 1
     assert all(not np.array_equal(a, b) for a, b in zip(new, params))
+
+
+def test_transforms_compose_in_order_with_their_own_state():
+    w = [np.array([1.0, -2.0]), np.array([[0.5]])]
+    g = [np.array([0.1, 0.2]), np.array([[-0.3]])]
+    tx = O.chain(O.add_decayed_weights(0.1, [True, False]), O.trace(0.9), O.scale(-0.5))
+    state = tx.init(w)
+    assert state[0] is None and state[2] is None and state[1].step == 0
+    updates, state = tx.update(g, state, w)
+    d0 = g[0] + 0.1 * w[0]  # decayed where the mask says, then momentum from zero, then -lr
+    np.testing.assert_array_equal(updates[0], -0.5 * d0)
+    np.testing.assert_array_equal(updates[1], -0.5 * g[1])
+    updates, state = tx.update(g, state, w)  # the trace carries: v = 0.9 v + d
+    np.testing.assert_allclose(updates[0], -0.5 * (0.9 * d0 + d0))
+    assert state[1].step == 2
+    new = O.apply_updates(w, updates)
+    np.testing.assert_allclose(new[0], w[0] - 0.5 * 1.9 * d0)
+
+
+def test_lamb_is_its_chain():
+    rng = np.random.default_rng(0)
+    w = [rng.normal(size=(3, 4)), rng.normal(size=4)]
+    g = [rng.normal(size=(3, 4)), rng.normal(size=4)]
+    new, state, info = O.lamb_step(w, g, O.adam_init(w), lr=0.01, weight_decay=0.1, adapt_mask=[True, False])
+    tx = O.chain(O.scale_by_adam(), O.add_decayed_weights(0.1, [True, True]),
+                 O.scale_by_trust_ratio([True, False]), O.scale(-0.01))
+    updates, (adam, _, trust, _) = tx.update(g, tx.init(w), w)
+    for a, b in zip(new, O.apply_updates(w, updates)):
+        np.testing.assert_array_equal(a, b)
+    assert trust.ratios == info.trust_ratios and trust.ratios[1] == 1.0 and adam.step == state.step == 1
