@@ -178,66 +178,23 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
     net = S.INTERCONNECTS[args.interconnect]
     if args.calibrate:
-        net = _calibrate(args, net)
+        from hvd_bert.cluster.calibrate import calibrate
+
+        try:
+            net = calibrate(net, hosts=args.calibrate_hosts, np=args.calibrate_np, nic=args.calibrate_nic)
+        except ValueError as e:
+            raise SimulateError(str(e)) from None
         if net is None:
             return 1
     if args.params is not None:
         w = S.Workload("custom", args.params, args.tensors, args.micro_batch_seconds, args.samples)
     else:
         w = S.WORKLOADS[args.workload]
-    kw = dict(algorithm=args.algorithm, fusion_bytes=None if args.fusion_mb == 0 else args.fusion_mb * S.MIB,
-              fp16=args.fp16, overlap=not args.no_overlap, backward_passes_per_step=args.k)
-    print(f"workload: {w.name} ({w.params / 1e6:.1f}M parameters, {w.micro_batch_seconds * 1e3:.1f} ms "
-          f"per micro-batch{'; ' + w.note if w.note else ''})")
-    print(f"network: {net.note}; {args.algorithm} allreduce, "
-          f"{'fp16' if args.fp16 else 'fp32'} gradients, fusion {args.fusion_mb} MiB, "
-          f"{'overlapped with backward' if not args.no_overlap else 'no overlap'}, k={args.k}")
-    print(f"{'GPUs':>6} {'step ms':>9} {'comm ms':>9} {'exposed ms':>10} {'efficiency':>10} "
-          f"{'samples/s':>12}")
-    for n in args.gpus:
-        p = S.project(w, n, net, **kw)
-        print(f"{n:>6} {p.step_s * 1e3:>9.1f} {p.comm_s * 1e3:>9.1f} {p.exposed_comm_s * 1e3:>10.1f} "
-              f"{p.efficiency:>10.1%} {p.samples_per_s:>12,.0f}")
-    if args.bert_recipe:
-        n = args.gpus[-1]
-        rows, total = S.project_bert_recipe(n, net, **kw)
-        for name, steps, gbatch, seq, per_gpu, p in rows:
-            print(f"{name}: {steps} steps of {gbatch} x {seq} ({per_gpu:.1f} seq/GPU): "
-                  f"{p.step_s * 1e3:.0f} ms/step, efficiency {p.efficiency:.1%}, "
-                  f"{steps * p.step_s / 60:.1f} min")
-        print(f"BERT-Large (NVIDIA LAMB recipe) on {n} GPUs: {total / 60:.1f} minutes")
+    fusion = None if args.fusion_mb == 0 else args.fusion_mb * S.MIB
+    print("\n".join(S.report(w, net, args.gpus, bert_recipe=args.bert_recipe, fusion_mb=args.fusion_mb,
+                              fusion_bytes=fusion, algorithm=args.algorithm, fp16=args.fp16,
+                              overlap=not args.no_overlap, backward_passes_per_step=args.k)))
     return 0
-
-
-def _calibrate(args: argparse.Namespace, net):
-    """``simulate --calibrate``: the flat network fitted to allreduces measured here (or across
-    ``--calibrate-hosts``); None when the measurement failed (said on stderr)."""
-    from dataclasses import replace
-
-    from hvd_bert.cluster import launch
-    from hvd_bert.cluster.doctor import parse_hosts
-    from hvd_bert.core import cost_model as S
-
-    np_ = args.calibrate_np
-    if args.calibrate_hosts and np_ is None:  # every slot of the hosts
-        try:
-            np_ = sum(slots for _, slots in parse_hosts(args.calibrate_hosts))
-        except ValueError as e:
-            raise SimulateError(str(e).replace("--hosts", "--calibrate-hosts")) from None
-    res = launch.run(["-m", "hvd_bert.cluster.allreduce_probe"], np=np_ or 2, timeout=600,
-                     hosts=args.calibrate_hosts, nic=args.calibrate_nic)
-    if not res.ok:
-        print(res.explain(), file=sys.stderr)
-        return None
-    probe, alpha, bw = S.fit_probe(res.stdout)
-    where = f"across {args.calibrate_hosts}" if args.calibrate_hosts else "on this machine"
-    print(f"measured {probe['size']}-rank allreduce {where}:")
-    fitted = S.Interconnect(alpha, bw)
-    for sz, t in probe["points"]:
-        model = S.allreduce_time(sz, probe["size"], fitted)
-        print(f"  {sz / 1024:>8.0f} KiB  {t * 1e3:8.3f} ms  (model {model * 1e3:8.3f} ms)")
-    print(f"fitted ring model: alpha {alpha * 1e6:.1f} us, bandwidth {bw / 1e9:.2f} GB/s per rank")
-    return S.with_bandwidth(replace(net, gpus_per_node=1), alpha, bw)
 
 
 class SimulateError(ValueError):

@@ -7,4 +7,5 @@
     doctor           ``hvd-bert doctor``: the installation and the hosts, checked with real runs
     doctor_worker    what each rank of doctor's runs executes
     allreduce_probe  the allreduce timings ``hvd-bert simulate --calibrate`` fits
+    calibrate        fitting the cost model to allreduces measured here or across hosts
 """

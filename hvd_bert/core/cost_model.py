@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 __all__ = ["Interconnect", "Workload", "allreduce_time", "project", "Projection", "INTERCONNECTS",
-           "WORKLOADS", "fit_alpha_beta", "fit_probe", "BERT_LARGE_PHASES", "project_bert_recipe"]
+           "WORKLOADS", "fit_alpha_beta", "fit_probe", "BERT_LARGE_PHASES", "project_bert_recipe", "report"]
 
 GB = 1e9
 MIB = 2**20
@@ -194,4 +194,33 @@ def project_bert_recipe(ranks: int, net: Interconnect, phases=BERT_LARGE_PHASES,
         total += steps * p.step_s
         rows.append((name, steps, gbatch, seq, per_gpu, p))
     return rows, total
+
+
+def report(w: Workload, net: Interconnect, gpus, *, bert_recipe: bool = False, fusion_mb: float = 128,
+           algorithm: str = "ring", fp16: bool = False, overlap: bool = True,
+           backward_passes_per_step: int = 1, **kw) -> list[str]:
+    """``hvd-bert simulate``'s lines: the workload and network, a row per GPU count, and with
+    ``bert_recipe`` both phases of the BERT-Large recipe on the last count."""
+    kw = dict(kw, algorithm=algorithm, fp16=fp16, overlap=overlap,
+              backward_passes_per_step=backward_passes_per_step)
+    lines = [f"workload: {w.name} ({w.params / 1e6:.1f}M parameters, {w.micro_batch_seconds * 1e3:.1f} ms "
+             f"per micro-batch{'; ' + w.note if w.note else ''})",
+             f"network: {net.note}; {algorithm} allreduce, {'fp16' if fp16 else 'fp32'} gradients, fusion "
+             f"{fusion_mb} MiB, {'overlapped with backward' if overlap else 'no overlap'}, "
+             f"k={backward_passes_per_step}",
+             f"{'GPUs':>6} {'step ms':>9} {'comm ms':>9} {'exposed ms':>10} {'efficiency':>10} "
+             f"{'samples/s':>12}"]
+    for n in gpus:
+        p = project(w, n, net, **kw)
+        lines.append(f"{n:>6} {p.step_s * 1e3:>9.1f} {p.comm_s * 1e3:>9.1f} {p.exposed_comm_s * 1e3:>10.1f} "
+                     f"{p.efficiency:>10.1%} {p.samples_per_s:>12,.0f}")
+    if bert_recipe:
+        n = gpus[-1]
+        rows, total = project_bert_recipe(n, net, **kw)
+        for name, steps, gbatch, seq, per_gpu, p in rows:
+            lines.append(f"{name}: {steps} steps of {gbatch} x {seq} ({per_gpu:.1f} seq/GPU): "
+                         f"{p.step_s * 1e3:.0f} ms/step, efficiency {p.efficiency:.1%}, "
+                         f"{steps * p.step_s / 60:.1f} min")
+        lines.append(f"BERT-Large (NVIDIA LAMB recipe) on {n} GPUs: {total / 60:.1f} minutes")
+    return lines
 
