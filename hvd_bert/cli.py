@@ -19,10 +19,19 @@ import sys
 from pathlib import Path
 
 
-def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="YAML", help="a YAML recipe (missing keys take defaults)")
+# each job's example recipe and override in --help (tests/core/test_cli.py runs them)
+EXAMPLES = {"train": (None, "optim.lr=1e-3"),
+            "pretrain": ("recipes/bert-large-phase1.yaml", "train.optim.lr=1e-3"),
+            "finetune": ("recipes/glue.yaml", "epochs=2"),
+            "ncf": ("recipes/ncf-ladder-1-baseline.yaml", "top_k=20")}
+
+
+def _add_config_args(p: argparse.ArgumentParser, job: str) -> None:
+    recipe, override = EXAMPLES[job]
+    p.add_argument("--config", metavar="YAML", help="a YAML recipe, missing keys taking the job's defaults"
+                   + (f", e.g. --config {recipe}" if recipe else " (recipes/ has the published ones)"))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one setting, e.g. --set optim.lr=1e-3 (repeatable)")
+                   help=f"override one setting, e.g. --set {override} (repeatable)")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -224,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("config", help="print the resolved training configuration (YAML)")
-    _add_config_args(p)
+    _add_config_args(p, "train")
     p.add_argument("--explain", action="store_true", help="document every setting instead")
     p.add_argument("--job", choices=["train", "pretrain", "finetune", "ncf"], default="train",
                    help="whose settings: a job's, or the engine's alone (train)")
@@ -336,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "finetune":
             p.add_argument("--task", help="squad, classification, regression or a GLUE task: checked against "
                                           "the prepared data (which decides the head and the metrics)")
-        _add_config_args(p)
+        _add_config_args(p, name)
         p.set_defaults(func=_cmd_job)
 
     p = sub.add_parser("evaluate-squad", help="SQuAD v1.1 / v2.0 exact match and F1 of a predictions "

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 
@@ -71,3 +72,27 @@ def test_prepare_ncf_reads_ml_100k_with_the_mlperf_protocol_and_names_a_bad_line
     p = hvd_bert("prepare-ncf", "--movielens", str(tmp_path / "bad.data"), "--skip-bad-lines",
                  "--output", str(tmp_path / "e"))
     assert p.returncode == 0 and "skipped 1 malformed line(s)" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("job", ["train", "pretrain", "finetune", "ncf"])
+def test_the_help_examples_of_config_and_set_run(job, capsys):
+    """Every ``e.g. --config ...`` / ``e.g. --set ...`` of a job's --help loads (run from the checkout)."""
+    import argparse
+    import os
+    import re
+    from pathlib import Path
+
+    from hvd_bert.cli import build_parser, main
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    text = sub.choices["config" if job == "train" else job].format_help()
+    examples = re.findall(r"e\.g\.\s+(--(?:config|set))\s+(\S+?)[,)\s]", text)
+    assert {flag for flag, _ in examples} == ({"--set"} if job == "train" else {"--config", "--set"})
+    here = os.getcwd()
+    os.chdir(Path(__file__).resolve().parents[2])
+    try:
+        for flag, value in examples:
+            assert main(["config", "--job", job, flag, value]) == 0, (flag, value)
+    finally:
+        os.chdir(here)
+    capsys.readouterr()
