@@ -5,7 +5,9 @@ An unknown key or a value of the wrong type is a :class:`ConfigError` that names
 (``optim.lr``), what was given and what is expected. Field documentation lives where the
 field is declared (``doc(...)``) and is printed by ``hvd-bert config --explain``. A section
 may define ``check_against(base, key)``: :func:`load_config` calls it to refuse a setting that
-does not apply (``optim.eta`` with LAMB).
+does not apply (``optim.eta`` with LAMB); a job's config may define ``resolve_given(keys)``: it
+gets the keys the recipe and ``--set`` gave, so that a setting the user gave wins over a job
+default and two that conflict are refused.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 __all__ = ["ConfigError", "doc", "require", "from_dict", "to_dict", "load_config", "apply_overrides",
-           "overlay", "check_applicable", "explain"]
+           "overlay", "check_applicable", "explain",
+           "given_keys"]
 
 
 class ConfigError(ValueError):
@@ -163,8 +166,31 @@ def apply_overrides(cfg, overrides: Sequence[str]):
             raise ConfigError(f"override {item!r} must look like key.path=value (e.g. optim.lr=1e-3)")
         path, text = item.split("=", 1)
         path = path.strip()
-        cfg = _set_path(cfg, path.split("."), _parse_scalar(text), path)
+        try:
+            cfg = _set_path(cfg, path.split("."), _parse_scalar(text), path)
+        except ConfigError as e:
+            raise ConfigError(f"{e}{_elsewhere(cfg, path)}") from None
     return cfg
+
+
+def _elsewhere(cfg, path: str) -> str:
+    """Where an unknown key lives in this config, when it is a key of one of its sections (a
+    job's ``train.optim.lr`` given as ``optim.lr``, as the engine's own config names it)."""
+    if not str(path) or _has(cfg, path.split(".")):
+        return ""
+    for f in fields(cfg):
+        sub = getattr(cfg, f.name)
+        if is_dataclass(sub) and _has(sub, path.split(".")):
+            return f"; this job's key is {f.name}.{path}"
+    return ""
+
+
+def _has(cfg, parts: list[str]) -> bool:
+    for name in parts:
+        if not is_dataclass(cfg) or name not in {f.name for f in fields(cfg)}:
+            return False
+        cfg = getattr(cfg, name)
+    return True
 
 
 def _set_path(cfg, parts: list[str], value: Any, full: str):
@@ -203,7 +229,21 @@ def load_config(cls, path: str | Path | None = None, overrides: Sequence[str] = 
     base = cls()
     cfg = apply_overrides(overlay(base, data), overrides)
     check_applicable(cfg, base)
+    resolve = getattr(cfg, "resolve_given", None)  # a job's settings that depend on what the user gave
+    if resolve is not None:
+        cfg = resolve(given_keys(data) | {o.split("=", 1)[0].strip() for o in overrides})
     return cfg
+
+
+def given_keys(data: Mapping[str, Any], prefix: str = "") -> set[str]:
+    """The dotted keys a recipe sets (``train.optim.lr``), sections included."""
+    out = set()
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        out.add(key)
+        if isinstance(value, Mapping):
+            out |= given_keys(value, key + ".")
+    return out
 
 
 def overlay(cfg, data: Mapping[str, Any], prefix: str = ""):

@@ -4,10 +4,10 @@ defaults plus its model and data: BERT pretraining, BERT fine-tuning, NCF. Recip
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from hvd_bert.config.base import doc, require
+from hvd_bert.config.base import ConfigError, doc, require
 from hvd_bert.config.train import BatchConfig, OptimConfig, ScheduleConfig, TrainConfig
 
 __all__ = ["PretrainConfig", "FinetuneConfig", "NCFConfig", "ModelConfig"]
@@ -95,6 +95,17 @@ class FinetuneConfig:
         require(self.n_best_size > 0 and self.max_answer_length > 0,
                  "n_best_size and max_answer_length must be > 0")
 
+    def resolve_given(self, given: set[str]) -> FinetuneConfig:
+        """The run's length from what the user gave: ``train.schedule.total_steps`` alone wins over
+        the default ``epochs``; both given is a conflict."""
+        if "train.schedule.total_steps" not in given:
+            return self
+        if "epochs" in given and self.epochs:
+            raise ConfigError(f"epochs={self.epochs:g} and train.schedule.total_steps="
+                              f"{self.train.schedule.total_steps} both set the run's length: give one "
+                              f"(or epochs=0 to train train.schedule.total_steps steps)")
+        return replace(self, epochs=0.0)
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -139,3 +150,11 @@ class NCFConfig:
         require(0 <= self.target_hr <= 1, f"target_hr must be in [0, 1], got {self.target_hr}")
         require(self.top_k > 0 and self.eval_every > 0 and self.eval_batch_users > 0,
                  "top_k, eval_every and eval_batch_users must be > 0")
+
+    def resolve_given(self, given: set[str]) -> NCFConfig:
+        """An NCF run's length is ``epochs`` (it sets ``train.schedule.total_steps``)."""
+        if "train.schedule.total_steps" in given:
+            raise ConfigError(f"train.schedule.total_steps: an NCF run's length is set by epochs (now "
+                              f"{self.epochs}), which sets it; give --set epochs=N instead")
+        return self
+

@@ -15,6 +15,9 @@ from hvd_bert.train.checkpoint import atomic_write
 __all__ = ["SIDECAR", "write_sidecar", "read_sidecar", "file_sha256"]
 
 SIDECAR = "dataset.json"
+# the command that prepares each kind (named in the errors of a reader that finds none)
+PREPARED_BY = {"bert-pretraining": "prepare-bert", "bert-classification": "prepare-classification",
+               "bert-squad": "prepare-squad", "ncf": "prepare-ncf"}
 
 
 def file_sha256(path: str | Path) -> str:
@@ -42,18 +45,19 @@ def read_sidecar(folder: str | Path, kind: str | tuple[str, ...],
     kinds), every shard it lists exists, and each ``expect`` setting matches (e.g.
     ``max_seq_length``)."""
     folder = Path(folder)
+    kinds = (kind,) if isinstance(kind, str) else tuple(kind)
+    how = " or ".join(f"hvd-bert {PREPARED_BY.get(k, 'prepare-...')}" for k in kinds)
     if not folder.is_dir():
-        raise DatasetError(f"data folder {folder} does not exist; prepare it first "
-                           f"(hvd-bert prepare-bert / prepare-ncf) or pass the right path")
+        raise DatasetError(f"data folder {folder} does not exist; prepare it first ({how}) or pass the "
+                           f"right path")
     side = folder / SIDECAR
     if not side.is_file():
         raise DatasetError(f"{folder} has no {SIDECAR}: the data is incomplete (preparation was "
-                           f"interrupted?) or not prepared by hvd_bert; prepare it again")
+                           f"interrupted?) or not prepared by hvd_bert; prepare it again ({how})")
     try:
         meta = json.loads(side.read_text())
     except json.JSONDecodeError as e:
         raise DatasetError(f"{side} is not valid JSON ({e}); prepare the data again") from None
-    kinds = (kind,) if isinstance(kind, str) else tuple(kind)
     if meta.get("kind") not in kinds:
         raise DatasetError(f"{folder} holds {meta.get('kind')!r} data, expected "
                            f"{' or '.join(map(repr, kinds))}")

@@ -151,3 +151,33 @@ def test_settings_that_apply_are_accepted_in_any_order():
     # a job's own defaults (NCF's Adam betas) do not count as settings given by the user
     from hvd_bert.evaluation.ncf import NCFConfig
     assert load_config(NCFConfig, None, ["train.optim.name=lars"]).train.optim.beta1 == 0.25
+
+
+def test_total_steps_given_alone_wins_over_finetunings_default_epochs(tmp_path):
+    from hvd_bert.config import FinetuneConfig
+
+    cfg = load_config(FinetuneConfig, None, ["train.schedule.total_steps=30"])
+    assert cfg.epochs == 0 and cfg.train.schedule.total_steps == 30
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("train:\n  schedule:\n    total_steps: 40\n")
+    assert load_config(FinetuneConfig, recipe).epochs == 0
+    assert load_config(FinetuneConfig, None, ["epochs=2"]).epochs == 2  # (epochs given: the default horizon)
+    with pytest.raises(ConfigError, match=r"epochs=2 and train.schedule.total_steps=30 both set the run's"):
+        load_config(FinetuneConfig, None, ["epochs=2", "train.schedule.total_steps=30"])
+
+
+def test_an_ncf_run_is_as_long_as_its_epochs():
+    from hvd_bert.config import NCFConfig
+
+    with pytest.raises(ConfigError, match=r"NCF run's length is set by epochs.*--set epochs=N"):
+        load_config(NCFConfig, None, ["train.schedule.total_steps=30"])
+
+
+def test_a_key_of_a_section_given_without_it_is_pointed_there():
+    from hvd_bert.config import PretrainConfig
+
+    with pytest.raises(ConfigError, match=r"unknown key 'optim.lr'.*this job's key is train.optim.lr$"):
+        load_config(PretrainConfig, None, ["optim.lr=1e-3"])
+    with pytest.raises(ConfigError, match=r"unknown key 'train.optim.lrr' \(did you mean 'lr'\?\)") as e:
+        load_config(PretrainConfig, None, ["train.optim.lrr=1e-3"])
+    assert "this job's key" not in str(e.value)
