@@ -120,8 +120,7 @@ def run(cfg: FinetuneConfig, backend) -> dict:
               on_step=on_step, max_skipped_steps=t.max_skipped_steps)
     final = on_step.report(res.steps) if cfg.eval_data else {}
     log.close()
-    finish_line(res, rank, f"checkpoint: {res.checkpoint or 'unchanged'}; metrics: {out / 'metrics.jsonl'}",
-                backend)
+    finish_line(res, rank, f"checkpoint: {res.checkpoint or 'unchanged'}", backend, out)
     return {"steps": res.steps, "stopped": res.stopped_by_signal, **final}
 
 

@@ -69,6 +69,6 @@ def run(cfg: NCFConfig, backend) -> dict:
               on_step=on_step, max_skipped_steps=t.max_skipped_steps)
     log.close()
     best = on_step.best
-    finish_line(res, rank, f"best HR@{cfg.top_k} {best['hr']:.4f} (epoch {best['epoch']:g}); "
-                           f"metrics: {out / 'metrics.jsonl'}", backend)
+    finish_line(res, rank, f"best HR@{cfg.top_k} {best['hr']:.4f} (epoch {best['epoch']:g})", backend,
+                out)
     return {"steps": res.steps, "stopped": res.stopped_by_signal, **best}

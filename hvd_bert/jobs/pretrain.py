@@ -106,8 +106,6 @@ def run(cfg: PretrainConfig, backend) -> dict:
               on_step=on_step, max_skipped_steps=t.max_skipped_steps, elastic=elastic)
     final = heldout(res.steps) if cfg.eval_data and not res.stopped_by_signal else {}
     log.close()
-    finish_line(res, engine.rank, f"checkpoint: {res.checkpoint or 'unchanged'}; "
-                                  f"metrics: {out / 'metrics.jsonl'}; "
-                                  f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}", backend)
+    finish_line(res, engine.rank, f"checkpoint: {res.checkpoint or 'unchanged'}", backend, out)
     return {"steps": res.steps, "stopped": res.stopped_by_signal,
             "last": res.history[-1] if res.history else {}, **final}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import re
 import socket
@@ -10,7 +11,8 @@ from pathlib import Path
 
 from hvd_bert.cluster.horovod import horovod_settings_line, placement_line
 from hvd_bert.weights.portable import write_run_bert_config
-from hvd_bert.train.checkpoint import RunFolderBusy, atomic_write, list_checkpoints, lock_run_folder
+from hvd_bert.train.checkpoint import (RunFolderBusy, atomic_write, list_checkpoints, lock_run_folder,
+                                       release_run_folder)
 from hvd_bert.config import ConfigError, to_dict
 from hvd_bert.train.elastic import PlainLaunch
 from hvd_bert.train.log import RunLog
@@ -50,7 +52,9 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
     problem = None
     if rank == 0:
         try:
-            _LOCKS.append(lock_run_folder(out))
+            lock = lock_run_folder(out)
+            _LOCKS.append(lock)
+            atexit.register(release_run_folder, lock)  # a clean exit (0, 2 or 3) leaves no lock file
         except RunFolderBusy as e:
             problem = ("busy", str(e))
         else:
@@ -93,9 +97,13 @@ def _resume_mismatch(out: Path, cfg) -> str | None:
             f"logging, checkpoint and evaluation cadence may change on a resume)")
 
 
-def finish_line(res, rank: int, detail: str, backend) -> None:
-    """Rank 0's last line; then every rank waits for it (a collective), so that no rank exits
-    (with status 3 after a signal, which launchers answer by killing the others) before it is out."""
+def finish_line(res, rank: int, detail: str, backend, out: Path | None = None) -> None:
+    """Rank 0's last line (with ``out``: where the metrics and the TensorBoard logs are, the same
+    for every job); then every rank waits for it (a collective), so that no rank exits (with
+    status 3 after a signal, which launchers answer by killing the others) before it is out."""
+    if out is not None:
+        detail += (f"; metrics: {out / 'metrics.jsonl'}; TensorBoard: tensorboard --logdir "
+                   f"{out / 'tensorboard'}")
     if rank == 0:
         how = "stopped by a signal at" if res.stopped_by_signal else "finished"
         rerun = "; run the same command again to resume (exit status 3)" if res.stopped_by_signal else ""

@@ -5,7 +5,6 @@ PyTorch. The jobs are written once against this surface (``hvd_bert.train.backen
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -46,20 +45,6 @@ class PyTorchBackend(ModelFunctions):
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
         t = torch.from_numpy(np.asarray(values, dtype=np.float64))
         return hvd.allreduce(t, op=hvd.Sum, name=name).numpy()  # Horovod:
-
-    def summary_writer(self, logdir: Path):
-        """A TensorBoard writer that does not import TensorFlow: TensorBoard falls back to its
-        own stub when the marker module ``tensorboard.compat.notf`` exists (as in its no-TF
-        builds), which keeps TensorFlow and its start-up noise out of a PyTorch job."""
-        import sys
-        import types
-
-        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            return None
-        return SummaryWriter(str(logdir))
 
     # ------------------------------------------------------------------ models
     def bert_pretraining(self, config: BertConfig, max_seq_length: int, max_predictions: int):

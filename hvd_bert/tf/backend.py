@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -18,21 +17,7 @@ from hvd_bert.config.bert import BertConfig
 from hvd_bert.config import TrainConfig
 from hvd_bert.tf import init_horovod
 
-__all__ = ["BACKEND", "TensorFlowBackend", "SummaryWriter", "set_threads"]
-
-
-class SummaryWriter:
-    """PyTorch's ``SummaryWriter`` interface (``add_scalar``, ``close``) over ``tf.summary``."""
-
-    def __init__(self, logdir: Path):
-        self._w = tf.summary.create_file_writer(str(logdir))
-
-    def add_scalar(self, tag: str, value: float, step: int) -> None:
-        with self._w.as_default():
-            tf.summary.scalar(tag, value, step=step)
-
-    def close(self) -> None:
-        self._w.close()
+__all__ = ["BACKEND", "TensorFlowBackend", "set_threads"]
 
 
 def set_threads(local_size: int) -> None:
@@ -72,9 +57,6 @@ class TensorFlowBackend(ModelFunctions):
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
         t = tf.constant(np.asarray(values, dtype=np.float64))
         return hvd.allreduce(t, op=hvd.Sum, name=name).numpy()  # Horovod:
-
-    def summary_writer(self, logdir: Path) -> SummaryWriter:
-        return SummaryWriter(logdir)
 
     # ------------------------------------------------------------------ models
     def bert_pretraining(self, config: BertConfig, max_seq_length: int, max_predictions: int):

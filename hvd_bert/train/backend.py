@@ -115,6 +115,11 @@ class ModelFunctions:
     models: str  # "hvd_bert.pt.models" / "hvd_bert.tf.models"
     horovod: str  # "horovod.torch" / "horovod.tensorflow"
 
+    def summary_writer(self, logdir: Path):
+        """TensorBoard scalars, the same from both frameworks (``train.log.ScalarWriter``)."""
+        from hvd_bert.train.log import ScalarWriter
+        return ScalarWriter(logdir)
+
     def _fn(self, module: str, name: str):
         return getattr(importlib.import_module(f"{self.models}.{module}"), name)
 

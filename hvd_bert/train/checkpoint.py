@@ -13,20 +13,31 @@ import re
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["atomic_write", "checkpoint_path", "list_checkpoints", "latest_checkpoint", "prune",
-           "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder", "atomic_folder"]
+__all__ = ["atomic_write", "usual_mode", "release_run_folder", "checkpoint_path", "list_checkpoints",
+           "latest_checkpoint", "prune", "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder",
+           "atomic_folder"]
 
 _NAME = re.compile(r"^ckpt-(\d{8,})\.(\w+)$")
 
 
+def usual_mode(path: str | Path) -> None:
+    """Give a written file the mode a plain ``open()`` gives (0666 less the umask): some writers
+    (safetensors) create theirs 0600."""
+    mask = os.umask(0)
+    os.umask(mask)
+    if Path(path).is_file():
+        os.chmod(path, 0o666 & ~mask)
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp_path)``, fsync it, and rename it to ``path``. On any error the
-    temporary file is removed and ``path`` is untouched."""
+    """Call ``write(tmp_path)``, fsync it, and rename it to ``path`` with the usual file mode. On
+    any error the temporary file is removed and ``path`` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
+        usual_mode(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -128,20 +139,37 @@ def lock_run_folder(folder: str | Path):
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    f = open(folder / LOCK_NAME, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
+    while True:
+        f = open(folder / LOCK_NAME, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise RunFolderBusy(f"{folder} is in use by another job ({holder}); wait for it to finish, or "
+                                f"give this run another train.output_dir") from None
+        try:  # a holder that just finished removed the file: lock the one now there instead
+            if os.stat(folder / LOCK_NAME).st_ino == os.fstat(f.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
         f.close()
-        raise RunFolderBusy(f"{folder} is in use by another job ({holder}); wait for it to finish, or give "
-                            f"this run another train.output_dir") from None
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
     f.flush()
     return f
+
+
+def release_run_folder(lock) -> None:
+    """Remove the lock file and release the lock (a process that ends without this, by a crash or
+    a kill, still releases the lock; the file then stays, empty of meaning)."""
+    try:
+        os.unlink(lock.name)
+    except FileNotFoundError:
+        pass
+    lock.close()
 
 
 @contextlib.contextmanager

@@ -2,9 +2,9 @@
 progress bar, one log line every few steps, ``metrics.jsonl`` (one JSON object per logged
 step, appended across resumed runs) and TensorBoard scalars.
 
-The frontends pass a TensorBoard writer (``add_scalar(tag, value, step)``, ``close()``):
-PyTorch's ``SummaryWriter`` or a ``tf.summary`` one. Other ranks get a RunLog that does
-nothing, so job code calls it unconditionally.
+TensorBoard gets every number of a record as a scalar (``train/loss``, ``train/lr``,
+``train/grad_norm``, ``eval/accuracy``), written by :class:`ScalarWriter` the same way in both
+frameworks. Other ranks get a RunLog that does nothing, so job code calls it unconditionally.
 """
 
 from __future__ import annotations
@@ -16,11 +16,39 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["RunLog", "StopSignal", "format_line", "DivergedError"]
+__all__ = ["RunLog", "ScalarWriter", "StopSignal", "format_line", "DivergedError"]
 
 
 class DivergedError(RuntimeError):
     """Too many optimizer steps in a row skipped for inf/NaN gradients."""
+
+
+class ScalarWriter:
+    """TensorBoard scalars without a framework: ``simple_value`` events (as PyTorch's
+    ``SummaryWriter`` writes them) through TensorBoard's own event-file writer, the same bytes
+    from a PyTorch and a TensorFlow job. TensorBoard's file layer falls back to its own stub
+    when the marker module ``tensorboard.compat.notf`` exists (as in its no-TF builds), which
+    keeps TensorFlow and its start-up noise out of a PyTorch job."""
+
+    def __init__(self, logdir: str | Path):
+        import sys
+        import types
+
+        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        Path(logdir).mkdir(parents=True, exist_ok=True)
+        self._event, self._summary = Event, Summary
+        self._w = EventFileWriter(str(logdir))
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(value))])
+        self._w.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
+
+    def close(self) -> None:
+        self._w.close()
 
 
 def format_line(rec: dict, keys: Iterable[str]) -> str:
@@ -71,12 +99,10 @@ class RunLog:
     """Rank 0's output of a run in ``out`` (see the module docstring)."""
 
     def __init__(self, out: str | Path | None, rank: int, *, total_steps: int, initial_step: int = 0,
-                 progress: bool = True, writer: Any = None, line_keys: Iterable[str] = ("loss", "lr"),
-                 scalar_keys: Iterable[str] | None = None):
+                 progress: bool = True, writer: Any = None, line_keys: Iterable[str] = ("loss", "lr")):
         self.active = rank == 0
         self.out = Path(out) if out is not None else None
         self.line_keys = tuple(line_keys)
-        self.scalar_keys = tuple(scalar_keys) if scalar_keys is not None else self.line_keys
         self.writer = writer if self.active else None
         self.history: list[dict] = []
         self._bar = self._file = None
@@ -152,11 +178,12 @@ class RunLog:
         if self._file is not None:
             self._file.write(json.dumps(_finite(rec), allow_nan=False) + "\n")  # NaN/inf: null
             self._file.flush()
-        if self.writer is not None:
-            for k in (self.scalar_keys if prefix == "train" else [k for k in rec if k != "step"]):
-                v = rec.get(k)
-                if isinstance(v, (int, float)) and math.isfinite(v):
-                    self.writer.add_scalar(f"{prefix}/{k}", v, rec["step"])
+        if self.writer is not None:  # every number but the step and the clock, one level of tags
+            for k, v in rec.items():
+                if k not in ("step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool) \
+                        and math.isfinite(v):
+                    name = k[len(prefix) + 1:] if k.startswith(prefix + "_") else k  # eval/accuracy
+                    self.writer.add_scalar(f"{prefix}/{name}", v, rec["step"])
 
     def _truncate_after(self, step: int) -> None:
         from hvd_bert.train.checkpoint import atomic_write

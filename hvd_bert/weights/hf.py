@@ -24,6 +24,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from hvd_bert.config.bert import BertConfig
+from hvd_bert.train.checkpoint import atomic_folder, usual_mode
 from hvd_bert.weights.portable import VOCAB_ROWS, WeightsError, pad_vocab_rows
 
 __all__ = ["is_hf_folder", "read_hf_config", "read_hf_folder", "hf_to_portable", "portable_to_hf",
@@ -204,6 +205,7 @@ def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config
         # safetensors refuses tensors that share memory: the tied decoder is its own copy here
         save_file({k: np.array(v) for k, v in state.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
+        usual_mode(tmp / "model.safetensors")  # (safetensors writes 0600)
         (tmp / "config.json").write_text(json.dumps(hf_config(config, arch, num_labels), indent=2))
         if vocab_file is not None:
             shutil.copyfile(vocab_file, tmp / "vocab.txt")
@@ -215,6 +217,4 @@ def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config
 
 def new_folder(folder: str | Path):
     """:func:`hvd_bert.train.checkpoint.atomic_folder`, an existing folder a WeightsError."""
-    from hvd_bert.train.checkpoint import atomic_folder
-
     return atomic_folder(folder, exists_error=WeightsError)

@@ -63,6 +63,18 @@ def test_a_second_job_on_a_locked_run_folder_is_refused_naming_the_holder(tmp_pa
     assert out == ""
 
 
+def test_a_released_lock_leaves_no_file_and_the_next_job_locks_anew(tmp_path):
+    from hvd_bert.train.checkpoint import LOCK_NAME, RunFolderBusy, lock_run_folder, release_run_folder
+
+    held = lock_run_folder(tmp_path)
+    release_run_folder(held)
+    assert not (tmp_path / LOCK_NAME).exists()
+    again = lock_run_folder(tmp_path)  # a new file, locked
+    with pytest.raises(RunFolderBusy):
+        lock_run_folder(tmp_path)
+    release_run_folder(again)
+
+
 def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
     import subprocess
     import sys

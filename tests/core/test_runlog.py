@@ -88,3 +88,35 @@ def test_the_log_follows_rank_0_when_an_elastic_reset_renumbers_the_ranks(tmp_pa
     assert writers[0].closed
     new.record({"step": 3, "loss": 0.25}, show=False)
     assert [r["step"] for r in read(tmp_path)] == [1, 2]
+
+
+def test_tensorboard_gets_every_number_once_under_one_level_of_tags(tmp_path):
+    """The same scalars from both frameworks (ScalarWriter): loss, lr and grad_norm of training,
+    ``eval/accuracy`` (not ``eval/eval_accuracy``); not the step, the clock or a flag; and no
+    TensorFlow in the process that writes them (a fresh interpreter)."""
+    import json
+    import subprocess
+    import sys
+
+    code = f"""
+import json, sys
+from hvd_bert.train.log import RunLog, ScalarWriter
+tb = ScalarWriter({str(tmp_path / "tb")!r})
+log = RunLog({str(tmp_path)!r}, 0, total_steps=2, progress=False, writer=tb)
+log.record({{"step": 1, "loss": 2.5, "lr": 1e-3, "grad_norm": 0.7, "time": 1.0, "skipped": False}},
+           show=False)
+log.record({{"step": 2, "eval_accuracy": 0.75, "eval_examples": 40}}, prefix="eval", show=False)
+log.close()
+print(json.dumps("tensorflow" in sys.modules))
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout.strip().splitlines()[-1]) is False
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    (events,) = list((tmp_path / "tb").iterdir())
+    scalars = [(v.tag, round(v.simple_value, 6), e.step) for raw in RawEventFileLoader(str(events)).Load()
+               for e in [Event.FromString(raw)] for v in e.summary.value]
+    assert sorted(scalars) == [("eval/accuracy", 0.75, 2), ("eval/examples", 40.0, 2),
+                               ("train/grad_norm", 0.7, 1), ("train/loss", 2.5, 1), ("train/lr", 0.001, 1)]

@@ -20,6 +20,17 @@ from bert_jobs import pretrain as run_job
 from hvd_bert.cluster import launch
 
 FRAMEWORKS = ["pt", "tf"]
+# a pretraining step's record in metrics.jsonl, in either framework
+TRAIN_FIELDS = {"step", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "lr", "sequences_per_s", "grad_norm",
+                "loss_scale", "skipped_steps", "time"}
+
+
+def tensorboard_tags(folder):
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    return {v.tag for f in folder.iterdir() for raw in RawEventFileLoader(str(f)).Load()
+            for v in Event.FromString(raw).summary.value}
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -33,7 +44,14 @@ def test_loss_falls_and_outputs_are_written(bert_data, tmp_path, framework):
     assert metrics[-1]["mlm_accuracy"] > metrics[0]["mlm_accuracy"]
     assert sorted(p.name for p in out.glob("ckpt-*")) == [f"ckpt-00000020.{framework}",
                                                            f"ckpt-00000040.{framework}"]
-    assert list((out / "tensorboard").iterdir()) and (out / "bert_config.json").is_file()
+    assert (out / "bert_config.json").is_file() and not (out / ".hvd_bert.lock").exists()  # released
+    assert f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}" in stdout
+    # the same outputs from both frameworks: one list of fields, each number a TensorBoard scalar
+    assert set(metrics[-1]) == TRAIN_FIELDS, set(metrics[-1]) ^ TRAIN_FIELDS
+    numbers = {k for k, v in metrics[-1].items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time")}
+    assert {"loss", "mlm_loss", "nsp_loss", "lr", "grad_norm"} <= numbers
+    assert tensorboard_tags(out / "tensorboard") == {f"train/{k}" for k in numbers}
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["framework"] == framework and cfg["train"]["schedule"]["total_steps"] == 40
     # progress comes as plain lines under a launcher, not as a redrawn \r bar

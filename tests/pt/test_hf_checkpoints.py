@@ -53,6 +53,8 @@ def test_the_round_trip_to_hf_loads_in_transformers_without_warnings(tmp_path, k
     ours = BertForPreTraining(config).eval()
     load_weights(ours, arrays, source="test")
     out = write_hf_folder(tmp_path / "back", export_weights(ours), config)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert len(set(modes.values())) == 1 and modes["model.safetensors"] & 0o044, modes  # as any file here
     again, info = transformers.BertForPreTraining.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     b = batch(model.config, seed=3)

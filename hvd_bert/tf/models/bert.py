@@ -191,7 +191,7 @@ def build_model(model: tf.keras.Model, seq_len: int = 8, predictions: int = 2) -
 
 
 def pretraining_loss(model: BertForPreTraining, batch: dict, training: bool = True):
-    """``(loss, {"mlm_accuracy": ...})``: as ``hvd_bert.pt.models.bert.pretraining_loss``."""
+    """``(loss, {mlm_loss, nsp_loss, mlm_accuracy})``: as ``hvd_bert.pt.models.bert.pretraining_loss``."""
     mlm, nsp = model(batch, training=training)
     w = tf.cast(batch["masked_lm_weights"], tf.float32)
     ids = tf.cast(batch["masked_lm_ids"], tf.int32)
@@ -201,7 +201,9 @@ def pretraining_loss(model: BertForPreTraining, batch: dict, training: bool = Tr
     nsp_labels = tf.reshape(tf.cast(batch["next_sentence_labels"], tf.int32), [-1])
     nsp_loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=nsp_labels, logits=nsp))
     correct = tf.cast(tf.equal(tf.argmax(mlm, -1, output_type=tf.int32), ids), tf.float32)
-    return mlm_loss + nsp_loss, {"mlm_accuracy": tf.reduce_sum(correct * w) / denom}
+    return mlm_loss + nsp_loss, {"mlm_loss": tf.stop_gradient(mlm_loss),
+                                 "nsp_loss": tf.stop_gradient(nsp_loss),
+                                 "mlm_accuracy": tf.reduce_sum(correct * w) / denom}
 
 
 def classification_loss(model: BertForSequenceClassification, batch: dict, training: bool = True):
