@@ -16,7 +16,7 @@ from hvd_bert.train.checkpoint import (RunFolderBusy, atomic_write, list_checkpo
 from hvd_bert.config import ConfigError, to_dict
 from hvd_bert.train.elastic import PlainLaunch
 from hvd_bert.train.log import RunLog
-from hvd_bert.jobs.identity import previous_config, run_differences
+from hvd_bert.train.identity import previous_config, run_differences
 
 __all__ = ["with_run_folder", "open_run", "finish_line"]
 

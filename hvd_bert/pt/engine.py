@@ -103,7 +103,7 @@ class Engine:
         self.micro_step = 0      # micro-batches back-propagated over the whole run
         self.skipped_steps = 0
         self.loss_fn, self.resume_resized = loss_fn, resume_resized
-        self.plan = None
+        self.plan = self.config = None  # (from_config sets both)
         self.target_global_batch = None  # set by an elastic run (train.elastic)
         self.last_metrics: dict = {}
 
@@ -137,7 +137,7 @@ class Engine:
         plan, peak, kwargs = engine_settings(cfg, hvd.size())
         opt = build_optimizer(model.named_parameters(), cfg.optim, lr=peak)
         engine = cls(model, opt, device=device, loss_fn=loss_fn, sync=sync, **kwargs)
-        engine.plan = plan
+        engine.plan, engine.config = plan, cfg  # (fit writes the config beside its checkpoints)
         return engine
 
     def broadcast(self) -> None:

@@ -97,7 +97,8 @@ class Engine:
         self.rank, self.world_size = hvd.rank(), hvd.size()
         self.stop_signal = StopSignal()
         self.last_metrics: dict = {}
-        self.plan, self.resume_resized = None, resume_resized
+        self.plan, self.config = None, None  # (from_config sets both)
+        self.resume_resized = resume_resized
         self.target_global_batch = None  # set by an elastic run (train.elastic)
         self.jit_compile = jit_compile
         self.step_count = 0
@@ -129,7 +130,7 @@ class Engine:
         plan, peak, kwargs = engine_settings(cfg, hvd.size())
         engine = cls(model, build_optimizer(cfg.optim, lr=peak), loss_fn, jit_compile=jit_compile, sync=sync,
                      **kwargs)
-        engine.plan = plan
+        engine.plan, engine.config = plan, cfg  # (fit writes the config beside its checkpoints)
         return engine
 
     def broadcast(self) -> None:

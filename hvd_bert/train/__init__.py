@@ -5,5 +5,6 @@
     loop        fit: the one training loop and its step bookkeeping (logging, checkpoint cadence)
     elastic     Horovod elastic as a hook of fit; how a job was launched (plain or elastic)
     checkpoint  atomic files, checkpoint names and retention, the run folder's lock
+    identity    whether a run folder's checkpoints belong to this run (resume) or another (refuse)
     log         what rank 0 shows and records: progress, log lines, metrics.jsonl, TensorBoard
 """

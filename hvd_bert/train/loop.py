@@ -16,13 +16,14 @@ new hosts; nothing else differs.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hvd_bert.core.batch import BatchPlan
-from hvd_bert.train.engine import Engine, FitResult, StepResult
-from hvd_bert.train.log import DivergedError, RunLog
+from hvd_bert.train.engine import Engine, FitResult, ResumeError, StepResult
+from hvd_bert.train.log import DivergedError, RunLog, ScalarWriter
 
 __all__ = ["fit", "train_steps", "StepBook", "MetricWindow"]
 
@@ -46,9 +47,13 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
     rank and writes nothing. ``elastic``: a ``train.elastic.ElasticHook`` under Horovod elastic.
     """
     own_log = log is None
-    if own_log:
-        log = RunLog(None, engine.rank, total_steps=total_steps, initial_step=engine.step_count,
-                     progress=progress, line_keys=("loss", "lr", f"{unit}_per_s", "grad_norm"))
+    if own_log:  # a script's own run: its run folder gets what a job's does (metrics, TensorBoard, config)
+        writer = None
+        if output_dir is not None:
+            _claim_run_folder(engine, Path(output_dir), getattr(engine, "config", None))
+            writer = ScalarWriter(Path(output_dir) / "tensorboard") if engine.rank == 0 else None
+        log = RunLog(output_dir, engine.rank, total_steps=total_steps, initial_step=engine.step_count,
+                     progress=progress, line_keys=("loss", "lr", f"{unit}_per_s", "grad_norm"), writer=writer)
     book = StepBook(engine, log, plan=plan or getattr(engine, "plan", None), total_steps=total_steps,
                     log_every=log_every, unit=unit, output_dir=output_dir, checkpoint_every=checkpoint_every,
                     keep_checkpoints=keep_checkpoints, on_step=on_step, max_skipped_steps=max_skipped_steps,
@@ -72,6 +77,30 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
         log.close()
     return FitResult(engine.step_count, engine.skipped_steps, book.last_loss, book.checkpoint, book.stopped,
                      log.history, book.by_signal)
+
+
+def _claim_run_folder(engine: Engine, out: Path, config) -> None:
+    """For a script's own ``fit`` on a run folder, as a job does: rank 0 refuses checkpoints of a
+    run with other settings (``train.identity``), then writes the resolved ``config.json``
+    (``config``: the engine's TrainConfig, from ``Engine.from_config``). Every rank raises."""
+    from hvd_bert.config import to_dict
+    from hvd_bert.train.checkpoint import atomic_write, list_checkpoints
+    from hvd_bert.train.identity import previous_config, run_differences
+
+    problem = None
+    if engine.rank == 0 and config is not None:
+        new = {"train": to_dict(config)}
+        old = previous_config(out)
+        has_checkpoints = list_checkpoints(out, "pt") or list_checkpoints(out, "tf")
+        diffs = run_differences(old, new) if old is not None and has_checkpoints else []
+        if diffs:
+            problem = (f"{out} holds checkpoints of a run with other settings, which this run would resume: "
+                       f"{'; '.join(diffs)}. Give this run another output_dir, or rerun with the settings of "
+                       f"{out / 'config.json'}")
+        else:
+            atomic_write(out / "config.json", lambda t: t.write_text(json.dumps(new, indent=1)))
+    if engine.any_rank(problem is not None, "hvd_bert.fit.config"):  # Horovod: every rank stops
+        raise ResumeError(problem or f"rank 0 refused to resume {out} (its message says why)")
 
 
 class _Plain:

@@ -1,7 +1,7 @@
 """What defines a run: the settings a resume may change, and the ones it may not."""
 
 from hvd_bert.config import PretrainConfig, apply_overrides, to_dict
-from hvd_bert.jobs.identity import run_differences
+from hvd_bert.train.identity import run_differences
 
 
 def cfg(*overrides):

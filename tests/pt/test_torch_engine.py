@@ -140,3 +140,29 @@ def test_a_checkpoint_round_trips_with_json_metadata(tmp_path):
     other = Engine(fresh, Lamb(fresh.parameters(), lr=0.1), schedule=Constant(0.1))
     assert other.resume(tmp_path) == {"micro_step": 2} and other.step_count == 2
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
+
+
+def test_fit_of_a_scripts_own_model_writes_the_run_folder_and_refuses_other_settings(tmp_path):
+    """fit() for a user's own model writes what the jobs write (metrics.jsonl, TensorBoard, the
+    resolved config.json), resumes with the same settings and refuses a resume with others."""
+    import json
+
+    from hvd_bert.train.engine import ResumeError
+    from hvd_bert.train.loop import fit
+
+    def run(lr, steps):
+        cfg = apply_overrides(TrainConfig(), [f"optim.lr={lr}", "optim.name=sgd", "batch.local_batch_size=4",
+                                              "batch.backward_passes_per_step=1", "schedule.name=constant",
+                                              f"schedule.total_steps={steps}"])
+        model = small_model()
+        engine = Engine.from_config(model, cfg, loss_fn=lambda m, b: ((m(b[0]) - b[1]) ** 2).mean())
+        batches = lambda start: iter(lambda: (torch.ones(4, 3), torch.zeros(4, 1)), None)  # noqa: E731
+        return fit(engine, batches, total_steps=steps, output_dir=tmp_path, progress=False, log_every=1)
+
+    assert run(0.01, 3).steps == 3
+    assert json.loads((tmp_path / "config.json").read_text())["train"]["optim"]["lr"] == 0.01
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert list((tmp_path / "tensorboard").iterdir())
+    assert run(0.01, 5).steps == 5  # the same settings, a longer horizon: a resume
+    with pytest.raises(ResumeError, match=r"other settings.*optim.lr: 0.01 -> 0.02"):
+        run(0.02, 6)
