@@ -5,6 +5,7 @@ other and against ``task``, and how many optimizer steps the epochs make."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 
 from hvd_bert.data.kinds import KIND_CLASSIFY, KIND_SQUAD
@@ -13,7 +14,10 @@ from hvd_bert.data.records import DatasetError
 from hvd_bert.data.sidecar import read_sidecar
 from hvd_bert.core.sharding import epoch_batches
 
-__all__ = ["SQUAD", "CLASSIFICATION", "REGRESSION", "task_of", "check_finetune_data", "total_steps"]
+__all__ = ["SQUAD", "CLASSIFICATION", "REGRESSION", "task_of", "check_finetune_data", "total_steps",
+           "TASK_FILE", "task_record", "read_task_record", "prediction_mismatch"]
+
+TASK_FILE = "task.json"  # in a fine-tuning run folder: what the model was trained to predict
 
 SQUAD, CLASSIFICATION, REGRESSION = "squad", "classification", "regression"
 
@@ -90,3 +94,48 @@ def total_steps(cfg: FinetuneConfig, meta: dict, world_size: int, local_batch_si
                            f"{local_batch_size} per rank on {world_size} ranks, fewer than one optimizer "
                            f"step of {k}; lower train.batch.local_batch_size")
     return max(1, math.ceil(cfg.epochs * per_epoch / k))
+
+
+def task_record(meta: dict) -> dict:
+    """What a fine-tuned model predicts, from its training set's sidecar: the task, the label
+    names in the classifier's order (``labels``), and the GLUE task if any."""
+    return {"task": task_of(meta), "labels": meta.get("labels"), "glue_task": meta.get("task")}
+
+
+def read_task_record(checkpoint: str | Path) -> dict | None:
+    """The task record of a fine-tuned run folder (or of the folder of one of its checkpoints),
+    or the labels of a Hugging Face folder whose ``config.json`` names them; None if neither."""
+    import json
+
+    p = Path(checkpoint).expanduser()
+    folder = p if p.is_dir() else p.parent
+    try:
+        if (folder / TASK_FILE).is_file():
+            return json.loads((folder / TASK_FILE).read_text())
+        hf = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    except (OSError, ValueError):
+        return None
+    id2label = hf.get("id2label") or {}
+    names = [id2label.get(str(i)) for i in range(len(id2label))]
+    if names and all(names) and names != [f"LABEL_{i}" for i in range(len(names))]:
+        return {"task": CLASSIFICATION, "labels": names, "glue_task": None}
+    return None
+
+
+def prediction_mismatch(checkpoint: str, eval_meta: dict, eval_data: str) -> str | None:
+    """Why ``eval_data`` cannot be scored by the fine-tuned ``checkpoint``: another task, or other
+    labels (names or order: the scores would be read against the wrong classes); None if the
+    checkpoint does not say, or agrees."""
+    rec = read_task_record(checkpoint)
+    if rec is None:
+        return None
+    task = task_of(eval_meta)
+    if rec["task"] != task:
+        return (f"init_checkpoint {checkpoint} was fine-tuned for {rec['task']}, eval_data {eval_data} holds "
+                f"{task} data; give the {task} checkpoint, or data prepared for {rec['task']}")
+    if task == CLASSIFICATION and rec.get("labels") and eval_meta.get("labels") != rec["labels"]:
+        return (f"eval_data {eval_data} has the labels {eval_meta.get('labels')}, init_checkpoint "
+                f"{checkpoint} was fine-tuned on {rec['labels']} (in that order): prepare it again with "
+                f"--labels {' '.join(rec['labels'])}")
+    return None
+

@@ -182,17 +182,19 @@ class Evaluation:
     which then shares them), prints and records it; as ``fit``'s ``on_step`` hook it reports
     every ``eval_every`` steps before the last (the job reports the last itself)."""
 
-    def __init__(self, cfg: FinetuneConfig, total_steps: int, log, evaluate, broadcast=None):
+    def __init__(self, cfg: FinetuneConfig, total_steps: int, log, evaluate, broadcast=None,
+                 positive: str | None = None):
         self.cfg, self.total, self.log, self.evaluate = cfg, total_steps, log, evaluate
-        self.broadcast = broadcast
+        self.broadcast, self.positive = broadcast, positive  # positive: the class F1 is of
 
     def report(self, step: int) -> dict:
         res = self.evaluate()
         if self.broadcast is not None:
             res = self.broadcast(res)
         squad = "eval_exact_match" in res or "eval_exact" in res
-        shown = ", ".join(f"{label} {res[k]:.{2 if squad else digits}f}" for k, label, digits in _SHOWN
-                          if k in res)
+        named = {"eval_f1": f"F1 of {self.positive!r}"} if self.positive and not squad else {}
+        shown = ", ".join(f"{named.get(k, label)} {res[k]:.{2 if squad else digits}f}"
+                          for k, label, digits in _SHOWN if k in res)
         loss = f" (loss {res['eval_loss']:.4f})" if "eval_loss" in res else ""
         self.log.print(f"eval at step {step}: {shown} on {res['eval_examples']} "
                        f"{'questions' if squad else 'examples'}{loss}")

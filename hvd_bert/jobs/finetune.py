@@ -16,16 +16,19 @@ the official EM and F1.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 from hvd_bert.config import ConfigError, FinetuneConfig
 from hvd_bert.config.bert import bert_preset
-from hvd_bert.data.finetune import REGRESSION, SQUAD, check_finetune_data, task_of, total_steps
+from hvd_bert.data.finetune import (REGRESSION, SQUAD, TASK_FILE, check_finetune_data, prediction_mismatch,
+                                   task_of, task_record, total_steps)
 from hvd_bert.data.vocab import init_vocab_error
 from hvd_bert.evaluation.finetune import (Evaluation, eval_batches, evaluate_classification,
                                           evaluate_regression, evaluate_squad)
 from hvd_bert.jobs.run_folder import finish_line, open_run, with_run_folder
+from hvd_bert.train.checkpoint import atomic_write
 from hvd_bert.train.loop import fit
 from hvd_bert.weights.portable import WeightsError
 
@@ -76,6 +79,8 @@ def run(cfg: FinetuneConfig, backend) -> dict:
     engine = backend.engine(model, loss, cfg.train)
 
     log = open_run(cfg, backend, rank, total_steps=steps, bert=bert, line_keys=line_keys)
+    if rank == 0 and cfg.do_train:  # what this model predicts: checked by prediction runs and exports
+        atomic_write(out / TASK_FILE, lambda t: t.write_text(json.dumps(task_record(meta), indent=1)))
     origin = "from " + cfg.init_checkpoint if arrays is not None else "from scratch"
     if cfg.do_train:
         log.print(f"fine-tuning BERT ({origin}, {backend.label}, {what}) on {cfg.data}: {about}, "
@@ -97,7 +102,8 @@ def run(cfg: FinetuneConfig, backend) -> dict:
         return evaluate_classification(score, batches, allreduce, len(meta["labels"]), ev.get("task"))
 
     share = (lambda res: backend.broadcast_object(res, "hvd_bert.eval.result")) if task == SQUAD else None
-    on_step = Evaluation(cfg, steps, log, evaluate, share)
+    labels = meta.get("labels") or []
+    on_step = Evaluation(cfg, steps, log, evaluate, share, positive=labels[1] if len(labels) == 2 else None)
     kind = meta["kind"]
 
     def batches_from(micro_step):
@@ -137,6 +143,8 @@ def resolve_init(cfg: FinetuneConfig, meta: dict, read_checkpoint_weights) -> tu
         config = config or bert_preset(cfg.model, vocab_size=meta["vocab_size"])
         error = init_vocab_error(cfg.init_checkpoint, config.vocab_size, cfg.data, meta,
                                  "prepare-classification") if cfg.init_checkpoint else None
+        if error is None and cfg.init_checkpoint and not cfg.do_train:  # a fine-tuned model's own task
+            error = prediction_mismatch(cfg.init_checkpoint, meta, cfg.eval_data)
         if error:
             raise WeightsError(error)
     except WeightsError as e:

@@ -68,8 +68,13 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
         out = write_google(output, arrays, config, vocab_file=vocab)
         return f"{src} ({n}) -> {out} (Google TF1: bert_config.json + bert_model.ckpt, as modeling.py reads)"
     if to == "hf":
-        out = write_hf_folder(output, arrays, config, vocab_file=vocab, do_lower_case=not cased)
-        return (f"{src} ({n}) -> {out} (Hugging Face: transformers.BertForPreTraining.from_pretrained"
-                f"({str(out)!r})){'' if vocab else '; no vocab.txt found: copy one in, or pass --vocab'}")
+        from hvd_bert.data.finetune import read_task_record
+
+        task = read_task_record(src) or {}
+        out = write_hf_folder(output, arrays, config, vocab_file=vocab, do_lower_case=not cased,
+                              labels=task.get("labels"))
+        arch = json.loads((out / "config.json").read_text())["architectures"][0]  # the class to load it with
+        return (f"{src} ({n}) -> {out} (Hugging Face: transformers.{arch}.from_pretrained({str(out)!r}))"
+                f"{'' if vocab else '; no vocab.txt found: copy one in, or pass --vocab'}")
     out = save_weights(output, arrays, config)
     return f"{src} ({framework}, {n}) -> {out}; load it with --set init_checkpoint={out} in either framework"

@@ -169,7 +169,10 @@ def portable_to_hf(arrays: Mapping[str, np.ndarray], config: BertConfig) -> dict
     return out
 
 
-def hf_config(config: BertConfig, architecture: str, num_labels: int | None = None) -> dict:
+def hf_config(config: BertConfig, architecture: str, num_labels: int | None = None,
+              labels: list[str] | None = None) -> dict:
+    """A Hugging Face ``config.json`` for ``config``; a classifier's ``id2label`` / ``label2id``
+    from ``labels`` (the fine-tuning data's names, in the classifier's order) when given."""
     act = "gelu" if config.gelu == "none" else "gelu_new"
     out = {"architectures": [architecture], "model_type": "bert", "vocab_size": config.vocab_size,
            "hidden_size": config.hidden_size, "num_hidden_layers": config.num_layers,
@@ -181,15 +184,19 @@ def hf_config(config: BertConfig, architecture: str, num_labels: int | None = No
            "pad_token_id": 0, "tie_word_embeddings": True}
     if num_labels is not None:
         out["num_labels"] = num_labels
-        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
-        out["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+        names = list(labels) if labels and len(labels) == num_labels else \
+            [f"LABEL_{i}" for i in range(num_labels)]
+        out["id2label"] = {str(i): name for i, name in enumerate(names)}
+        out["label2id"] = {name: i for i, name in enumerate(names)}
     return out
 
 
 def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config: BertConfig,
-                    vocab_file: str | Path | None = None, do_lower_case: bool = True) -> Path:
+                    vocab_file: str | Path | None = None, do_lower_case: bool = True,
+                    labels: list[str] | None = None) -> Path:
     """A Hugging Face model folder (``config.json``, ``model.safetensors``, and the tokenizer
-    files when ``vocab_file`` is given), written to a temporary folder and renamed into place."""
+    files when ``vocab_file`` is given), written to a temporary folder and renamed into place;
+    a classifier's ``labels`` become its ``id2label``."""
     import shutil
 
     from safetensors.numpy import save_file
@@ -206,7 +213,7 @@ def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config
         save_file({k: np.array(v) for k, v in state.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         usual_mode(tmp / "model.safetensors")  # (safetensors writes 0600)
-        (tmp / "config.json").write_text(json.dumps(hf_config(config, arch, num_labels), indent=2))
+        (tmp / "config.json").write_text(json.dumps(hf_config(config, arch, num_labels, labels), indent=2))
         if vocab_file is not None:
             shutil.copyfile(vocab_file, tmp / "vocab.txt")
             (tmp / "tokenizer_config.json").write_text(json.dumps(

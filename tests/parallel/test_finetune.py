@@ -157,6 +157,31 @@ def test_finetuning_beats_chance_and_evaluates_every_example_once(framework, tas
     # config.json records the resolved config: the steps the epochs came to, not the default
     cfg = json.loads((tmp_path / "ft" / "config.json").read_text())
     assert cfg["train"]["schedule"]["total_steps"] == 80 and cfg["framework"] == framework
+    assert "F1 of 'yes'" in stdout  # the class the F1 is of
+    assert json.loads((tmp_path / "ft" / "task.json").read_text())["labels"] == ["no", "yes"]
+    if framework == "pt":
+        what_the_model_predicts_travels_with_it(task, tmp_path)
+
+
+def what_the_model_predicts_travels_with_it(task, tmp_path):
+    """The fine-tuned run exported to Hugging Face names its labels and the class to load it
+    with; a prediction-only run on a dev set prepared with the labels in another order is refused."""
+    res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(tmp_path / "ft"), "--to", "hf",
+                          "--output", str(tmp_path / "hf")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "transformers.BertForSequenceClassification.from_pretrained" in res.stdout
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["id2label"] == {"0": "no", "1": "yes"}
+    subprocess.run([sys.executable, "-m", "hvd_bert", "prepare-classification", str(task["root"] / "dev.tsv"),
+                    "--output", str(tmp_path / "dev-swapped"), "--vocab", str(task["train"] / "vocab.txt"),
+                    "--text-a", "sentence", "--label", "label", "--labels", "yes", "no",
+                    "--max-seq-length", "32"], check=True, capture_output=True, timeout=120)
+    res = subprocess.run([sys.executable, "-m", "hvd_bert", "finetune", "--set", "do_train=false",
+                          "--set", f"eval_data={tmp_path / 'dev-swapped'}",
+                          "--set", f"init_checkpoint={tmp_path / 'ft'}",
+                          "--set", f"train.output_dir={tmp_path / 'p'}"],
+                         capture_output=True, text=True, timeout=300)
+    assert not (tmp_path / "p").exists()  # refused before anything was written
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "fine-tuned on ['no', 'yes'] (in that order)" in res.stderr and "--labels no yes" in res.stderr
 
 
 def test_a_dev_set_with_other_labels_is_refused(task, tmp_path):

@@ -91,6 +91,8 @@ def test_a_fine_tuned_classifier_exports_as_bert_for_sequence_classification(tmp
     with torch.no_grad():
         close(again.eval()(input_ids=ids, token_type_ids=seg, attention_mask=mask).logits.numpy(),
               hf.eval()(input_ids=ids, token_type_ids=seg, attention_mask=mask).logits.numpy())
+    named = write_hf_folder(tmp_path / "named", arrays, config, labels=["neg", "neu", "pos"])  # data's names
+    assert transformers.AutoConfig.from_pretrained(named).id2label == {0: "neg", 1: "neu", 2: "pos"}
 
 
 @pytest.mark.parametrize("damage,match", [
