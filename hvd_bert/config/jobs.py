@@ -76,6 +76,14 @@ class FinetuneConfig:
     do_train: bool = doc(True, "false: only evaluate eval_data (SQuAD: write predictions) with "
                                "init_checkpoint, e.g. a fine-tuned run folder")
     eval_every: int = doc(0, "also evaluate every this many steps (0: at the end only)")
+    best_metric: str = doc("", "the evaluation score that decides the best model and early stopping, "
+                               "as metrics.jsonl names it (eval_accuracy, eval_f1, eval_mcc, "
+                               "eval_pearson, ...); empty: the task's own (GLUE's metric, SQuAD's F1, "
+                               "STS-B's Pearson, else accuracy)")
+    keep_best: bool = doc(True, "write the best evaluated model's weights to best.npz in the run folder "
+                                "(best.json says its step and score); hvd-bert convert exports it")
+    early_stopping_patience: int = doc(0, "stop when best_metric has not improved for this many "
+                                          "evaluations in a row (eval_every); 0: never")
     eval_batch_size: int = doc(64, "examples per evaluation batch on one rank")
     dropout: float = doc(0.1, "BERT's hidden and attention dropout")
     length_grouping: int = doc(32, "pad each batch to its longest sequence, after sorting every this many "
@@ -92,6 +100,10 @@ class FinetuneConfig:
         require(0 <= self.dropout < 1, f"dropout is a probability in [0, 1), got {self.dropout}")
         require(self.eval_batch_size > 0, f"eval_batch_size must be > 0, got {self.eval_batch_size}")
         require(self.length_grouping >= 0, f"length_grouping must be >= 0, got {self.length_grouping}")
+        require(self.early_stopping_patience >= 0,
+                f"early_stopping_patience must be >= 0, got {self.early_stopping_patience}")
+        require(not self.early_stopping_patience or self.eval_every,
+                "early_stopping_patience needs evaluations during training: set eval_every (steps)")
         require(self.n_best_size > 0 and self.max_answer_length > 0,
                  "n_best_size and max_answer_length must be > 0")
 

@@ -20,7 +20,8 @@ from hvd_bert.data.kinds import spec_for_meta
 from hvd_bert.config import FinetuneConfig
 from hvd_bert.data.records import decode_batch, iter_records
 
-__all__ = ["eval_batches", "Evaluation", "evaluate_classification", "evaluate_regression", "evaluate_squad",
+__all__ = ["eval_batches", "Evaluation", "best_metric_of", "evaluate_classification", "evaluate_regression",
+           "evaluate_squad",
            "dense_gather"]
 
 def eval_batches(folder: str | Path, meta: dict, rank: int, world_size: int, batch_size: int,
@@ -176,18 +177,40 @@ _SHOWN = (("eval_exact_match", "EM", 2), ("eval_exact", "EM", 2), ("eval_accurac
           ("eval_spearman", "Spearman", 4), ("eval_best_f1", "best F1", 2))
 
 
+def best_metric_of(cfg: FinetuneConfig, task: str, glue_task: str | None) -> str:
+    """The score that decides the best model: ``cfg.best_metric``, else the task's own (GLUE's
+    first metric, SQuAD's F1, regression's Pearson, classification's accuracy)."""
+    if cfg.best_metric:
+        return cfg.best_metric
+    if glue_task:
+        from hvd_bert.data.glue import TASKS
+        return f"eval_{TASKS[glue_task].metrics[0]}"
+    return {"squad": "eval_f1", "regression": "eval_pearson"}.get(task, "eval_accuracy")
+
+
 class Evaluation:
     """The fine-tuning jobs' evaluation: ``report(step)`` runs ``evaluate()`` (a collective
     returning the task's ``eval_*`` scores and ``eval_examples``; SQuAD's only on rank 0,
     which then shares them), prints and records it; as ``fit``'s ``on_step`` hook it reports
-    every ``eval_every`` steps before the last (the job reports the last itself)."""
+    every ``eval_every`` steps before the last (the job reports the last itself).
+
+    As the Trainer does: each report that improves ``metric`` calls ``save_best(step, res)``
+    (rank 0 writes best.npz and best.json), and after ``patience`` reports in a row without
+    improvement the hook returns True, which stops the run (every rank decides alike: the
+    scores are the same on every rank)."""
 
     def __init__(self, cfg: FinetuneConfig, total_steps: int, log, evaluate, broadcast=None,
-                 positive: str | None = None):
+                 positive: str | None = None, metric: str = "eval_accuracy", save_best=None):
         self.cfg, self.total, self.log, self.evaluate = cfg, total_steps, log, evaluate
         self.broadcast, self.positive = broadcast, positive  # positive: the class F1 is of
+        self.metric, self.save_best = metric, save_best
+        self.best: tuple[float, int] | None = None  # (score, step)
+        self.since_best = 0
+        self.last: tuple[int, dict] | None = None  # the latest report: (step, scores)
 
     def report(self, step: int) -> dict:
+        if self.last is not None and self.last[0] == step:  # (an early stop evaluated this step)
+            return self.last[1]
         res = self.evaluate()
         if self.broadcast is not None:
             res = self.broadcast(res)
@@ -199,10 +222,30 @@ class Evaluation:
         self.log.print(f"eval at step {step}: {shown} on {res['eval_examples']} "
                        f"{'questions' if squad else 'examples'}{loss}")
         self.log.record({"step": step, **res}, prefix="eval", show=False)
+        self._track(step, res)
+        self.last = (step, res)
         return res
+
+    def _track(self, step: int, res: dict) -> None:
+        if self.metric not in res:
+            from hvd_bert.config import ConfigError
+            raise ConfigError(f"best_metric {self.metric!r} is not among this task's scores "
+                              f"{sorted(k for k in res if k.startswith('eval_'))}; give one of those")
+        score = float(res[self.metric])
+        if step and (self.best is None or score > self.best[0]):
+            self.best, self.since_best = (score, step), 0
+            if self.save_best is not None:
+                self.save_best(step, res)
+        elif step:
+            self.since_best += 1
 
     def __call__(self, result, _metrics=None) -> bool:
         every = self.cfg.eval_every
         if self.cfg.eval_data and every and result.step % every == 0 and result.step < self.total:
             self.report(result.step)
+            patience = self.cfg.early_stopping_patience
+            if patience and self.since_best >= patience:
+                self.log.print(f"early stopping at step {result.step}: {self.metric} has not improved on "
+                               f"{self.best[0]:.4f} (step {self.best[1]}) for {patience} evaluations")
+                return True
         return False

@@ -25,12 +25,12 @@ from hvd_bert.config.bert import bert_preset
 from hvd_bert.data.finetune import (REGRESSION, SQUAD, TASK_FILE, check_finetune_data, prediction_mismatch,
                                    task_of, task_record, total_steps)
 from hvd_bert.data.vocab import init_vocab_error
-from hvd_bert.evaluation.finetune import (Evaluation, eval_batches, evaluate_classification,
+from hvd_bert.evaluation.finetune import (Evaluation, best_metric_of, eval_batches, evaluate_classification,
                                           evaluate_regression, evaluate_squad)
-from hvd_bert.jobs.run_folder import finish_line, open_run, with_run_folder
+from hvd_bert.jobs.run_folder import finish_line, list_all_checkpoints, open_run, with_run_folder
 from hvd_bert.train.checkpoint import atomic_write
 from hvd_bert.train.loop import fit
-from hvd_bert.weights.portable import WeightsError
+from hvd_bert.weights.portable import WeightsError, save_weights
 
 __all__ = ["run"]
 
@@ -103,7 +103,20 @@ def run(cfg: FinetuneConfig, backend) -> dict:
 
     share = (lambda res: backend.broadcast_object(res, "hvd_bert.eval.result")) if task == SQUAD else None
     labels = meta.get("labels") or []
-    on_step = Evaluation(cfg, steps, log, evaluate, share, positive=labels[1] if len(labels) == 2 else None)
+    metric = best_metric_of(cfg, task, meta.get("task"))
+
+    def save_best(step: int, res: dict) -> None:  # rank 0: the best evaluated weights so far
+        if rank == 0 and cfg.keep_best and cfg.do_train:
+            save_weights(out / "best.npz", backend.export_weights(model), bert)
+            atomic_write(out / "best.json", lambda t: t.write_text(json.dumps(
+                {"step": step, "metric": metric, "score": res[metric], "scores": res}, indent=1)))
+
+    on_step = Evaluation(cfg, steps, log, evaluate, share, positive=labels[1] if len(labels) == 2 else None,
+                         metric=metric, save_best=save_best)
+    resuming = (out / "best.json").is_file() and list_all_checkpoints(out)
+    best = json.loads((out / "best.json").read_text()) if resuming else None
+    if best is not None and best.get("metric") == metric:  # a resumed run: the best so far stays best
+        on_step.best = (float(best["score"]), int(best["step"]))
     kind = meta["kind"]
 
     def batches_from(micro_step):
@@ -126,7 +139,9 @@ def run(cfg: FinetuneConfig, backend) -> dict:
               on_step=on_step, max_skipped_steps=t.max_skipped_steps)
     final = on_step.report(res.steps) if cfg.eval_data else {}
     log.close()
-    finish_line(res, rank, f"checkpoint: {res.checkpoint or 'unchanged'}", backend, out)
+    kept = (f"; best {metric} {on_step.best[0]:.4f} at step {on_step.best[1]}: {out / 'best.npz'}"
+            if on_step.best and cfg.keep_best else "")
+    finish_line(res, rank, f"checkpoint: {res.checkpoint or 'unchanged'}{kept}", backend, out)
     return {"steps": res.steps, "stopped": res.stopped_by_signal, **final}
 
 

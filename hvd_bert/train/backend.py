@@ -138,6 +138,10 @@ class ModelFunctions:
     def load_weights(self, model, arrays: dict, source: str) -> None:
         self._fn("bert", "load_weights")(model, arrays, source=source)
 
+    def export_weights(self, model) -> dict:
+        """The model's weights as portable numpy arrays (``weights.portable``)."""
+        return self._fn("bert", "export_weights")(model)
+
     @property
     def pretraining_loss(self):
         return self._fn("bert", "pretraining_loss")

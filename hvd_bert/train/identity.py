@@ -18,7 +18,8 @@ __all__ = ["run_differences", "FREE"]
 FREE = ("train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "train.output_dir",
         "train.resume_resized", "train.max_skipped_steps", "train.horovod", "train.elastic",
         "train.schedule.total_steps",
-        "progress", "epochs", "eval_every", "eval_batch_size", "eval_batch_users", "target_hr", "eval_data")
+        "progress", "epochs", "eval_every", "eval_batch_size", "eval_batch_users", "target_hr", "eval_data",
+        "best_metric", "keep_best", "early_stopping_patience")
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

@@ -33,3 +33,52 @@ def test_a_hugging_face_folder_says_its_labels_unless_they_are_the_defaults(tmp_
     assert read_task_record(tmp_path)["labels"] == ["neg", "pos"]
     (tmp_path / "config.json").write_text(json.dumps({"id2label": {"0": "LABEL_0", "1": "LABEL_1"}}))
     assert read_task_record(tmp_path) is None and prediction_mismatch(str(tmp_path), TRAIN, "d") is None
+
+
+class _Log:
+    def __init__(self):
+        self.lines, self.records = [], []
+
+    def print(self, line):
+        self.lines.append(line)
+
+    def record(self, rec, prefix="train", show=True):
+        self.records.append(rec)
+
+
+class _Step:
+    def __init__(self, step):
+        self.step = step
+
+
+def test_the_best_model_is_kept_and_early_stopping_waits_its_patience():
+    from hvd_bert.config import FinetuneConfig, load_config
+    from hvd_bert.evaluation.finetune import Evaluation, best_metric_of
+
+    cfg = load_config(FinetuneConfig, None, ["eval_data=dev", "eval_every=10", "early_stopping_patience=2"])
+    assert best_metric_of(cfg, "classification", None) == "eval_accuracy"
+    assert best_metric_of(cfg, "classification", "cola") == "eval_mcc"
+    assert best_metric_of(cfg, "squad", None) == "eval_f1"
+    scores = iter([0.5, 0.6, 0.55, 0.6, 0.9])
+    saved, log = [], _Log()
+    ev = Evaluation(cfg, 100, log, lambda: {"eval_accuracy": next(scores), "eval_examples": 8},
+                    metric="eval_accuracy",
+                    save_best=lambda step, res: saved.append((step, res["eval_accuracy"])))
+    stops = [ev(_Step(s)) for s in (10, 20, 30, 40)]
+    assert stops == [False, False, False, True]  # 0.55 and 0.6 do not beat 0.6: two in a row
+    assert saved == [(10, 0.5), (20, 0.6)] and ev.best == (0.6, 20)
+    assert "early stopping at step 40: eval_accuracy has not improved on 0.6000 (step 20)" in log.lines[-1]
+    assert ev.report(40)["eval_accuracy"] == 0.6  # the step just evaluated is not evaluated again
+    assert [r["step"] for r in log.records] == [10, 20, 30, 40]
+
+
+def test_a_best_metric_the_task_does_not_have_is_named():
+    import pytest
+
+    from hvd_bert.config import ConfigError, FinetuneConfig, load_config
+    from hvd_bert.evaluation.finetune import Evaluation
+
+    cfg = load_config(FinetuneConfig, None, ["eval_data=dev", "eval_every=10", "best_metric=eval_f2"])
+    ev = Evaluation(cfg, 100, _Log(), lambda: {"eval_accuracy": 0.5, "eval_examples": 8}, metric="eval_f2")
+    with pytest.raises(ConfigError, match=r"best_metric 'eval_f2' is not among this task's scores"):
+        ev(_Step(10))

@@ -158,6 +158,9 @@ def test_finetuning_beats_chance_and_evaluates_every_example_once(framework, tas
     cfg = json.loads((tmp_path / "ft" / "config.json").read_text())
     assert cfg["train"]["schedule"]["total_steps"] == 80 and cfg["framework"] == framework
     assert "F1 of 'yes'" in stdout  # the class the F1 is of
+    best = json.loads((tmp_path / "ft" / "best.json").read_text())  # the best evaluation's weights, kept
+    assert best["metric"] == "eval_accuracy" and best["score"] == max(m["eval_accuracy"] for m in evals)
+    assert (tmp_path / "ft" / "best.npz").is_file() and f"best eval_accuracy {best['score']:.4f}" in stdout
     assert json.loads((tmp_path / "ft" / "task.json").read_text())["labels"] == ["no", "yes"]
     if framework == "pt":
         what_the_model_predicts_travels_with_it(task, tmp_path)
@@ -166,10 +169,12 @@ def test_finetuning_beats_chance_and_evaluates_every_example_once(framework, tas
 def what_the_model_predicts_travels_with_it(task, tmp_path):
     """The fine-tuned run exported to Hugging Face names its labels and the class to load it
     with; a prediction-only run on a dev set prepared with the labels in another order is refused."""
-    res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(tmp_path / "ft"), "--to", "hf",
-                          "--output", str(tmp_path / "hf")], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "transformers.BertForSequenceClassification.from_pretrained" in res.stdout
-    assert json.loads((tmp_path / "hf" / "config.json").read_text())["id2label"] == {"0": "no", "1": "yes"}
+    for src, dst in ((tmp_path / "ft", "hf"), (tmp_path / "ft" / "best.npz", "hf-best")):
+        res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(src), "--to", "hf",
+                              "--output", str(tmp_path / dst)], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        assert "transformers.BertForSequenceClassification.from_pretrained" in res.stdout
+        assert json.loads((tmp_path / dst / "config.json").read_text())["id2label"] == {"0": "no", "1": "yes"}
     subprocess.run([sys.executable, "-m", "hvd_bert", "prepare-classification", str(task["root"] / "dev.tsv"),
                     "--output", str(tmp_path / "dev-swapped"), "--vocab", str(task["train"] / "vocab.txt"),
                     "--text-a", "sentence", "--label", "label", "--labels", "yes", "no",
