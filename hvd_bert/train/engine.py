@@ -138,6 +138,8 @@ def checkpoint_meta(engine: Engine, data_state: Any, rng_of_ranks: list) -> dict
             "global_batch_size": plan.global_batch_size if plan else None,
             # an elastic run's configured global batch (its plan may be the nearest one)
             "target_global_batch_size": engine.target_global_batch,
+            # the run's horizon, so that a resume can say what changed (fit sets it)
+            "total_steps": getattr(engine, "total_steps", None),
             "rng": rng_of_ranks}
 
 
@@ -198,6 +200,7 @@ def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str, *,
     if "error" in out:
         raise (ResumeError if out["kind"] == "ResumeError" else CheckpointError)(out["error"])
     meta = out["meta"]
+    engine.resumed_meta = meta  # (what the resume line compares with)
     engine.step_count, engine.skipped_steps = meta["step"], meta["skipped_steps"]
     # The data position: every rank has read step_count * k micro-batches (k of this run).
     engine.micro_step = meta["micro_step"] if meta["world_size"] == engine.world_size else \

@@ -25,7 +25,7 @@ from hvd_bert.core.batch import BatchPlan
 from hvd_bert.train.engine import Engine, FitResult, ResumeError, StepResult
 from hvd_bert.train.log import DivergedError, RunLog, ScalarWriter
 
-__all__ = ["fit", "train_steps", "StepBook", "MetricWindow"]
+__all__ = ["fit", "train_steps", "resume_line", "StepBook", "MetricWindow"]
 
 
 def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_steps: int,
@@ -59,6 +59,7 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
                     keep_checkpoints=keep_checkpoints, on_step=on_step, max_skipped_steps=max_skipped_steps,
                     data_state=elastic.data_state if elastic is not None else None)
     engine.install_stop_handler()
+    engine.total_steps = total_steps  # (recorded in checkpoints: a resume says when it changed)
     if elastic is not None:  # the same loop, inside Horovod's elastic.run (train.elastic)
         elastic.run(engine, log, book, batches_from, total_steps, output_dir)
     else:
@@ -70,7 +71,7 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
         if book.plan is not None:
             log.print(f"batch: {book.plan.describe()}")  # printed once
         if engine.step_count and output_dir is not None:
-            log.print(f"resumed from step {engine.step_count} in {output_dir}")
+            log.print(resume_line(engine, output_dir, total_steps))
         train_steps(engine, iter(batches_from(engine.micro_step)), book, total_steps)
         book.finish()
     if own_log:
@@ -101,6 +102,20 @@ def _claim_run_folder(engine: Engine, out: Path, config) -> None:
             atomic_write(out / "config.json", lambda t: t.write_text(json.dumps(new, indent=1)))
     if engine.any_rank(problem is not None, "hvd_bert.fit.config"):  # Horovod: every rank stops
         raise ResumeError(problem or f"rank 0 refused to resume {out} (its message says why)")
+
+
+def resume_line(engine: Engine, output_dir, total_steps: int) -> str:
+    """What a resumed run continues with: the step, the steps to go, the LR now, and the horizon
+    when it changed since the checkpoint was written."""
+    step = engine.step_count
+    line = f"resumed from step {step} in {output_dir}: {max(0, total_steps - step)} steps to go"
+    schedule = getattr(engine, "schedule", None)
+    if schedule is not None and step < total_steps:
+        line += f", lr now {schedule(step + 1):.4g}"
+    old = (getattr(engine, "resumed_meta", None) or {}).get("total_steps")
+    if old is not None and old != total_steps:
+        line += f"; the horizon changed from {old} to {total_steps} steps"
+    return line
 
 
 class _Plain:

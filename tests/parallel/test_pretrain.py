@@ -93,7 +93,8 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(bert_data, tmp_path
     assert (out / f"ckpt-{stopped:08d}.{framework}").exists()
     _, stdout = run_job(framework, bert_data, out, "--set", f"train.schedule.total_steps={stopped + 2}",
                         "--set", "train.log_every=1")
-    assert f"resumed from step {stopped}" in stdout
+    assert f"resumed from step {stopped} in {out}: 2 steps to go, lr now " in stdout  # what changed:
+    assert f"the horizon changed from 100000 to {stopped + 2} steps" in stdout
     assert metrics_of(out)[-1]["step"] == stopped + 2
 
 
