@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from pathlib import Path
 EXAMPLES = {"train": (None, "optim.lr=1e-3"),
             "pretrain": ("recipes/bert-large-phase1.yaml", "train.optim.lr=1e-3"),
             "finetune": ("recipes/glue.yaml", "epochs=2"),
-            "ncf": ("recipes/ncf-ladder-1-baseline.yaml", "top_k=20")}
+            "ncf": ("recipes/ncf-ladder-1-baseline.yaml", "top_k=20"),
+            "predict": (None, "batch_size=32")}
 
 
 def _add_config_args(p: argparse.ArgumentParser, job: str) -> None:
@@ -157,6 +159,9 @@ def _cmd_job(args: argparse.Namespace) -> int:
 
     overrides = list(args.overrides) + ([f"framework={args.framework}"] if args.framework else [])
     overrides += [f"task={args.task}"] if getattr(args, "task", None) else []
+    for key in ("checkpoint", "input", "output", "text_a", "text_b", "id"):  # predict's arguments
+        if getattr(args, key, None):  # (quoted: a path or column name stays a string)
+            overrides.append(f"{key}={json.dumps(getattr(args, key))}")
     cfg = load_config(JOB_CONFIGS[args.command], args.config, overrides)
     return run_job(args.command, cfg, on_data_error=lambda hint: setattr(args, "error_hint", hint))
 
@@ -345,6 +350,15 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "finetune":
             p.add_argument("--task", help="squad, classification, regression or a GLUE task: checked against "
                                           "the prepared data (which decides the head and the metrics)")
+        if name == "predict":
+            p.add_argument("checkpoint", help="a fine-tuning run folder, its best.npz or a ckpt-* in it, or "
+                                              "a Hugging Face BertForSequenceClassification folder")
+            p.add_argument("input", help="a TSV/CSV with a header, a .jsonl file, or a prepared folder")
+            p.add_argument("--output", help="predictions .jsonl or .tsv (default: INPUT.predictions.jsonl)")
+            p.add_argument("--text-a", help="the text's column or field (default: sentence, text or the "
+                                            "first column)")
+            p.add_argument("--text-b", help="a pair's second text (column or field)")
+            p.add_argument("--id", help="a column or field copied into each prediction as its id")
         _add_config_args(p, name)
         p.set_defaults(func=_cmd_job)
 

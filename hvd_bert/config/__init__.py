@@ -12,13 +12,14 @@ every key with its type, default and documentation.
 
 from hvd_bert.config.base import (ConfigError, apply_overrides, check_applicable, doc, explain, from_dict,
                                   load_config, overlay, require, to_dict)
-from hvd_bert.config.jobs import FinetuneConfig, ModelConfig, NCFConfig, PretrainConfig
+from hvd_bert.config.jobs import FinetuneConfig, ModelConfig, NCFConfig, PredictConfig, PretrainConfig
 from hvd_bert.config.train import (OPTIM_FIELDS, BatchConfig, ElasticConfig, HorovodConfig, OptimConfig,
                                    PrecisionConfig, ScheduleConfig, TrainConfig)
 
 __all__ = ["ConfigError", "doc", "require", "from_dict", "to_dict", "load_config", "apply_overrides",
            "overlay", "check_applicable", "explain", "OptimConfig", "ScheduleConfig", "BatchConfig",
            "PrecisionConfig", "HorovodConfig", "ElasticConfig", "TrainConfig", "OPTIM_FIELDS",
-           "PretrainConfig", "FinetuneConfig", "NCFConfig", "ModelConfig", "JOB_CONFIGS"]
+           "PretrainConfig", "FinetuneConfig", "NCFConfig", "ModelConfig", "PredictConfig", "JOB_CONFIGS"]
 
-JOB_CONFIGS = {"train": TrainConfig, "pretrain": PretrainConfig, "finetune": FinetuneConfig, "ncf": NCFConfig}
+JOB_CONFIGS = {"train": TrainConfig, "pretrain": PretrainConfig, "finetune": FinetuneConfig, "ncf": NCFConfig,
+               "predict": PredictConfig}

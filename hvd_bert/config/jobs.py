@@ -10,7 +10,7 @@ from typing import Literal
 from hvd_bert.config.base import ConfigError, doc, require
 from hvd_bert.config.train import BatchConfig, OptimConfig, ScheduleConfig, TrainConfig
 
-__all__ = ["PretrainConfig", "FinetuneConfig", "NCFConfig", "ModelConfig"]
+__all__ = ["PretrainConfig", "FinetuneConfig", "NCFConfig", "ModelConfig", "PredictConfig"]
 
 
 @dataclass(frozen=True)
@@ -169,4 +169,30 @@ class NCFConfig:
             raise ConfigError(f"train.schedule.total_steps: an NCF run's length is set by epochs (now "
                               f"{self.epochs}), which sets it; give --set epochs=N instead")
         return self
+
+
+@dataclass(frozen=True)
+class PredictConfig:
+    """Predictions of a fine-tuned classifier or regressor on your own text: every example once
+    across the ranks, written by rank 0 with the label names and scores."""
+
+    checkpoint: str = doc("", "a fine-tuning run folder (its newest checkpoint, labels and vocab), its "
+                              "best.npz, or a Hugging Face folder of a BertForSequenceClassification")
+    input: str = doc("", "a TSV/CSV with a header, a JSON-lines file, or a folder from hvd-bert "
+                         "prepare-classification")
+    output: str = doc("", "where the predictions go: .jsonl (one object per example) or .tsv; empty: "
+                          "<input>.predictions.jsonl")
+    text_a: str = doc("", "the column (TSV/CSV) or field (JSONL) of the text; empty: sentence, text or "
+                          "the first column")
+    text_b: str = doc("", "the column or field of a pair's second text; empty: none")
+    id: str = doc("", "a column or field to copy into each prediction as its id; empty: the row number")
+    max_seq_length: int = doc(0, "tokens per example; 0: the checkpoint's training length (else 128)")
+    batch_size: int = doc(64, "examples per batch on one rank")
+    precision: Literal["fp32", "bf16", "fp16"] = doc("fp32", "autocast for the forward pass")
+    train: TrainConfig = doc(TrainConfig(), "(only train.horovod applies)")
+    framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
+
+    def __post_init__(self) -> None:
+        require(self.batch_size > 0, f"batch_size must be > 0, got {self.batch_size}")
+        require(self.max_seq_length >= 0, f"max_seq_length must be >= 0, got {self.max_seq_length}")
 

@@ -19,7 +19,7 @@ from hvd_bert.data.output import prepare_output
 from hvd_bert.data.text_input import read_text
 from hvd_bert.data.vocab import load_tokenizer
 
-__all__ = ["prepare_classification"]
+__all__ = ["prepare_classification", "encode_pairs", "read_table", "read_texts"]
 
 
 def _read_rows(path: Path, delimiter: str | None) -> list[list[str]]:
@@ -31,11 +31,29 @@ def _read_rows(path: Path, delimiter: str | None) -> list[list[str]]:
                            quotechar=None if delim == "\t" else '"'))
 
 
-def _read_table(path: Path, delimiter: str | None) -> tuple[list[str], list[list[str]]]:
+def read_table(path: Path, delimiter: str | None) -> tuple[list[str], list[list[str]]]:
     rows = _read_rows(path, delimiter)
     if len(rows) < 2:
         raise DatasetError(f"table {path} has no data rows (a header line and at least one row)")
     return rows[0], rows[1:]
+
+
+def encode_pairs(tok, texts_a: Sequence[str], texts_b: Sequence[str] | None, max_seq_length: int):
+    """Google's ``run_classifier`` features of each text (or pair): ``(input_ids, input_mask,
+    segment_ids)`` padded to ``max_seq_length``, the longer text cut first, from its end."""
+    ids = special_ids(tok)
+    enc_a = tok.encode_batch(list(texts_a), add_special_tokens=False)
+    enc_b = tok.encode_batch(list(texts_b), add_special_tokens=False) if texts_b is not None else None
+    for n in range(len(enc_a)):
+        a = list(enc_a[n].ids)
+        b = list(enc_b[n].ids) if enc_b is not None else []
+        budget = max_seq_length - (3 if enc_b is not None else 2)
+        while len(a) + len(b) > budget:  # longest first, from the end (Google's run_classifier)
+            (a if len(a) > len(b) else b).pop()
+        tokens = [ids["[CLS]"], *a, ids["[SEP]"]] + ([*b, ids["[SEP]"]] if enc_b is not None else [])
+        segs = [0] * (len(a) + 2) + [1] * (len(tokens) - len(a) - 2)
+        pad = max_seq_length - len(tokens)
+        yield tokens + [0] * pad, [1] * len(tokens) + [0] * pad, segs + [0] * pad
 
 
 def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file: str | Path, *,
@@ -62,7 +80,7 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
     else:
         if text_a is None or label is None:
             raise DatasetError("give the columns (--text-a, --label) of the table, or a GLUE --task")
-        header, rows = _read_table(Path(table), delimiter)
+        header, rows = read_table(Path(table), delimiter)
         for col in (text_a, label, text_b):
             if col is not None and col not in header:
                 raise DatasetError(f"column {col!r} is not in {table} (columns: {header})")
@@ -97,22 +115,10 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
     if Path(vocab_file).resolve() != vocab_path.resolve():
         shutil.copyfile(vocab_file, vocab_path)
     tok = load_tokenizer(vocab_path, do_lower_case)
-    ids = special_ids(tok)
-    enc_a = tok.encode_batch(texts_a, add_special_tokens=False)
-    enc_b = tok.encode_batch(texts_b, add_special_tokens=False) if texts_b is not None else None
     feats = []
-    for n, y in enumerate(ys):
-        a = list(enc_a[n].ids)
-        b = list(enc_b[n].ids) if enc_b is not None else []
-        budget = max_seq_length - (3 if enc_b is not None else 2)
-        while len(a) + len(b) > budget:  # longest first, from the end (Google's run_classifier)
-            (a if len(a) > len(b) else b).pop()
-        tokens = [ids["[CLS]"], *a, ids["[SEP]"]] + ([*b, ids["[SEP]"]] if enc_b is not None else [])
-        segs = [0] * (len(a) + 2) + [1] * (len(tokens) - len(a) - 2)
-        pad = max_seq_length - len(tokens)
-        feats.append({"input_ids": (tokens + [0] * pad, "int"),
-                      "input_mask": ([1] * len(tokens) + [0] * pad, "int"),
-                      "segment_ids": (segs + [0] * pad, "int"),
+    for n, (tokens, mask, segs) in enumerate(encode_pairs(tok, texts_a, texts_b, max_seq_length)):
+        y = ys[n]
+        feats.append({"input_ids": (tokens, "int"), "input_mask": (mask, "int"), "segment_ids": (segs, "int"),
                       **({"label_values": ([values[n]], "float")} if regression else
                          {"label_ids": ([label_list.index(y)], "int")})})
     shards = []
@@ -127,3 +133,47 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
             "regression": regression}
     write_sidecar(out, meta)
     return meta
+
+
+def read_texts(path: str | Path, text_a: str = "", text_b: str = "", id_field: str = ""):
+    """``(ids, texts_a, texts_b or None)`` of a TSV/CSV with a header or a JSON-lines file, for
+    prediction: ``text_a`` names the text's column or field (default: ``sentence``, ``text``, or
+    a table's first column), ``text_b`` a pair's second, ``id_field`` the ids (default: the row
+    number, from 0)."""
+    import json
+
+    p = Path(path)
+    if p.suffix.lower() in (".jsonl", ".json"):
+        rows = []
+        for n, line in enumerate(read_text(p, "input").splitlines()):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as e:
+                    raise DatasetError(f"{p} line {n + 1} is not JSON ({e}); give one JSON object per "
+                                       f"line") from None
+        if not rows or not all(isinstance(r, dict) for r in rows):
+            raise DatasetError(f"{p} holds no JSON objects; give one object per line, e.g. "
+                               f"{{\"text\": \"...\"}}")
+        header = list(rows[0])
+        get = lambda r, k: r.get(k)  # noqa: E731
+    else:
+        header, table = read_table(p, None)
+        rows = table
+        get = lambda r, k: r[header.index(k)] if len(r) == len(header) else None  # noqa: E731
+    a = text_a or next((c for c in ("sentence", "text") if c in header), header[0] if header else "")
+    for col, what in ((a, "--text-a"), (text_b, "--text-b"), (id_field, "--id")):
+        if col and col not in header:
+            raise DatasetError(f"{col!r} is not a column or field of {p} (it has {header}); name the text "
+                               f"with {what}")
+    texts_a = [get(r, a) for r in rows]
+    texts_b = [get(r, text_b) for r in rows] if text_b else None
+    bad = [n for n, t in enumerate(texts_a) if not isinstance(t, str)] + \
+        [n for n, t in enumerate(texts_b or []) if not isinstance(t, str)]
+    if bad:
+        where = f"{a!r}" + (f" or {text_b!r}" if text_b else "")
+        raise DatasetError(f"{p}: example {bad[0] + 1} has no text in {where} (a short row, or a missing "
+                           f"field); fix it or leave it out")
+    ids = [get(r, id_field) for r in rows] if id_field else list(range(len(rows)))
+    return ids, texts_a, texts_b
+

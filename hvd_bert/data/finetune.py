@@ -97,9 +97,13 @@ def total_steps(cfg: FinetuneConfig, meta: dict, world_size: int, local_batch_si
 
 
 def task_record(meta: dict) -> dict:
-    """What a fine-tuned model predicts, from its training set's sidecar: the task, the label
-    names in the classifier's order (``labels``), and the GLUE task if any."""
-    return {"task": task_of(meta), "labels": meta.get("labels"), "glue_task": meta.get("task")}
+    """What a fine-tuned model predicts and how its inputs are made, from its training set's
+    sidecar: the task, the label names in the classifier's order (``labels``), the GLUE task if
+    any, and the tokenization (case, sequence length, the vocabulary's hash; the run folder
+    holds the ``vocab.txt``)."""
+    return {"task": task_of(meta), "labels": meta.get("labels"), "glue_task": meta.get("task"),
+            "do_lower_case": meta.get("do_lower_case"), "max_seq_length": meta.get("max_seq_length"),
+            "vocab_sha256": meta.get("vocab_sha256")}
 
 
 def read_task_record(checkpoint: str | Path) -> dict | None:

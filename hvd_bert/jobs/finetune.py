@@ -79,8 +79,10 @@ def run(cfg: FinetuneConfig, backend) -> dict:
     engine = backend.engine(model, loss, cfg.train)
 
     log = open_run(cfg, backend, rank, total_steps=steps, bert=bert, line_keys=line_keys)
-    if rank == 0 and cfg.do_train:  # what this model predicts: checked by prediction runs and exports
+    if rank == 0 and cfg.do_train:  # what this model predicts, and its vocabulary: hvd-bert predict, exports
         atomic_write(out / TASK_FILE, lambda t: t.write_text(json.dumps(task_record(meta), indent=1)))
+        vocab = Path(cfg.data) / meta["vocab_file"]
+        atomic_write(out / "vocab.txt", lambda t: t.write_bytes(vocab.read_bytes()))
     origin = "from " + cfg.init_checkpoint if arrays is not None else "from scratch"
     if cfg.do_train:
         log.print(f"fine-tuning BERT ({origin}, {backend.label}, {what}) on {cfg.data}: {about}, "

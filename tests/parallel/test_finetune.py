@@ -187,6 +187,35 @@ def what_the_model_predicts_travels_with_it(task, tmp_path):
     assert not (tmp_path / "p").exists()  # refused before anything was written
     assert res.returncode == 2, res.stdout + res.stderr
     assert "fine-tuned on ['no', 'yes'] (in that order)" in res.stderr and "--labels no yes" in res.stderr
+    predictions_on_your_own_text(task, tmp_path)
+
+
+def predictions_on_your_own_text(task, tmp_path):
+    """hvd-bert predict: the raw dev.tsv, in one process and as JSON lines on two ranks (from the
+    run's best.npz): the label names, in input order, each example once, as good as the evaluation."""
+    dev = task["root"] / "dev.tsv"
+    rows = [r.split("\t") for r in dev.read_text().splitlines()[1:]]
+    res = subprocess.run([sys.executable, "-m", "hvd_bert", "predict", str(tmp_path / "ft"), str(dev),
+                          "--output", str(tmp_path / "preds.jsonl")],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    one = [json.loads(x) for x in (tmp_path / "preds.jsonl").read_text().splitlines()]
+    assert [p["id"] for p in one] == list(range(len(rows))) and {p["label"] for p in one} <= {"no", "yes"}
+    assert sum(p["label"] == r[1] for p, r in zip(one, rows)) / len(rows) > 0.8  # the dev accuracy: > 0.8
+    assert all(abs(sum(p["scores"].values()) - 1) < 1e-6 and p["score"] == p["scores"][p["label"]]
+               for p in one)
+    (tmp_path / "dev.jsonl").write_text("".join(json.dumps({"key": f"k{n}", "text": r[0]}) + "\n"
+                                                for n, r in enumerate(rows)))
+    res = launch.run(["-m", "hvd_bert", "predict", str(tmp_path / "ft" / "best.npz"),
+                      str(tmp_path / "dev.jsonl"), "--id", "key", "--output", str(tmp_path / "preds2.tsv")],
+                     np=2, timeout=300)
+    assert res.ok, res.explain()
+    two = [x.split("\t") for x in (tmp_path / "preds2.tsv").read_text().splitlines()]
+    assert two[0] == ["id", "label", "score"]
+    assert [t[0] for t in two[1:]] == [f"k{n}" for n in range(len(rows))]
+    best_step = json.loads((tmp_path / "ft" / "best.json").read_text())["step"]
+    if best_step == 80:  # the best is the last checkpoint: the same model, the same labels
+        assert [t[1] for t in two[1:]] == [p["label"] for p in one]
 
 
 def test_a_dev_set_with_other_labels_is_refused(task, tmp_path):

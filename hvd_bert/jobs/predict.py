@@ -1,0 +1,139 @@
+"""Predictions on your own text with a fine-tuned classifier or regressor, in either framework:
+
+    hvd-bert predict runs/ft reviews.tsv --output predictions.jsonl
+    horovodrun -np 2 -H localhost:2 --gloo hvd-bert predict runs/ft reviews.tsv   # split over ranks
+
+The checkpoint says what it predicts: a fine-tuning run folder holds ``task.json`` (the task,
+the label names in the classifier's order, the case and sequence length it was trained with)
+and ``vocab.txt`` beside its checkpoints (and ``best.npz``); a Hugging Face folder of a
+``BertForSequenceClassification`` holds ``id2label`` and its tokenizer. The input is a TSV/CSV
+with a header, a JSON-lines file (tokenized here, as ``prepare-classification`` does), or a
+prepared folder. Rank ``r`` of ``P`` scores the examples ``r, r + P, ...``; one allreduce
+gathers the outputs, and rank 0 writes one prediction per example, in input order: the label
+name, its probability and every label's (regression: the value).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from hvd_bert.config import ConfigError, PredictConfig
+from hvd_bert.data.classification import encode_pairs, read_texts
+from hvd_bert.data.finetune import REGRESSION, SQUAD, prediction_mismatch, read_task_record
+from hvd_bert.data.kinds import KIND_CLASSIFY
+from hvd_bert.data.records import DatasetError
+from hvd_bert.data.sidecar import SIDECAR, read_sidecar
+from hvd_bert.data.vocab import load_tokenizer, resolve_vocab
+from hvd_bert.evaluation.finetune import dense_gather, eval_batches
+from hvd_bert.train.checkpoint import atomic_write
+
+__all__ = ["run", "model_record"]
+
+
+def model_record(checkpoint: str) -> dict:
+    """What ``checkpoint`` predicts (``data.finetune.read_task_record``), or a Hugging Face
+    classifier's ``num_labels`` as ``LABEL_i``; a ConfigError naming what to give otherwise."""
+    rec = read_task_record(checkpoint)
+    if rec is not None:
+        return rec
+    p = Path(checkpoint).expanduser()
+    cfg_file = (p if p.is_dir() else p.parent) / "config.json"
+    try:
+        hf = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    except ValueError:
+        hf = {}
+    n = int(hf.get("num_labels") or len(hf.get("id2label") or {}))
+    if "BertForSequenceClassification" in hf.get("architectures", []) and n:
+        return {"task": REGRESSION if n == 1 else "classification",
+                "labels": None if n == 1 else [f"LABEL_{i}" for i in range(n)]}
+    raise ConfigError(f"{checkpoint} does not say what it predicts: give a fine-tuning run folder (it holds "
+                      f"task.json), its best.npz or a ckpt-* in it, or a Hugging Face "
+                      f"BertForSequenceClassification folder")
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def run(cfg: PredictConfig, backend) -> dict:
+    if not cfg.checkpoint or not cfg.input:
+        raise ConfigError("give the checkpoint and the input: hvd-bert predict CHECKPOINT INPUT "
+                          "[--output FILE]")
+    rank, size = backend.init(cfg.train)
+    rec = model_record(cfg.checkpoint)
+    if rec["task"] == SQUAD:
+        raise ConfigError(f"{cfg.checkpoint} answers SQuAD questions: prepare them with hvd-bert "
+                          f"prepare-squad --split dev and run hvd-bert finetune --set do_train=false --set "
+                          f"eval_data=DIR --set init_checkpoint={cfg.checkpoint} (it writes "
+                          f"predictions.json)")
+    labels = rec.get("labels") or []
+    n_out = 1 if rec["task"] == REGRESSION else len(labels)
+    source = Path(cfg.input).expanduser()
+    out = Path(cfg.output) if cfg.output else source.with_name(source.name + ".predictions.jsonl")
+
+    if (source / SIDECAR).is_file():  # a prepared set: its records, its labels checked against the model's
+        meta = read_sidecar(source, KIND_CLASSIFY)
+        error = prediction_mismatch(cfg.checkpoint, meta, str(source)) if meta.get("labels") else None
+        if error:
+            raise DatasetError(error)
+        n, ids = meta["total_records"], list(range(meta["total_records"]))
+        seq = meta["max_seq_length"]
+        mine = eval_batches(source, meta, rank, size, cfg.batch_size)  # rank r: records r, r + P, ...
+    else:
+        ids, texts_a, texts_b = read_texts(source, cfg.text_a, cfg.text_b, cfg.id)
+        n, seq = len(ids), cfg.max_seq_length or rec.get("max_seq_length") or 128
+        ckpt = Path(cfg.checkpoint).expanduser()
+        vocab = resolve_vocab(ckpt if ckpt.is_dir() else ckpt.parent)  # the run folder's, or the HF folder's
+        lower = rec.get("do_lower_case")
+        if lower is None:
+            lower = vocab.do_lower_case if vocab.do_lower_case is not None else True
+        tok = load_tokenizer(vocab.path, lower)
+        share = range(rank, n, size)
+        feats = list(encode_pairs(tok, [texts_a[i] for i in share],
+                                  [texts_b[i] for i in share] if texts_b is not None else None, seq))
+
+        def batches():
+            for s in range(0, len(feats), cfg.batch_size):
+                chunk = feats[s:s + cfg.batch_size]
+                yield {k: np.asarray([f[j] for f in chunk], np.int64)
+                       for j, k in enumerate(("input_ids", "input_mask", "segment_ids"))}
+        mine = batches()
+
+    arrays, config = backend.read_checkpoint_weights(cfg.checkpoint)  # every rank reads the weights
+    model = backend.bert_classifier(config, n_out, seq)
+    backend.load_weights(model, arrays, source=f"checkpoint {cfg.checkpoint}")
+    score = backend.scorer(model, cfg.precision)
+    rows, j = {}, 0
+    for batch in mine:
+        for logits in np.asarray(score(batch), np.float64).reshape(-1, n_out):
+            rows[rank + j * size] = logits  # this rank's j-th example is the input's rank + j * P
+            j += 1
+    outputs = dense_gather(rows, n, (n_out,), lambda x: backend.allreduce_sum(x, "hvd_bert.predict"))
+    if rank == 0:
+        _write(out, ids, outputs, labels, rec["task"] == REGRESSION)
+        what = "values" if rec["task"] == REGRESSION else f"labels {labels}"
+        print(f"wrote {n} predictions ({what}) of {cfg.checkpoint} on {source} to {out}", flush=True)
+    backend.broadcast_object(None, "hvd_bert.finished")  # no rank exits before the file is written
+    return {"stopped": False, "predictions": n, "output": str(out)}
+
+
+def _write(out: Path, ids: list, outputs: np.ndarray, labels: list[str], regression: bool) -> None:
+    lines = []
+    tsv = out.suffix.lower() == ".tsv"
+    if tsv:
+        lines.append("id\tvalue" if regression else "id\tlabel\tscore")
+    for i, o in zip(ids, outputs):
+        if regression:
+            rec = {"id": i, "value": float(o[0])}
+        else:
+            p = _softmax(o)
+            best = int(np.argmax(p))
+            rec = {"id": i, "label": labels[best], "score": float(p[best]),
+                   "scores": {name: float(v) for name, v in zip(labels, p)}}
+        keys = ("id", "value") if regression else ("id", "label", "score")
+        lines.append("\t".join(str(rec[k]) for k in keys) if tsv else json.dumps(rec))
+    atomic_write(out, lambda t: t.write_text("\n".join(lines) + "\n"))
