@@ -166,6 +166,17 @@ def _cmd_job(args: argparse.Namespace) -> int:
     return run_job(args.command, cfg, on_data_error=lambda hint: setattr(args, "error_hint", hint))
 
 
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from hvd_bert.cluster.launcher import launch_job
+    from hvd_bert.jobs import JOBS
+
+    job = args.job[1:] if args.job[:1] == ["--"] else args.job
+    if not job or job[0] not in JOBS:
+        raise UsageError(f"give the job after --, one of {', '.join(JOBS)}: hvd-bert launch -np 2 -- "
+                         f"pretrain")
+    return launch_job(job, args.np, hosts=args.hosts, launcher=args.launcher, nic=args.nic)
+
+
 def _cmd_evaluate_squad(args: argparse.Namespace) -> int:
     """The official SQuAD v1.1 / v2.0 evaluation of a predictions file, printed as the official
     scripts print it (the version comes from the data file)."""
@@ -197,7 +208,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         try:
             net = calibrate(net, hosts=args.calibrate_hosts, np=args.calibrate_np, nic=args.calibrate_nic)
         except ValueError as e:
-            raise SimulateError(str(e)) from None
+            raise UsageError(str(e)) from None
         if net is None:
             return 1
     if args.params is not None:
@@ -211,8 +222,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-class SimulateError(ValueError):
-    """A bad ``simulate`` argument: one line, exit status 2."""
+class UsageError(ValueError):
+    """A bad argument of a command: one line, exit status 2."""
 
 
 def _add_case_args(p: argparse.ArgumentParser) -> None:
@@ -362,6 +373,24 @@ def build_parser() -> argparse.ArgumentParser:
         _add_config_args(p, name)
         p.set_defaults(func=_cmd_job)
 
+    p = sub.add_parser("launch", help="run a job on N ranks (mpirun, or horovodrun --gloo): the job's exit "
+                                      "status, a user error once, no launcher traceback",
+                       usage="hvd-bert launch -np N [-H HOSTS] [--gloo | --mpi] [--network-interface IF] "
+                             "-- JOB [ARGS...]")
+    p.add_argument("-np", dest="np", type=int, default=2, help="ranks (default 2)")
+    p.add_argument("-H", dest="hosts", help="hosts and slots, e.g. node1:2,node2:2 (default: this machine)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--gloo", dest="launcher", action="store_const", const="gloo",
+                     help="horovodrun with Gloo (the default where mpirun is missing)")
+    how.add_argument("--mpi", dest="launcher", action="store_const", const="mpi",
+                     help="mpirun (the default: faster on CPUs, BENCHMARKS.md)")
+    p.add_argument("--network-interface", dest="nic",
+                   help="the interface the ranks talk over (several hosts)")
+    p.add_argument("job", nargs=argparse.REMAINDER,
+                   help="-- then the job and its arguments, e.g. -- pretrain --set "
+                        "train.schedule.total_steps=20")
+    p.set_defaults(func=_cmd_launch)
+
     p = sub.add_parser("evaluate-squad", help="SQuAD v1.1 / v2.0 exact match and F1 of a predictions "
                                               "file, as the official evaluation scripts compute them")
     p.add_argument("data_file", help="the SQuAD data file (e.g. dev-v1.1.json, dev-v2.0.json)")
@@ -428,11 +457,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (*user_errors(), SimulateError, ValueError) as e:
+    except (*user_errors(), UsageError, ValueError) as e:
         if type(e) is ValueError and not args.command.startswith("prepare-"):
             raise  # a bare ValueError outside data preparation is a bug
         hint = getattr(args, "error_hint", None)
-        print(f"hvd-bert {args.command}: {e}{hint(e) if hint else ''}", file=sys.stderr, flush=True)
+        # one write: a launcher that merges the ranks' output cannot cut the line (print writes twice)
+        sys.stderr.write(f"hvd-bert {args.command}: {e}{hint(e) if hint else ''}\n")
+        sys.stderr.flush()
         let_peers_report()
         return 2
     except Exception as e:
@@ -440,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # Another rank stopped (a user error it reported, or a crash with its traceback) while
         # this one waited in a collective: one line here instead of Horovod's traceback.
-        print(f"hvd-bert {args.command}: stopped because another rank failed (its message is in "
-              f"that rank's output); nothing more was written", file=sys.stderr, flush=True)
+        sys.stderr.write(f"hvd-bert {args.command}: stopped because another rank failed (its message is in "
+                         f"that rank's output); nothing more was written\n")
+        sys.stderr.flush()
         return 2

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from hvd_bert.cluster import launch
 
 TF_NOISE = ("oneDNN custom operations", "Could not find cuda drivers", "absl::InitializeLog")
@@ -43,3 +45,32 @@ def test_a_pytorch_gloo_launch_starts_no_tensorflow(tmp_path):
     out = res.stdout + res.stderr
     assert not any(n in out for n in TF_NOISE), out[-3000:]
     assert "hvd_bert.cluster.horovodrun" in " ".join(res.command)
+
+
+@pytest.mark.parametrize("how", ["--mpi", "--gloo"])
+def test_hvd_bert_launch_keeps_the_jobs_exit_status_and_says_a_user_error_once(how, tmp_path):
+    """``hvd-bert launch``: a user error on every rank is its one line (and hint) once, on stderr,
+    with the job's status 2 and none of the launcher's traceback or banners."""
+    res = subprocess.run([sys.executable, "-m", "hvd_bert", "launch", "-np", "2", how, "--", "pretrain",
+                          "--set", f"data={tmp_path / 'nowhere'}"],
+                         capture_output=True, text=True, timeout=300, env=launch.mpi_env(os.environ), cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.count("hvd-bert pretrain: data folder") == 1, res.stderr
+    assert res.stderr.count("to prepare the built-in corpus") == 1, res.stderr
+    for noise in ("Traceback", "Horovod detected", "Primary job", "Process name", "<stderr>", *TF_NOISE):
+        assert noise not in res.stdout + res.stderr, noise
+
+
+def test_hvd_bert_launch_passes_the_ranks_output_through_with_one_prefix(bert_data, tmp_path):
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-m", "hvd_bert", "launch", "-np", "2", "--", "pretrain",
+                          "--set", f"data={bert_data}", "--set", "max_seq_length=64",
+                          "--set", "max_predictions_per_seq=10", "--set", "train.schedule.total_steps=2",
+                          "--set", "train.log_every=1", "--set", f"train.output_dir={out}",
+                          "--set", "progress=false", "--set", "train.batch.local_batch_size=8"],
+                         capture_output=True, text=True, timeout=300, env=launch.mpi_env(os.environ))
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert lines and all(line.startswith(("[0] ", "[1] ")) for line in lines), lines
+    assert "[0] world: 2 ranks on 1 host" in res.stdout and "[0] finished step 2;" in res.stdout
+    assert "<stdout>" not in res.stdout and not any(n in res.stdout + res.stderr for n in TF_NOISE)
