@@ -33,12 +33,13 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def run_differences(old: dict, new: dict) -> list[str]:
-    """``key: old -> new`` for every defining setting that differs."""
+def run_differences(old: dict, new: dict, also_free: tuple[str, ...] = ()) -> list[str]:
+    """``key: old -> new`` for every defining setting that differs (``also_free``: more keys
+    that may change, e.g. the batch layout, which the checkpoint's own checks cover)."""
     a, b = _flat(old), _flat(new)
     diffs = []
     for key in sorted(set(a) | set(b)):
-        if any(key == f or key.startswith(f + ".") for f in FREE):
+        if any(key == f or key.startswith(f + ".") for f in (*FREE, *also_free)):
             continue
         if a.get(key) != b.get(key):
             diffs.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")

@@ -93,7 +93,8 @@ def _claim_run_folder(engine: Engine, out: Path, config) -> None:
         new = {"train": to_dict(config)}
         old = previous_config(out)
         has_checkpoints = list_checkpoints(out, "pt") or list_checkpoints(out, "tf")
-        diffs = run_differences(old, new) if old is not None and has_checkpoints else []
+        # (the batch layout is the checkpoint's to check: the same global batch, the world size)
+        diffs = run_differences(old, new, ("train.batch",)) if old is not None and has_checkpoints else []
         if diffs:
             problem = (f"{out} holds checkpoints of a run with other settings, which this run would resume: "
                        f"{'; '.join(diffs)}. Give this run another output_dir, or rerun with the settings of "

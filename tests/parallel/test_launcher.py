@@ -53,7 +53,8 @@ def test_hvd_bert_launch_keeps_the_jobs_exit_status_and_says_a_user_error_once(h
     with the job's status 2 and none of the launcher's traceback or banners."""
     res = subprocess.run([sys.executable, "-m", "hvd_bert", "launch", "-np", "2", how, "--", "pretrain",
                           "--set", f"data={tmp_path / 'nowhere'}"],
-                         capture_output=True, text=True, timeout=300, env=launch.mpi_env(os.environ), cwd=tmp_path)
+                         capture_output=True, text=True, timeout=300, env=launch.mpi_env(os.environ),
+                         cwd=tmp_path)
     assert res.returncode == 2, res.stdout + res.stderr
     assert res.stderr.count("hvd-bert pretrain: data folder") == 1, res.stderr
     assert res.stderr.count("to prepare the built-in corpus") == 1, res.stderr
