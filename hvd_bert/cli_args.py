@@ -1,0 +1,243 @@
+"""The ``hvd-bert`` command's arguments: every subcommand, its options and their help (the
+functions they call are ``hvd_bert.cli``'s)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+__all__ = ["build_parser", "EXAMPLES"]
+
+
+# each job's example recipe and override in --help (tests/core/test_cli.py runs them)
+EXAMPLES = {"train": (None, "optim.lr=1e-3"),
+            "pretrain": ("recipes/bert-large-phase1.yaml", "train.optim.lr=1e-3"),
+            "finetune": ("recipes/glue.yaml", "epochs=2"),
+            "ncf": ("recipes/ncf-ladder-1-baseline.yaml", "top_k=20"),
+            "predict": (None, "batch_size=32")}
+
+
+def _add_config_args(p: argparse.ArgumentParser, job: str) -> None:
+    recipe, override = EXAMPLES[job]
+    p.add_argument("--config", metavar="YAML", help="a YAML recipe, missing keys taking the job's defaults"
+                   + (f", e.g. --config {recipe}" if recipe else " (recipes/ has the published ones)"))
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override one setting, e.g. --set {override} (repeatable)")
+
+
+def _add_case_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cased", action="store_true",
+                   help="keep case (default: the checkpoint's, from --vocab, else lower-case)")
+    p.add_argument("--uncased", action="store_true", help="lower-case (overrides the checkpoint's)")
+
+
+def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
+    """The ``hvd-bert`` parser; ``commands``: each subcommand's function (``cli.COMMANDS``)."""
+    parser = argparse.ArgumentParser(
+        prog="hvd-bert", description="Distributed large-batch training on Horovod "
+                                     "(TensorFlow/Keras and PyTorch).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("doctor", help="check the installation with real 2-process Horovod runs")
+    p.add_argument("--np", type=int, default=2, help="processes per check (default 2)")
+    p.add_argument("--timeout", type=float, default=180, help="seconds per distributed check")
+    p.add_argument("--no-runs", action="store_true", help="only report versions and the build")
+    p.add_argument("--hosts", metavar="H1:SLOTS,H2:SLOTS",
+                   help="check these hosts for a multi-node run instead: passwordless ssh, the same "
+                        "environment path, a shared folder, the network interface, a cross-host allreduce")
+    p.add_argument("--ssh-port", type=int, help="ssh port of the hosts (default: ssh's)")
+    p.set_defaults(func=commands["doctor"])
+
+    p = sub.add_parser("config", help="print the resolved training configuration (YAML)")
+    _add_config_args(p, "train")
+    p.add_argument("--explain", action="store_true", help="document every setting instead")
+    p.add_argument("--job", choices=["train", "pretrain", "finetune", "ncf"], default="train",
+                   help="whose settings: a job's, or the engine's alone (train)")
+    p.set_defaults(func=commands["config"])
+
+    p = sub.add_parser("prepare-bert", help="text files -> BERT pretraining TFRecord shards "
+                                            "(under mpirun -np P: shards split across ranks)")
+    p.add_argument("--input", nargs="*", default=[], metavar="PATH",
+                   help="files, folders or globs, any mix, compressed (.gz, .bz2, .xz) or not: "
+                        "Wikipedia pages-articles XML dumps, Google's format (a sentence per line, a "
+                        "blank line between documents), one document per line, or prose (one "
+                        "document per file); each told apart by its content (default: the built-in "
+                        "Python-docstring corpus)")
+    p.add_argument("--input-format", choices=["auto", "wiki", "google", "doc-per-line", "prose"],
+                   default="auto", help="the inputs' format (default auto: each file's own, by content)")
+    p.add_argument("--sentence-splitter", choices=["syntok", "blingfire"], default=None,
+                   help="splits prose, one-document-per-line text and Wikipedia articles into sentences: "
+                        "syntok (default; with --like, phase 1's), or blingfire (about 27x faster, but it "
+                        "ends a sentence after a title such as 'Dr.' in running text)")
+    p.add_argument("--split-mb", type=float, default=64,
+                   help="read an uncompressed file larger than this (MiB) in byte ranges of this size, "
+                        "cut at document starts and dealt to the ranks (default 64)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="a progress bar on rank 0 when its stderr is a terminal (default on)")
+    p.add_argument("--output", required=True, help="output folder")
+    p.add_argument("--vocab", help="the WordPiece vocabulary: a vocab.txt, a tokenizer.json, or a "
+                                   "checkpoint folder (Hugging Face, Google) holding one (default: train "
+                                   "one on the input)")
+    p.add_argument("--vocab-size", type=int, default=8192, help="size of a trained vocab")
+    p.add_argument("--like", metavar="DATA_OR_RUN",
+                   help="phase 2: the text, vocab and case of this phase-1 data folder (or of a run "
+                        "folder's data); --input, --vocab, --cased/--uncased still override")
+    _add_case_args(p)
+    p.add_argument("--num-shards", type=int, default=None,
+                   help="output shards (default: 8, or about one per 32 MiB of input text)")
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--max-predictions-per-seq", type=int, default=20)
+    p.add_argument("--masked-lm-prob", type=float, default=0.15)
+    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--dupe-factor", type=int, default=5)
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--overwrite", action="store_true", help="replace prepared data in --output")
+    p.set_defaults(func=commands["prepare_bert"])
+
+    p = sub.add_parser("prepare-classification",
+                       help="a TSV/CSV with a header -> sentence(-pair) classification shards")
+    p.add_argument("table", help="the .tsv or .csv file")
+    p.add_argument("--output", required=True)
+    p.add_argument("--vocab", required=True, help="the checkpoint's vocabulary: a vocab.txt, a "
+                                                  "tokenizer.json, or the checkpoint folder itself")
+    from hvd_bert.data.glue import TASKS  # numpy only
+
+    p.add_argument("--task", choices=sorted(TASKS),
+                   help="a GLUE task's published TSV (its columns, header and labels); reports its metric")
+    p.add_argument("--text-a", help="column of the (first) sentence (a table without --task)")
+    p.add_argument("--text-b", help="column of the second sentence, for pairs")
+    p.add_argument("--label", help="column of the label")
+    p.add_argument("--labels", nargs="*", help="label order (pass the training set's to a dev set)")
+    p.add_argument("--regression", action="store_true",
+                   help="the label column is a number (fine-tuned with a 1-output head and MSE, as STS-B)")
+    _add_case_args(p)
+    p.add_argument("--num-shards", type=int, default=2)
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=commands["prepare_classification"])
+
+    p = sub.add_parser("prepare-squad", help="a SQuAD v1.1 / v2.0 JSON file -> features as Google's "
+                                             "run_squad.py makes them (shards + prediction maps)")
+    p.add_argument("--input", required=True, help="train-v1.1.json, dev-v2.0.json, ...")
+    p.add_argument("--output", required=True)
+    p.add_argument("--vocab", required=True, help="the checkpoint's vocabulary: a vocab.txt, a "
+                                                  "tokenizer.json, or the checkpoint folder itself")
+    p.add_argument("--split", choices=["train", "dev"], default="train",
+                   help="train: with answer positions (one answer per question); dev: for prediction")
+    p.add_argument("--version-2-with-negative", action="store_true",
+                   help="SQuAD v2.0: questions may have no answer (is_impossible)")
+    _add_case_args(p)
+    p.add_argument("--max-seq-length", type=int, default=384)
+    p.add_argument("--doc-stride", type=int, default=128)
+    p.add_argument("--max-query-length", type=int, default=64)
+    p.add_argument("--num-shards", type=int, default=8)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=commands["prepare_squad"])
+
+    p = sub.add_parser("prepare-ncf", help="MovieLens ratings or synthetic data -> NCF implicit "
+                                           "feedback with a leave-one-out test")
+    p.add_argument("--output", required=True)
+    p.add_argument("--movielens", help="MovieLens ratings, told apart by content: ratings.csv (ml-20m, "
+                                       "ml-25m, ml-latest), ratings.dat (ml-1m, ml-10m), u.data (ml-100k), "
+                                       "or its folder")
+    p.add_argument("--eval-negatives", type=int, choices=[100, 999], default=100,
+                   help="negatives each held-out item is ranked among: 100 (NCF paper, NVIDIA; HR@10 ~0.96 "
+                        "on ml-20m) or 999 (MLPerf; target HR@10 0.635 on ml-20m)")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="drop malformed rating lines (say how many) instead of stopping at the first")
+    p.add_argument("--synthetic", default="ml-1m", choices=["ml-1m", "ml-20m"],
+                   help="synthetic data of this size when no --movielens is given (default ml-1m)")
+    p.add_argument("--scale", type=float, default=1.0, help="scale the synthetic users and interactions")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=commands["prepare_ncf"])
+
+    from hvd_bert.jobs import JOBS
+
+    for name, (text, *_) in JOBS.items():
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--framework", choices=["pt", "tf"], default=None,
+                       help="pt (PyTorch, the default) or tf (TensorFlow): the config's framework")
+        if name == "finetune":
+            p.add_argument("--task", help="squad, classification, regression or a GLUE task: checked against "
+                                          "the prepared data (which decides the head and the metrics)")
+        if name == "predict":
+            p.add_argument("checkpoint", help="a fine-tuning run folder, its best.npz or a ckpt-* in it, or "
+                                              "a Hugging Face BertForSequenceClassification folder")
+            p.add_argument("input", help="a TSV/CSV with a header, a .jsonl file, or a prepared folder")
+            p.add_argument("--output", help="predictions .jsonl or .tsv (default: INPUT.predictions.jsonl)")
+            p.add_argument("--text-a", help="the text's column or field (default: sentence, text or the "
+                                            "first column)")
+            p.add_argument("--text-b", help="a pair's second text (column or field)")
+            p.add_argument("--id", help="a column or field copied into each prediction as its id")
+        _add_config_args(p, name)
+        p.set_defaults(func=commands["job"])
+
+    p = sub.add_parser("launch", help="run a job on N ranks (mpirun, or horovodrun --gloo): the job's exit "
+                                      "status, a user error once, no launcher traceback",
+                       usage="hvd-bert launch -np N [-H HOSTS] [--gloo | --mpi] [--network-interface IF] "
+                             "-- JOB [ARGS...]")
+    p.add_argument("-np", dest="np", type=int, default=2, help="ranks (default 2)")
+    p.add_argument("-H", dest="hosts", help="hosts and slots, e.g. node1:2,node2:2 (default: this machine)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--gloo", dest="launcher", action="store_const", const="gloo",
+                     help="horovodrun with Gloo (the default where mpirun is missing)")
+    how.add_argument("--mpi", dest="launcher", action="store_const", const="mpi",
+                     help="mpirun (the default: faster on CPUs, BENCHMARKS.md)")
+    p.add_argument("--network-interface", dest="nic",
+                   help="the interface the ranks talk over (several hosts)")
+    p.add_argument("job", nargs=argparse.REMAINDER,
+                   help="-- then the job and its arguments, e.g. -- pretrain --set "
+                        "train.schedule.total_steps=20")
+    p.set_defaults(func=commands["launch"])
+
+    p = sub.add_parser("evaluate-squad", help="SQuAD v1.1 / v2.0 exact match and F1 of a predictions "
+                                              "file, as the official evaluation scripts compute them")
+    p.add_argument("data_file", help="the SQuAD data file (e.g. dev-v1.1.json, dev-v2.0.json)")
+    p.add_argument("pred_file", help="predictions.json: question id -> answer text")
+    p.add_argument("--na-prob", help="v2.0: null_odds.json (question id -> no-answer probability); "
+                                     "adds the best thresholds")
+    p.set_defaults(func=commands["evaluate_squad"])
+
+    p = sub.add_parser("convert", help="a BERT checkpoint (either framework's, .npz, Hugging Face) -> "
+                                       "portable weights (.npz) or a Hugging Face folder")
+    p.add_argument("checkpoint", help="ckpt-*.pt, ckpt-*.tf, a run folder (its newest checkpoint), a .npz, "
+                                      "or a Hugging Face model folder (config.json + model.safetensors "
+                                      "or pytorch_model.bin)")
+    p.add_argument("--output", required=True, help="the .npz, or (--to hf) the folder, to write")
+    p.add_argument("--to", choices=["npz", "hf", "google"], default="npz",
+                   help="npz: portable weights both frameworks load; hf: a folder transformers loads; "
+                        "google: a TF1 checkpoint Google's modeling.py loads")
+    p.add_argument("--vocab", help="--to hf: the vocab.txt to include (default: the checkpoint's, or "
+                                   "its data's)")
+    p.add_argument("--cased", action="store_true", help="--to hf: the tokenizer keeps case")
+    p.add_argument("--framework", choices=["auto", "pt", "tf"], default="auto",
+                   help="which framework reads the checkpoint (auto: from its suffix)")
+    p.set_defaults(func=commands["convert"])
+
+    from hvd_bert.core.cost_model import INTERCONNECTS, WORKLOADS
+    p = sub.add_parser("simulate", help="project step time and scaling efficiency on N GPUs "
+                                        "(alpha-beta allreduce model)")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="bert-large-p1")
+    p.add_argument("--params", type=float, help="a custom model: trainable parameters")
+    p.add_argument("--tensors", type=int, default=200, help="custom model: parameter tensors")
+    p.add_argument("--micro-batch-seconds", type=float, default=0.1, help="custom: compute per micro-batch")
+    p.add_argument("--samples", type=int, default=64, help="custom: samples per micro-batch")
+    p.add_argument("--gpus", type=int, nargs="+", default=[1, 16, 128, 512, 1472])
+    p.add_argument("--interconnect", choices=sorted(INTERCONNECTS), default="dgx2h")
+    p.add_argument("--algorithm", choices=["ring", "tree", "hierarchical"], default="hierarchical")
+    p.add_argument("--fusion-mb", type=float, default=128, help="tensor fusion buffer (0: no fusion)")
+    p.add_argument("--fp16", action="store_true", help="fp16 gradient compression")
+    p.add_argument("--no-overlap", action="store_true", help="reductions after the backward pass")
+    p.add_argument("--k", type=int, default=1, help="backward_passes_per_step")
+    p.add_argument("--bert-recipe", action="store_true",
+                   help="also project NVIDIA's BERT-Large LAMB recipe (both phases) on the last --gpus")
+    p.add_argument("--calibrate", action="store_true",
+                   help="fit alpha and bandwidth from allreduces measured here (flat network)")
+    p.add_argument("--calibrate-np", type=int, help="ranks to measure with (2; with --calibrate-hosts: "
+                                                    "every slot)")
+    p.add_argument("--calibrate-hosts", help="measure across these hosts (horovodrun -H syntax, e.g. "
+                                             "node1:2,node2:2; run it on the first of them)")
+    p.add_argument("--calibrate-nic", help="with --calibrate-hosts: the network interface (e.g. eth0)")
+    p.set_defaults(func=commands["simulate"])
+    return parser
