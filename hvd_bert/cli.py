@@ -137,10 +137,17 @@ def _cmd_prepare_ncf(args: argparse.Namespace) -> int:
 
 
 def _cmd_job(args: argparse.Namespace) -> int:
-    """Every training job: the config (recipe, --set, --framework), then ``jobs.run_job``."""
+    """Every training job: the config (recipe, --set, --framework), then ``jobs.run_job``; with
+    ``-np N``, N ranks of the same command through ``hvd-bert launch``."""
     from hvd_bert.config import JOB_CONFIGS, load_config
     from hvd_bert.jobs import run_job
 
+    if args.np:
+        from hvd_bert.cli_args import without_launch_flags
+        from hvd_bert.cluster.launcher import launch_job
+
+        return launch_job(without_launch_flags(args.argv), args.np, hosts=args.hosts, launcher=args.launcher,
+                          nic=args.nic)
     overrides = list(args.overrides) + ([f"framework={args.framework}"] if args.framework else [])
     overrides += [f"task={args.task}"] if getattr(args, "task", None) else []
     for key in ("checkpoint", "input", "output", "text_a", "text_b", "id"):  # predict's arguments
@@ -227,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     from hvd_bert.jobs import user_errors
 
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-__all__ = ["build_parser", "EXAMPLES"]
+__all__ = ["build_parser", "EXAMPLES", "without_launch_flags"]
 
 
 # each job's example recipe and override in --help (tests/core/test_cli.py runs them)
@@ -23,6 +23,38 @@ def _add_config_args(p: argparse.ArgumentParser, job: str) -> None:
                    + (f", e.g. --config {recipe}" if recipe else " (recipes/ has the published ones)"))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help=f"override one setting, e.g. --set {override} (repeatable)")
+
+
+LAUNCH_FLAGS = {"-np": 1, "-H": 1, "--network-interface": 1, "--gloo": 0, "--mpi": 0}  # flag: values
+
+
+def _add_launch_args(p: argparse.ArgumentParser, default_np: int | None) -> None:
+    p.add_argument("-np", dest="np", type=int, default=default_np,
+                   help="ranks to start (mpirun, or horovodrun --gloo)" + (f" (default {default_np})"
+                                                                            if default_np else ""))
+    p.add_argument("-H", dest="hosts", help="hosts and slots, e.g. node1:2,node2:2 (default: this machine)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--gloo", dest="launcher", action="store_const", const="gloo",
+                     help="horovodrun with Gloo (the default where mpirun is missing)")
+    how.add_argument("--mpi", dest="launcher", action="store_const", const="mpi",
+                     help="mpirun (the default: faster on CPUs, BENCHMARKS.md)")
+    p.add_argument("--network-interface", dest="nic",
+                   help="the interface the ranks talk over (several hosts)")
+
+
+def without_launch_flags(argv: list[str]) -> list[str]:
+    """``argv`` less the launcher's own flags (what each rank runs)."""
+    out, skip = [], 0
+    for a in argv:
+        if skip:
+            skip -= 1
+            continue
+        name = a.split("=", 1)[0]
+        if name in LAUNCH_FLAGS:
+            skip = LAUNCH_FLAGS[name] if "=" not in a else 0
+            continue
+        out.append(a)
+    return out
 
 
 def _add_case_args(p: argparse.ArgumentParser) -> None:
@@ -156,6 +188,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
 
     for name, (text, *_) in JOBS.items():
         p = sub.add_parser(name, help=text)
+        _add_launch_args(p, None)  # -np N: this command starts the N ranks itself (hvd-bert launch)
         p.add_argument("--framework", choices=["pt", "tf"], default=None,
                        help="pt (PyTorch, the default) or tf (TensorFlow): the config's framework")
         if name == "finetune":
@@ -177,15 +210,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
                                       "status, a user error once, no launcher traceback",
                        usage="hvd-bert launch -np N [-H HOSTS] [--gloo | --mpi] [--network-interface IF] "
                              "-- JOB [ARGS...]")
-    p.add_argument("-np", dest="np", type=int, default=2, help="ranks (default 2)")
-    p.add_argument("-H", dest="hosts", help="hosts and slots, e.g. node1:2,node2:2 (default: this machine)")
-    how = p.add_mutually_exclusive_group()
-    how.add_argument("--gloo", dest="launcher", action="store_const", const="gloo",
-                     help="horovodrun with Gloo (the default where mpirun is missing)")
-    how.add_argument("--mpi", dest="launcher", action="store_const", const="mpi",
-                     help="mpirun (the default: faster on CPUs, BENCHMARKS.md)")
-    p.add_argument("--network-interface", dest="nic",
-                   help="the interface the ranks talk over (several hosts)")
+    _add_launch_args(p, 2)
     p.add_argument("job", nargs=argparse.REMAINDER,
                    help="-- then the job and its arguments, e.g. -- pretrain --set "
                         "train.schedule.total_steps=20")

@@ -47,14 +47,16 @@ def test_a_pytorch_gloo_launch_starts_no_tensorflow(tmp_path):
     assert "hvd_bert.cluster.horovodrun" in " ".join(res.command)
 
 
-@pytest.mark.parametrize("how", ["--mpi", "--gloo"])
-def test_hvd_bert_launch_keeps_the_jobs_exit_status_and_says_a_user_error_once(how, tmp_path):
-    """``hvd-bert launch``: a user error on every rank is its one line (and hint) once, on stderr,
-    with the job's status 2 and none of the launcher's traceback or banners."""
-    res = subprocess.run([sys.executable, "-m", "hvd_bert", "launch", "-np", "2", how, "--", "pretrain",
-                          "--set", f"data={tmp_path / 'nowhere'}"],
-                         capture_output=True, text=True, timeout=300, env=launch.mpi_env(os.environ),
-                         cwd=tmp_path)
+@pytest.mark.parametrize("form", ["launch --mpi", "flags --gloo"])
+def test_hvd_bert_launch_keeps_the_jobs_exit_status_and_says_a_user_error_once(form, tmp_path):
+    """``hvd-bert launch -np 2 -- pretrain ...`` and ``hvd-bert pretrain -np 2 ...``: a user
+    error on every rank is its one line (and hint) once, on stderr, with the job's status 2 and
+    none of the launcher's traceback or banners."""
+    how, launcher = form.split()
+    job = ["pretrain", "--set", f"data={tmp_path / 'nowhere'}"]
+    argv = ["launch", "-np", "2", launcher, "--", *job] if how == "launch" else [*job, "-np", "2", launcher]
+    res = subprocess.run([sys.executable, "-m", "hvd_bert", *argv], capture_output=True, text=True,
+                         timeout=300, env=launch.mpi_env(os.environ), cwd=tmp_path)
     assert res.returncode == 2, res.stdout + res.stderr
     assert res.stderr.count("hvd-bert pretrain: data folder") == 1, res.stderr
     assert res.stderr.count("to prepare the built-in corpus") == 1, res.stderr
