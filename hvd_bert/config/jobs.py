@@ -49,6 +49,10 @@ class PretrainConfig:
         require(self.max_seq_length > 0 and self.max_predictions_per_seq > 0,
                  "max_seq_length and max_predictions_per_seq must be > 0")
 
+    def resolve_given(self, given: set[str]) -> PretrainConfig:
+        """A global batch the user gave derives what the user did not (TrainConfig's rule)."""
+        return replace(self, train=self.train.resolve_given(given, "train."))
+
 
 @dataclass(frozen=True)
 class FinetuneConfig:
@@ -109,7 +113,8 @@ class FinetuneConfig:
 
     def resolve_given(self, given: set[str]) -> FinetuneConfig:
         """The run's length from what the user gave: ``train.schedule.total_steps`` alone wins over
-        the default ``epochs``; both given is a conflict."""
+        the default ``epochs``; both given is a conflict. (A given global batch: TrainConfig's.)"""
+        self = replace(self, train=self.train.resolve_given(given, "train."))
         if "train.schedule.total_steps" not in given:
             return self
         if "epochs" in given and self.epochs:
@@ -164,7 +169,9 @@ class NCFConfig:
                  "top_k, eval_every and eval_batch_users must be > 0")
 
     def resolve_given(self, given: set[str]) -> NCFConfig:
-        """An NCF run's length is ``epochs`` (it sets ``train.schedule.total_steps``)."""
+        """An NCF run's length is ``epochs`` (it sets ``train.schedule.total_steps``). (A given
+        global batch: TrainConfig's.)"""
+        self = replace(self, train=self.train.resolve_given(given, "train."))
         if "train.schedule.total_steps" in given:
             raise ConfigError(f"train.schedule.total_steps: an NCF run's length is set by epochs (now "
                               f"{self.epochs}), which sets it; give --set epochs=N instead")

@@ -4,7 +4,7 @@ and :class:`TrainConfig` that holds them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Literal, Optional, Sequence
 
 from hvd_bert.config.base import ConfigError, doc, require
@@ -286,3 +286,19 @@ class TrainConfig:
         require(self.log_every > 0, f"log_every must be > 0, got {self.log_every}")
         require(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         require(self.keep_checkpoints > 0, f"keep_checkpoints must be > 0, got {self.keep_checkpoints}")
+
+    def resolve_given(self, given: set[str], prefix: str = "") -> TrainConfig:
+        """A global batch the user gave is reached by deriving what the user did not give: the
+        default ``backward_passes_per_step`` (or, when that was given, the local batch). Only
+        three given values that disagree are an error."""
+        g, loc, k = (f"{prefix}batch.{n}" in given
+                     for n in ("global_batch_size", "local_batch_size", "backward_passes_per_step"))
+        b = self.batch
+        if not g:
+            return self
+        if not k and b.backward_passes_per_step is not None and (loc or b.local_batch_size is not None):
+            return replace(self, batch=replace(b, backward_passes_per_step=None))
+        if k and not loc and b.local_batch_size is not None:
+            return replace(self, batch=replace(b, local_batch_size=None))
+        return self
+

@@ -181,3 +181,22 @@ def test_a_key_of_a_section_given_without_it_is_pointed_there():
     with pytest.raises(ConfigError, match=r"unknown key 'train.optim.lrr' \(did you mean 'lr'\?\)") as e:
         load_config(PretrainConfig, None, ["train.optim.lrr=1e-3"])
     assert "this job's key" not in str(e.value)
+
+
+@pytest.mark.parametrize("given,local,k", [
+    (["train.batch.global_batch_size=256"], 32, 4),                                       # k derived
+    (["train.batch.global_batch_size=256", "train.batch.local_batch_size=16"], 16, 8),    # k derived
+    (["train.batch.global_batch_size=256", "train.batch.backward_passes_per_step=1"], 128, 1)])  # local
+def test_a_given_global_batch_derives_what_the_user_did_not_give(given, local, k):
+    """Pretraining's defaults (local 32, k 2) do not conflict with a global batch the user gave:
+    what the user did not give is derived; three given values that disagree are an error."""
+    from hvd_bert.config import PretrainConfig
+
+    plan = load_config(PretrainConfig, None, given).train.batch.plan(world_size=2)
+    assert (plan.local_batch_size, plan.backward_passes_per_step, plan.global_batch_size) == (local, k, 256)
+    engine_cfg = load_config(TrainConfig, None, [g[len("train."):] for g in given])  # the Python API's names
+    assert engine_cfg.batch.plan(2).global_batch_size == 256
+    clash = load_config(PretrainConfig, None, [*given[:1], "train.batch.local_batch_size=16",
+                                               "train.batch.backward_passes_per_step=4"])
+    with pytest.raises(ConfigError, match="inconsistent batch sizes.*drop one of the three"):
+        clash.train.batch.plan(world_size=2)
