@@ -27,8 +27,9 @@ from hvd_bert.data.finetune import (REGRESSION, SQUAD, TASK_FILE, check_finetune
 from hvd_bert.data.vocab import init_vocab_error
 from hvd_bert.evaluation.finetune import (Evaluation, best_metric_of, eval_batches, evaluate_classification,
                                           evaluate_regression, evaluate_squad)
-from hvd_bert.jobs.run_folder import finish_line, list_all_checkpoints, open_run, with_run_folder
+from hvd_bert.jobs.run_folder import finish_line, open_run, with_run_folder
 from hvd_bert.train.checkpoint import atomic_write
+from hvd_bert.train.identity import has_checkpoints
 from hvd_bert.train.loop import fit
 from hvd_bert.weights.portable import WeightsError, save_weights
 
@@ -115,7 +116,7 @@ def run(cfg: FinetuneConfig, backend) -> dict:
 
     on_step = Evaluation(cfg, steps, log, evaluate, share, positive=labels[1] if len(labels) == 2 else None,
                          metric=metric, save_best=save_best)
-    resuming = (out / "best.json").is_file() and list_all_checkpoints(out)
+    resuming = (out / "best.json").is_file() and has_checkpoints(out)
     best = json.loads((out / "best.json").read_text()) if resuming else None
     if best is not None and best.get("metric") == metric:  # a resumed run: the best so far stays best
         on_step.best = (float(best["score"]), int(best["step"]))

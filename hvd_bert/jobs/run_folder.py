@@ -11,12 +11,12 @@ from pathlib import Path
 
 from hvd_bert.cluster.horovod import horovod_settings_line, placement_line
 from hvd_bert.weights.portable import write_run_bert_config
-from hvd_bert.train.checkpoint import (RunFolderBusy, atomic_write, list_checkpoints, lock_run_folder,
+from hvd_bert.train.checkpoint import (RunFolderBusy, atomic_write, lock_run_folder,
                                        release_run_folder)
 from hvd_bert.config import ConfigError, to_dict
 from hvd_bert.train.elastic import PlainLaunch
+from hvd_bert.train.identity import resume_mismatch
 from hvd_bert.train.log import RunLog
-from hvd_bert.train.identity import previous_config, run_differences
 
 __all__ = ["with_run_folder", "open_run", "finish_line"]
 
@@ -31,10 +31,6 @@ def with_run_folder(cfg, job: str):
     data = Path(str(cfg.data).rstrip("/")).name if cfg.data else "default"
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{job}-{cfg.framework}-{data}")
     return replace(cfg, train=replace(cfg.train, output_dir=str(Path("runs") / name)))
-
-
-def list_all_checkpoints(folder: Path) -> list:
-    return list_checkpoints(folder, "pt") + list_checkpoints(folder, "tf")
 
 
 def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str, ...], bert=None,
@@ -58,7 +54,7 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
         except RunFolderBusy as e:
             problem = ("busy", str(e))
         else:
-            mismatch = _resume_mismatch(out, cfg)
+            mismatch = resume_mismatch(out, to_dict(cfg))
             problem = ("config", mismatch) if mismatch else None
     log = RunLog(out, -1 if problem else rank, total_steps=total_steps, progress=cfg.progress,  # -1: silent
                  writer=backend.summary_writer(out / "tensorboard") if rank == 0 and not problem else None,
@@ -80,21 +76,6 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
     launch.at_start(agree, lambda: log.print(horovod_settings_line()))  # the Horovod knobs in effect, once
     launch.on_world(announce)
     return log
-
-
-def _resume_mismatch(out: Path, cfg) -> str | None:
-    """Checked before anything is written: a folder with checkpoints of a run with other
-    settings is refused (see ``_identity``); None when this run may go on there."""
-    old = previous_config(out)
-    if old is None or not list_all_checkpoints(out):
-        return None
-    diffs = run_differences(old, to_dict(cfg))
-    if not diffs:
-        return None
-    return (f"{out} holds checkpoints of a run with other settings, which this run would resume: "
-            f"{'; '.join(diffs)}. Give this run another train.output_dir, or rerun with the settings "
-            f"of {out / 'config.json'} (only the horizon, train.schedule.total_steps or epochs, and the "
-            f"logging, checkpoint and evaluation cadence may change on a resume)")
 
 
 def finish_line(res, rank: int, detail: str, backend, out: Path | None = None) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["run_differences", "FREE"]
+__all__ = ["run_differences", "FREE", "previous_config", "has_checkpoints", "resume_mismatch"]
 
 # Settings a resumed run may change (dotted prefixes).
 FREE = ("train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "train.output_dir",
@@ -52,3 +52,25 @@ def previous_config(folder: Path) -> dict | None:
         return json.loads(p.read_text()) if p.is_file() else None
     except json.JSONDecodeError:
         return None
+
+
+def has_checkpoints(folder: Path) -> bool:
+    from hvd_bert.train.checkpoint import list_checkpoints
+
+    return bool(list_checkpoints(folder, "pt") or list_checkpoints(folder, "tf"))
+
+
+def resume_mismatch(out: Path, new: dict, also_free: tuple[str, ...] = ()) -> str | None:
+    """Why a run with the resolved config ``new`` may not go on in ``out``: the folder holds
+    checkpoints of a run whose ``config.json`` differs in a defining setting. None if it may."""
+    old = previous_config(out)
+    if old is None or not has_checkpoints(out):
+        return None
+    diffs = run_differences(old, new, also_free)
+    if not diffs:
+        return None
+    return (f"{out} holds checkpoints of a run with other settings, which this run would resume: "
+            f"{'; '.join(diffs)}. Give this run another train.output_dir, or rerun with the settings "
+            f"of {out / 'config.json'} (only the horizon, train.schedule.total_steps or epochs, and the "
+            f"logging, checkpoint and evaluation cadence may change on a resume)")
+

@@ -85,21 +85,15 @@ def _claim_run_folder(engine: Engine, out: Path, config) -> None:
     run with other settings (``train.identity``), then writes the resolved ``config.json``
     (``config``: the engine's TrainConfig, from ``Engine.from_config``). Every rank raises."""
     from hvd_bert.config import to_dict
-    from hvd_bert.train.checkpoint import atomic_write, list_checkpoints
-    from hvd_bert.train.identity import previous_config, run_differences
+    from hvd_bert.train.checkpoint import atomic_write
+    from hvd_bert.train.identity import resume_mismatch
 
     problem = None
     if engine.rank == 0 and config is not None:
         new = {"train": to_dict(config)}
-        old = previous_config(out)
-        has_checkpoints = list_checkpoints(out, "pt") or list_checkpoints(out, "tf")
         # (the batch layout is the checkpoint's to check: the same global batch, the world size)
-        diffs = run_differences(old, new, ("train.batch",)) if old is not None and has_checkpoints else []
-        if diffs:
-            problem = (f"{out} holds checkpoints of a run with other settings, which this run would resume: "
-                       f"{'; '.join(diffs)}. Give this run another output_dir, or rerun with the settings of "
-                       f"{out / 'config.json'}")
-        else:
+        problem = resume_mismatch(out, new, ("train.batch",))
+        if problem is None:
             atomic_write(out / "config.json", lambda t: t.write_text(json.dumps(new, indent=1)))
     if engine.any_rank(problem is not None, "hvd_bert.fit.config"):  # Horovod: every rank stops
         raise ResumeError(problem or f"rank 0 refused to resume {out} (its message says why)")
