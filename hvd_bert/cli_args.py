@@ -196,9 +196,12 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
                                           "the prepared data (which decides the head and the metrics)")
         if name == "predict":
             p.add_argument("checkpoint", help="a fine-tuning run folder, its best.npz or a ckpt-* in it, or "
-                                              "a Hugging Face BertForSequenceClassification folder")
-            p.add_argument("input", help="a TSV/CSV with a header, a .jsonl file, or a prepared folder")
-            p.add_argument("--output", help="predictions .jsonl or .tsv (default: INPUT.predictions.jsonl)")
+                                              "a Hugging Face BertForSequenceClassification or "
+                                              "BertForQuestionAnswering folder")
+            p.add_argument("input", help="a TSV/CSV with a header, a .jsonl file, or a prepared folder; "
+                                         "SQuAD: a SQuAD .json file or .jsonl lines of question and context")
+            p.add_argument("--output", help="predictions .jsonl or .tsv, SQuAD also .json (default: "
+                                            "INPUT.predictions.jsonl, SQuAD: INPUT.predictions.json)")
             p.add_argument("--text-a", help="the text's column or field (default: sentence, text or the "
                                             "first column)")
             p.add_argument("--text-b", help="a pair's second text (column or field)")

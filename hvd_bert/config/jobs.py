@@ -180,15 +180,19 @@ class NCFConfig:
 
 @dataclass(frozen=True)
 class PredictConfig:
-    """Predictions of a fine-tuned classifier or regressor on your own text: every example once
-    across the ranks, written by rank 0 with the label names and scores."""
+    """Predictions of a fine-tuned classifier, regressor or SQuAD model on your own text: every
+    example once across the ranks, written by rank 0 with the label names and scores (SQuAD:
+    the answers)."""
 
     checkpoint: str = doc("", "a fine-tuning run folder (its newest checkpoint, labels and vocab), its "
-                              "best.npz, or a Hugging Face folder of a BertForSequenceClassification")
+                              "best.npz, or a Hugging Face folder of a BertForSequenceClassification or "
+                              "BertForQuestionAnswering")
     input: str = doc("", "a TSV/CSV with a header, a JSON-lines file, or a folder from hvd-bert "
-                         "prepare-classification")
-    output: str = doc("", "where the predictions go: .jsonl (one object per example) or .tsv; empty: "
-                          "<input>.predictions.jsonl")
+                         "prepare-classification; SQuAD: a SQuAD file, JSON lines of question and "
+                         "context, or a folder from prepare-squad --split dev")
+    output: str = doc("", "where the predictions go: .jsonl (one object per example) or .tsv; SQuAD "
+                          "also .json (the official predictions file); empty: <input>.predictions.jsonl "
+                          "(SQuAD: .json)")
     text_a: str = doc("", "the column (TSV/CSV) or field (JSONL) of the text; empty: sentence, text or "
                           "the first column")
     text_b: str = doc("", "the column or field of a pair's second text; empty: none")
@@ -196,10 +200,15 @@ class PredictConfig:
     max_seq_length: int = doc(0, "tokens per example; 0: the checkpoint's training length (else 128)")
     batch_size: int = doc(64, "examples per batch on one rank")
     precision: Literal["fp32", "bf16", "fp16"] = doc("fp32", "autocast for the forward pass")
+    n_best_size: int = doc(20, "SQuAD: candidate answers considered per question")
+    max_answer_length: int = doc(30, "SQuAD: the longest answer in WordPiece tokens")
+    null_score_diff_threshold: float = doc(0.0, "SQuAD v2.0: predict no answer above this null-score margin")
     train: TrainConfig = doc(TrainConfig(), "(only train.horovod applies)")
     framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
 
     def __post_init__(self) -> None:
         require(self.batch_size > 0, f"batch_size must be > 0, got {self.batch_size}")
         require(self.max_seq_length >= 0, f"max_seq_length must be >= 0, got {self.max_seq_length}")
+        require(self.n_best_size > 0 and self.max_answer_length > 0,
+                "n_best_size and max_answer_length must be > 0")
 

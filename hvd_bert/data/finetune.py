@@ -100,10 +100,14 @@ def task_record(meta: dict) -> dict:
     """What a fine-tuned model predicts and how its inputs are made, from its training set's
     sidecar: the task, the label names in the classifier's order (``labels``), the GLUE task if
     any, and the tokenization (case, sequence length, the vocabulary's hash; the run folder
-    holds the ``vocab.txt``)."""
-    return {"task": task_of(meta), "labels": meta.get("labels"), "glue_task": meta.get("task"),
-            "do_lower_case": meta.get("do_lower_case"), "max_seq_length": meta.get("max_seq_length"),
-            "vocab_sha256": meta.get("vocab_sha256")}
+    holds the ``vocab.txt``); SQuAD adds v2.0 or not, the document stride and the question's
+    length."""
+    rec = {"task": task_of(meta), "labels": meta.get("labels"), "glue_task": meta.get("task"),
+           "do_lower_case": meta.get("do_lower_case"), "max_seq_length": meta.get("max_seq_length"),
+           "vocab_sha256": meta.get("vocab_sha256")}
+    if rec["task"] == SQUAD:  # how questions and contexts become features
+        rec.update({k: meta.get(k) for k in ("version_2_with_negative", "doc_stride", "max_query_length")})
+    return rec
 
 
 def read_task_record(checkpoint: str | Path) -> dict | None:

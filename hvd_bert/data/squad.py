@@ -32,7 +32,8 @@ from hvd_bert.data.kinds import KIND_SQUAD
 from hvd_bert.data.records import DatasetError, shard_name, write_examples
 from hvd_bert.data.sidecar import file_sha256, write_sidecar
 
-__all__ = ["SquadExample", "read_squad", "convert_examples", "prepare_squad", "KIND_SQUAD", "FIRST_UNIQUE_ID"]
+__all__ = ["SquadExample", "read_squad", "read_questions", "convert_examples", "prepare_squad", "KIND_SQUAD",
+           "FIRST_UNIQUE_ID"]
 
 FIRST_UNIQUE_ID = 1000000000
 
@@ -100,6 +101,55 @@ def read_squad(data: dict, is_training: bool, version_2: bool, source: str = "th
                             continue
                 examples.append(ex)
     return examples, skipped
+
+
+def read_questions(path: str | Path) -> tuple[list[SquadExample], dict | None]:
+    """Questions to answer and their contexts: a SQuAD file (``{"data": [...]}``; returned as the
+    second item when it holds answers, to score against) or JSON lines ``{"question": ...,
+    "context": ..., "id": ...}`` (``id`` optional: the line number)."""
+    from hvd_bert.evaluation.squad import read_json
+
+    p = Path(path).expanduser()
+    if p.suffix.lower() == ".jsonl":
+        paragraphs = []
+        try:
+            lines = p.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            raise DatasetError(f"{p} does not exist: check the path") from None
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{p} line {n} is not JSON ({e.msg}): one object per line") from None
+            if not isinstance(row, dict) or not all(isinstance(row.get(k), str)
+                                                    for k in ("question", "context")):
+                raise DatasetError(f"{p} line {n}: give each line a \"question\" and a \"context\" "
+                                   f"(strings), e.g. {{\"question\": \"Who?\", \"context\": \"...\"}}")
+            paragraphs.append({"context": row["context"],
+                               "qas": [{"id": str(row.get("id", n)), "question": row["question"]}]})
+        data, gold = {"data": [{"paragraphs": paragraphs}]}, False
+    else:
+        data = read_json(p, "SQuAD file")
+        if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+            raise DatasetError(f"{p} is not a SQuAD file (no 'data' list of articles); give questions as "
+                               f"JSON lines {{\"question\": ..., \"context\": ...}} in a .jsonl file")
+        gold = any(qa.get("answers") for a in data["data"] for par in a.get("paragraphs", [])
+                   for qa in par.get("qas", []))
+    try:
+        examples, _ = read_squad(data, False, False, str(p))
+    except (KeyError, TypeError) as e:
+        raise DatasetError(f"{p} is not in SQuAD's format ({e!r} missing)") from None
+    from collections import Counter
+
+    twice = [i for i, c in Counter(e.qas_id for e in examples).items() if c > 1]
+    if twice:
+        dup = twice[0]
+        raise DatasetError(f"{p}: question id {dup!r} is given twice; every question needs its own id")
+    if not examples:
+        raise DatasetError(f"{p} holds no questions")
+    return examples, data if gold else None
 
 
 def _improve_answer_span(doc_tokens, start, end, tokenize, answer_text):

@@ -21,8 +21,7 @@ from hvd_bert.config import FinetuneConfig
 from hvd_bert.data.records import decode_batch, iter_records
 
 __all__ = ["eval_batches", "Evaluation", "best_metric_of", "evaluate_classification", "evaluate_regression",
-           "evaluate_squad",
-           "dense_gather"]
+           "evaluate_squad", "prepared_answers", "span_logits", "squad_scores", "dense_gather"]
 
 def eval_batches(folder: str | Path, meta: dict, rank: int, world_size: int, batch_size: int,
                  trim: int = 0) -> Iterator[dict[str, np.ndarray]]:
@@ -86,6 +85,22 @@ def evaluate_regression(score, batches: Iterator[dict[str, np.ndarray]], allredu
             "eval_loss": float(np.mean((pred - gold) ** 2)), "eval_examples": n}
 
 
+def span_logits(score, batches: Iterator[dict[str, np.ndarray]], max_seq_length: int
+                ) -> dict[int, np.ndarray]:
+    """Each scored SQuAD feature's start and end logits (``[2, max_seq_length]``) by its unique
+    id. Padding gets -10000: it is never an answer, nor one of the n-best starts and ends (which
+    makes the predictions independent of how far a batch was trimmed)."""
+    rows = {}
+    for b in batches:
+        start, end = (np.asarray(x, np.float64) for x in score(b))
+        real = b["input_mask"].sum(axis=1)
+        for uid, st, en, n_tokens in zip(b["unique_ids"].reshape(-1), start, end, real):
+            row = np.full((2, max_seq_length), -10000.0)
+            row[0, :n_tokens], row[1, :n_tokens] = st[:n_tokens], en[:n_tokens]
+            rows[int(uid)] = row
+    return rows
+
+
 def evaluate_squad(score, batches: Iterator[dict[str, np.ndarray]], allreduce, folder: str | Path,
                    meta: dict, cfg: FinetuneConfig, rank: int, output_dir: str | Path | None) -> dict:
     """SQuAD prediction and its official scores: every feature of the prepared dev set is
@@ -95,48 +110,63 @@ def evaluate_squad(score, batches: Iterator[dict[str, np.ndarray]], allreduce, f
     ``output_dir`` in the official layout (``squad.predictions``: n-best, the longest answer,
     the v2.0 null threshold) and scores them against the gold answers as the official
     scripts do (``squad_metrics``). Returns the scores on rank 0 ({} elsewhere)."""
+    from hvd_bert.evaluation.squad_predictions import write_predictions
+
+    answers = prepared_answers(score, batches, allreduce, folder, meta, cfg, rank)
+    if answers is None:
+        return {}
+    examples, preds, nbest, odds = answers
+    v2 = bool(meta["version_2_with_negative"])
+    if output_dir is not None:
+        write_predictions(output_dir, preds, nbest, odds if v2 else None)
+    gold = [{"paragraphs": [{"qas": [{"id": e["qas_id"], "answers": [{"text": a} for a in e["answers"]]}
+                                     for e in examples]}]}]
+    return {**squad_scores(gold, preds, odds, v2), "eval_examples": len(examples),
+            "eval_features": meta["total_records"]}
+
+
+def prepared_answers(score, batches: Iterator[dict[str, np.ndarray]], allreduce, folder: str | Path,
+                     meta: dict, cfg, rank: int) -> tuple[list[dict], dict, dict, dict] | None:
+    """The answers to a prepared SQuAD set (``prepare-squad --split dev``), its features scored
+    once across the ranks: on rank 0 ``(examples, predictions, nbest, null_odds)``
+    (``squad_predictions.predictions``, with ``cfg``'s n-best size, longest answer and null
+    threshold), None elsewhere."""
     import json
 
     from hvd_bert.data.squad import FIRST_UNIQUE_ID
-    from hvd_bert.evaluation.squad_predictions import predictions, write_predictions
-    from hvd_bert.evaluation.squad import evaluate_v1, evaluate_v2
+    from hvd_bert.evaluation.squad_predictions import predictions
 
     s, n = meta["max_seq_length"], meta["total_records"]
-    rows = {}
-    for b in batches:
-        start, end = (np.asarray(x, np.float64) for x in score(b))
-        real = b["input_mask"].sum(axis=1)
-        for uid, st, en, n_tokens in zip(b["unique_ids"].reshape(-1), start, end, real):
-            # padding is never an answer, nor one of the n-best starts and ends (which makes the
-            # predictions independent of how far a batch was trimmed)
-            row = np.full((2, s), -10000.0)
-            row[0, :n_tokens], row[1, :n_tokens] = st[:n_tokens], en[:n_tokens]
-            rows[int(uid) - FIRST_UNIQUE_ID] = row
+    rows = {uid - FIRST_UNIQUE_ID: row for uid, row in span_logits(score, batches, s).items()}
     logits = dense_gather(rows, n, (2, s), allreduce)
     if rank != 0:
-        return {}
+        return None
     folder = Path(folder)
     features = [json.loads(line) for line in (folder / "features.jsonl").read_text().splitlines()]
     examples = [json.loads(line) for line in (folder / "examples.jsonl").read_text().splitlines()]
     results = {f["unique_id"]: (logits[f["unique_id"] - FIRST_UNIQUE_ID, 0].tolist(),
                                 logits[f["unique_id"] - FIRST_UNIQUE_ID, 1].tolist()) for f in features}
-    v2 = bool(meta["version_2_with_negative"])
     preds, nbest, odds = predictions(examples, features, results, cfg.n_best_size, cfg.max_answer_length,
-                                     meta["do_lower_case"], v2, cfg.null_score_diff_threshold)
-    if output_dir is not None:
-        write_predictions(output_dir, preds, nbest, odds if v2 else None)
-    gold = [{"paragraphs": [{"qas": [{"id": e["qas_id"], "answers": [{"text": a} for a in e["answers"]]}
-                                     for e in examples]}]}]
+                                     meta["do_lower_case"], bool(meta["version_2_with_negative"]),
+                                     cfg.null_score_diff_threshold)
+    return examples, preds, nbest, odds
+
+
+def squad_scores(gold: list, preds: dict, odds: dict, version_2: bool) -> dict:
+    """The official scores of ``preds`` against ``gold`` (a SQuAD file's ``data``), named as
+    the evaluation logs them (``eval_exact_match``/``eval_f1``; v2.0: ``eval_exact``, the
+    HasAns/NoAns split and the best thresholds)."""
+    from hvd_bert.evaluation.squad import evaluate_v1, evaluate_v2
+
     quiet = lambda _m: None  # noqa: E731  (every question has a prediction)
-    if v2:
+    if version_2:
         res = evaluate_v2(gold, preds, odds, warn=quiet)
         out = {"eval_exact": res["exact"], "eval_f1": res["f1"]}
         out.update({f"eval_{k}": v for k, v in res.items() if k.startswith(("HasAns_", "NoAns_", "best_"))
                     and not k.endswith("_total")})
-    else:
-        res = evaluate_v1(gold, preds, warn=quiet)
-        out = {"eval_exact_match": res["exact_match"], "eval_f1": res["f1"]}
-    return {**out, "eval_examples": len(examples), "eval_features": n}
+        return out
+    res = evaluate_v1(gold, preds, warn=quiet)
+    return {"eval_exact_match": res["exact_match"], "eval_f1": res["f1"]}
 
 
 def evaluate_classification(score, batches: Iterator[dict[str, np.ndarray]], allreduce,

@@ -3,7 +3,7 @@
     pretrain    BERT pretraining (phase 1 / phase 2)
     finetune    BERT fine-tuning: classification, regression (STS-B), SQuAD
     ncf         NCF (NeuMF) recommendation, HR@K / NDCG@K
-    predict     a fine-tuned classifier's or regressor's predictions on your own text
+    predict     a fine-tuned model's predictions on your own text (predict_squad: SQuAD's answers)
     run_folder  what every job does with its run folder: the lock, config.json, the log, the last line
 
 A job reads top to bottom: the backend's process set-up, the data checked against the config,
@@ -25,8 +25,8 @@ JOBS = {
                  "SQuAD, one process per rank (horovodrun / mpirun)", "hvd_bert.jobs.finetune", None, None),
     "ncf": ("NCF (NeuMF) recommendation with HR@10 / NDCG@10, one process per rank (horovodrun / "
             "mpirun)", "hvd_bert.jobs.ncf", "ncf_defaults", None),
-    "predict": ("a fine-tuned classifier's or regressor's predictions on a TSV/CSV, JSON-lines or prepared "
-                "set: label names and scores, one per example (one process, or several under horovodrun)",
+    "predict": ("a fine-tuned model's predictions on a TSV/CSV, JSON-lines or prepared set: label names "
+                "and scores, one per example, or SQuAD's answers (one process, or several: -np N)",
                 "hvd_bert.jobs.predict", None, None),
 }
 

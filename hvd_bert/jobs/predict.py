@@ -1,22 +1,32 @@
-"""Predictions on your own text with a fine-tuned classifier or regressor, in either framework:
+"""Predictions on your own text with a fine-tuned model, in either framework:
 
     hvd-bert predict runs/ft reviews.tsv --output predictions.jsonl
-    horovodrun -np 2 -H localhost:2 --gloo hvd-bert predict runs/ft reviews.tsv   # split over ranks
+    hvd-bert predict runs/squad questions.jsonl      # {"question": ..., "context": ...} per line
+    hvd-bert predict runs/ft reviews.tsv -np 2       # split over 2 ranks
 
 The checkpoint says what it predicts: a fine-tuning run folder holds ``task.json`` (the task,
-the label names in the classifier's order, the case and sequence length it was trained with)
-and ``vocab.txt`` beside its checkpoints (and ``best.npz``); a Hugging Face folder of a
-``BertForSequenceClassification`` holds ``id2label`` and its tokenizer. The input is a TSV/CSV
-with a header, a JSON-lines file (tokenized here, as ``prepare-classification`` does), or a
-prepared folder. Rank ``r`` of ``P`` scores the examples ``r, r + P, ...``; one allreduce
-gathers the outputs, and rank 0 writes one prediction per example, in input order: the label
-name, its probability and every label's (regression: the value).
+the label names in the classifier's order, the case and sequence length it was trained with,
+SQuAD's stride and question length) and ``vocab.txt`` beside its checkpoints (and
+``best.npz``); a Hugging Face folder of a ``BertForSequenceClassification`` holds ``id2label``
+and its tokenizer, one of a ``BertForQuestionAnswering`` its tokenizer.
+
+* Classification and regression: the input is a TSV/CSV with a header, a JSON-lines file
+  (tokenized here, as ``prepare-classification`` does), or a prepared folder. Rank ``r`` of
+  ``P`` scores the examples ``r, r + P, ...``; one allreduce gathers the outputs, and rank 0
+  writes one prediction per example, in input order: the label name, its probability and
+  every label's (regression: the value).
+* SQuAD: the input is a SQuAD file, JSON lines of questions and contexts, or a folder from
+  ``prepare-squad --split dev``. Rank ``r`` answers the questions ``r, r + P, ...`` (Google's
+  windows, n-best and longest-answer rules, ``squad_predictions``), rank 0 writes them in input
+  order: ``.json`` is the official predictions file, ``.jsonl``/``.tsv`` add each answer's
+  probability (v2.0: the null odds). Gold answers in the input are scored officially.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -30,7 +40,7 @@ from hvd_bert.data.vocab import load_tokenizer, resolve_vocab
 from hvd_bert.evaluation.finetune import dense_gather, eval_batches
 from hvd_bert.train.checkpoint import atomic_write
 
-__all__ = ["run", "model_record"]
+__all__ = ["run", "model_record", "vocab_mismatch", "tokenizer_of", "load_scorer"]
 
 
 def model_record(checkpoint: str) -> dict:
@@ -49,9 +59,49 @@ def model_record(checkpoint: str) -> dict:
     if "BertForSequenceClassification" in hf.get("architectures", []) and n:
         return {"task": REGRESSION if n == 1 else "classification",
                 "labels": None if n == 1 else [f"LABEL_{i}" for i in range(n)]}
+    if "BertForQuestionAnswering" in hf.get("architectures", []):
+        return {"task": SQUAD, "labels": None}
     raise ConfigError(f"{checkpoint} does not say what it predicts: give a fine-tuning run folder (it holds "
                       f"task.json), its best.npz or a ckpt-* in it, or a Hugging Face "
-                      f"BertForSequenceClassification folder")
+                      f"BertForSequenceClassification or BertForQuestionAnswering folder")
+
+
+def vocab_mismatch(rec: dict, meta: dict, checkpoint: str, source: Path) -> str | None:
+    """Why the prepared set ``source`` cannot go into ``checkpoint``: tokenized with another
+    vocabulary (the ids would mean other words); None if they agree or one does not say."""
+    if rec.get("vocab_sha256") and meta.get("vocab_sha256") and rec["vocab_sha256"] != meta["vocab_sha256"]:
+        return (f"{source} was prepared with another vocabulary than {checkpoint} was fine-tuned with: "
+                f"prepare it again with --vocab {checkpoint}, or give the raw text")
+    return None
+
+
+def tokenizer_of(checkpoint: str, rec: dict):
+    """``(tokenizer, do_lower_case)`` the checkpoint was fine-tuned with: the run folder's
+    ``vocab.txt`` (or the Hugging Face folder's tokenizer) and the case of its training data."""
+    ckpt = Path(checkpoint).expanduser()
+    vocab = resolve_vocab(ckpt if ckpt.is_dir() else ckpt.parent)
+    lower = rec.get("do_lower_case")
+    if lower is None:
+        lower = vocab.do_lower_case if vocab.do_lower_case is not None else True
+    return load_tokenizer(vocab.path, lower), lower
+
+
+def load_scorer(backend, cfg: PredictConfig, seq: int, build) -> tuple[Callable, int]:
+    """``(score, max_seq_length)``: the checkpoint's weights (read by every rank) in
+    ``build(bert_config, max_seq_length)``, as a scorer of batches cut to their longest
+    sequence. ``seq`` is capped at the model's positions unless the user asked for it."""
+    from hvd_bert.data.padding import trim_padding
+
+    arrays, config = backend.read_checkpoint_weights(cfg.checkpoint)
+    limit = config.max_position_embeddings
+    if cfg.max_seq_length > limit:
+        raise ConfigError(f"max_seq_length {cfg.max_seq_length} is longer than the {limit} positions of "
+                          f"{cfg.checkpoint}: give --set max_seq_length={limit} or less")
+    seq = min(seq, limit)
+    model = build(config, seq)
+    backend.load_weights(model, arrays, source=f"checkpoint {cfg.checkpoint}")
+    score = backend.scorer(model, cfg.precision)
+    return (lambda batch: score(trim_padding(batch, 8))), seq
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -66,32 +116,29 @@ def run(cfg: PredictConfig, backend) -> dict:
     rank, size = backend.init(cfg.train)
     rec = model_record(cfg.checkpoint)
     if rec["task"] == SQUAD:
-        raise ConfigError(f"{cfg.checkpoint} answers SQuAD questions: prepare them with hvd-bert "
-                          f"prepare-squad --split dev and run hvd-bert finetune --set do_train=false --set "
-                          f"eval_data=DIR --set init_checkpoint={cfg.checkpoint} (it writes "
-                          f"predictions.json)")
+        from hvd_bert.jobs.predict_squad import answer
+
+        return answer(cfg, backend, rec, rank, size)
     labels = rec.get("labels") or []
     n_out = 1 if rec["task"] == REGRESSION else len(labels)
     source = Path(cfg.input).expanduser()
     out = Path(cfg.output) if cfg.output else source.with_name(source.name + ".predictions.jsonl")
+    build = lambda config, seq: backend.bert_classifier(config, n_out, seq)  # noqa: E731
 
     if (source / SIDECAR).is_file():  # a prepared set: its records, its labels checked against the model's
         meta = read_sidecar(source, KIND_CLASSIFY)
         error = prediction_mismatch(cfg.checkpoint, meta, str(source)) if meta.get("labels") else None
+        error = error or vocab_mismatch(rec, meta, cfg.checkpoint, source)
         if error:
             raise DatasetError(error)
         n, ids = meta["total_records"], list(range(meta["total_records"]))
-        seq = meta["max_seq_length"]
+        score, _ = load_scorer(backend, cfg, meta["max_seq_length"], build)
         mine = eval_batches(source, meta, rank, size, cfg.batch_size)  # rank r: records r, r + P, ...
     else:
         ids, texts_a, texts_b = read_texts(source, cfg.text_a, cfg.text_b, cfg.id)
-        n, seq = len(ids), cfg.max_seq_length or rec.get("max_seq_length") or 128
-        ckpt = Path(cfg.checkpoint).expanduser()
-        vocab = resolve_vocab(ckpt if ckpt.is_dir() else ckpt.parent)  # the run folder's, or the HF folder's
-        lower = rec.get("do_lower_case")
-        if lower is None:
-            lower = vocab.do_lower_case if vocab.do_lower_case is not None else True
-        tok = load_tokenizer(vocab.path, lower)
+        n = len(ids)
+        score, seq = load_scorer(backend, cfg, cfg.max_seq_length or rec.get("max_seq_length") or 128, build)
+        tok, _ = tokenizer_of(cfg.checkpoint, rec)
         share = range(rank, n, size)
         feats = list(encode_pairs(tok, [texts_a[i] for i in share],
                                   [texts_b[i] for i in share] if texts_b is not None else None, seq))
@@ -103,10 +150,6 @@ def run(cfg: PredictConfig, backend) -> dict:
                        for j, k in enumerate(("input_ids", "input_mask", "segment_ids"))}
         mine = batches()
 
-    arrays, config = backend.read_checkpoint_weights(cfg.checkpoint)  # every rank reads the weights
-    model = backend.bert_classifier(config, n_out, seq)
-    backend.load_weights(model, arrays, source=f"checkpoint {cfg.checkpoint}")
-    score = backend.scorer(model, cfg.precision)
     rows, j = {}, 0
     for batch in mine:
         for logits in np.asarray(score(batch), np.float64).reshape(-1, n_out):

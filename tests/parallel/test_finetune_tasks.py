@@ -1,7 +1,8 @@
 """`hvd-bert finetune` on SQuAD (v1.1 and v2.0) and STS-B under real `horovodrun -np 2`: a tiny
 BERT from scratch reaches a high official score on an easy generated task (``squad_task``) in
 both frameworks; the predictions files are the official layout (``evaluate-squad`` scores them
-the same); prediction scores every feature once, so 2 ranks give the predictions of 1."""
+the same); prediction scores every feature once, so 2 ranks give the predictions of 1; ``hvd-bert
+predict`` answers a SQuAD file, your own questions and a prepared set as the run did."""
 
 import json
 import subprocess
@@ -82,6 +83,41 @@ def test_squad_v1_reaches_a_high_official_score(framework, squad, tmp_path):
             assert evals1[-1]["eval_exact_match"] == evals[-1]["eval_exact_match"]
             preds[np_] = (tmp_path / f"pred{np_}" / "predictions.json").read_bytes()
         assert preds[1] == preds[2] == (tmp_path / "run" / "predictions.json").read_bytes()
+        predict_answers_as_the_run(tmp_path / "run", s, evals[-1], tmp_path)
+
+
+def predict(*args):
+    return subprocess.run([*HVD_BERT, "predict", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def predict_answers_as_the_run(run, s, last_eval, tmp_path):
+    """`hvd-bert predict` answers the SQuAD file, JSON lines of questions and contexts, and the
+    prepared dev set as the fine-tuning run did, in both frameworks and on 2 ranks."""
+    expected = json.loads((run / "predictions.json").read_text())
+    res = predict(run, s["dev_json"], "--output", tmp_path / "p.json", "-np", "2")  # the official file
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "p.json").read_bytes() == (run / "predictions.json").read_bytes()
+    em, f1 = (last_eval["eval_exact_match"], last_eval["eval_f1"])  # the gold answers in the file, scored
+    assert f"against the answers in {Path(s['dev_json']).name}: EM {em:.2f} F1 {f1:.2f}" in res.stdout
+    data = json.loads(Path(s["dev_json"]).read_text())
+    with open(tmp_path / "q.jsonl", "w") as f:  # your own questions: no ids, no answers
+        questions = [(qa["id"], qa["question"], par["context"]) for art in data["data"]
+                     for par in art["paragraphs"] for qa in par["qas"]][:7]
+        f.writelines(json.dumps({"question": q, "context": c}) + "\n" for _, q, c in questions)
+    res = predict(run / "best.npz", tmp_path / "q.jsonl", "--framework", "tf", "--output", tmp_path / "q.tsv")
+    assert res.returncode == 0, res.stderr
+    rows = [line.split("\t") for line in (tmp_path / "q.tsv").read_text().splitlines()]
+    assert rows[0] == ["id", "answer", "probability"]
+    assert [r[1] for r in rows[1:]] == [expected[q] for q, _, _ in questions]
+    assert all(0 < float(r[2]) <= 1 for r in rows[1:])
+    res = predict(run, s["dev"], "--output", tmp_path / "p.jsonl")
+    assert res.returncode == 0, res.stderr
+    got = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert {g["id"]: g["answer"] for g in got} == expected and len(got) == 61
+    res = predict(run, s["train"], "--output", tmp_path / "t.json")
+    assert res.returncode == 2 and "prepare-squad --split dev" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "t.json").exists()
 
 
 def test_squad_v2_predicts_no_answer_and_writes_null_odds(squad, tmp_path):
@@ -95,6 +131,15 @@ def test_squad_v2_predicts_no_answer_and_writes_null_odds(squad, tmp_path):
     got = official(s["dev_json"], tmp_path / "run", "--na-prob", str(tmp_path / "run" / "null_odds.json"))
     assert got["exact"] == pytest.approx(last["eval_exact"]) and got["f1"] == pytest.approx(last["eval_f1"])
     assert got["best_f1"] == pytest.approx(last["eval_best_f1"])
+    # v2.0: each answer's null odds too
+    res = predict(tmp_path / "run", s["dev_json"], "--output", tmp_path / "p.jsonl")
+    assert res.returncode == 0, res.stderr
+    rows = {r["id"]: r for r in map(json.loads, (tmp_path / "p.jsonl").read_text().splitlines())}
+    preds = json.loads((tmp_path / "run" / "predictions.json").read_text())
+    assert {q: r["answer"] for q, r in rows.items()} == preds and "" in preds.values()
+    # the same framework scores each feature with the same arithmetic whatever the batch (measured:
+    # batch sizes 1 to 64 give identical odds), so the odds are the run's exactly
+    assert {q: r["null_odds"] for q, r in rows.items()} == odds
 
 
 @pytest.mark.parametrize("framework", ["pt", "tf"])

@@ -240,6 +240,9 @@ def test_readme_block_runs_as_written(sandbox, line, lang, code):
     assert "<stderr>:Traceback" not in out and "\nTraceback" not in out, out[-6000:]
     if "finetune --task squad" in code:  # the predictions file is scored as the official script does
         assert re.search(r'\{"exact_match": [0-9.]+, "f1": [0-9.]+\}', out), out[-3000:]
+        answers = [json.loads(line) for line in (work / "answers.jsonl").read_text().splitlines()]
+        assert len(answers) == 1 and answers[0]["id"] == "1" and 0 < answers[0]["probability"] <= 1, answers
+        assert answers[0]["answer"] in "The note was written by Ada Lovelace in 1843.", answers
     if "--set train.optim.lr=1e-3 --set epochs=10" in code:  # the fine-tuning example learns
         acc = [float(a) for a in re.findall(r"eval at step \d+: accuracy ([0-9.]+)", out)]
         assert acc and acc[-1] > 0.8, out[-3000:]
