@@ -1,0 +1,75 @@
+"""What a fine-tuned checkpoint predicts and how ``hvd-bert predict`` feeds it, framework-free
+(the backend builds the model): its task record, its tokenizer, its weights as a scorer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from hvd_bert.config import ConfigError, PredictConfig
+from hvd_bert.data.finetune import REGRESSION, SQUAD, read_task_record
+from hvd_bert.data.vocab import load_tokenizer, resolve_vocab
+
+__all__ = ["model_record", "vocab_mismatch", "tokenizer_of", "load_scorer"]
+
+
+def model_record(checkpoint: str) -> dict:
+    """What ``checkpoint`` predicts (``data.finetune.read_task_record``), or a Hugging Face
+    classifier's ``num_labels`` as ``LABEL_i``; a ConfigError naming what to give otherwise."""
+    rec = read_task_record(checkpoint)
+    if rec is not None:
+        return rec
+    p = Path(checkpoint).expanduser()
+    cfg_file = (p if p.is_dir() else p.parent) / "config.json"
+    try:
+        hf = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    except ValueError:
+        hf = {}
+    n = int(hf.get("num_labels") or len(hf.get("id2label") or {}))
+    if "BertForSequenceClassification" in hf.get("architectures", []) and n:
+        return {"task": REGRESSION if n == 1 else "classification",
+                "labels": None if n == 1 else [f"LABEL_{i}" for i in range(n)]}
+    if "BertForQuestionAnswering" in hf.get("architectures", []):
+        return {"task": SQUAD, "labels": None}
+    raise ConfigError(f"{checkpoint} does not say what it predicts: give a fine-tuning run folder (it holds "
+                      f"task.json), its best.npz or a ckpt-* in it, or a Hugging Face "
+                      f"BertForSequenceClassification or BertForQuestionAnswering folder")
+
+
+def vocab_mismatch(rec: dict, meta: dict, checkpoint: str, source: Path) -> str | None:
+    """Why the prepared set ``source`` cannot go into ``checkpoint``: tokenized with another
+    vocabulary (the ids would mean other words); None if they agree or one does not say."""
+    if rec.get("vocab_sha256") and meta.get("vocab_sha256") and rec["vocab_sha256"] != meta["vocab_sha256"]:
+        return (f"{source} was prepared with another vocabulary than {checkpoint} was fine-tuned with: "
+                f"prepare it again with --vocab {checkpoint}, or give the raw text")
+    return None
+
+
+def tokenizer_of(checkpoint: str, rec: dict):
+    """``(tokenizer, do_lower_case)`` the checkpoint was fine-tuned with: the run folder's
+    ``vocab.txt`` (or the Hugging Face folder's tokenizer) and the case of its training data."""
+    ckpt = Path(checkpoint).expanduser()
+    vocab = resolve_vocab(ckpt if ckpt.is_dir() else ckpt.parent)
+    lower = rec.get("do_lower_case")
+    if lower is None:
+        lower = vocab.do_lower_case if vocab.do_lower_case is not None else True
+    return load_tokenizer(vocab.path, lower), lower
+
+
+def load_scorer(backend, cfg: PredictConfig, seq: int, build) -> tuple[Callable, int]:
+    """``(score, max_seq_length)``: the checkpoint's weights (read by every rank) in
+    ``build(bert_config, max_seq_length)``, as a scorer of batches cut to their longest
+    sequence. ``seq`` is capped at the model's positions unless the user asked for it."""
+    from hvd_bert.data.padding import trim_padding
+
+    arrays, config = backend.read_checkpoint_weights(cfg.checkpoint)
+    limit = config.max_position_embeddings
+    if cfg.max_seq_length > limit:
+        raise ConfigError(f"max_seq_length {cfg.max_seq_length} is longer than the {limit} positions of "
+                          f"{cfg.checkpoint}: give --set max_seq_length={limit} or less")
+    seq = min(seq, limit)
+    model = build(config, seq)
+    backend.load_weights(model, arrays, source=f"checkpoint {cfg.checkpoint}")
+    score = backend.scorer(model, cfg.precision)
+    return (lambda batch: score(trim_padding(batch, 8))), seq
