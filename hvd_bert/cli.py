@@ -39,11 +39,13 @@ def _cmd_config(args: argparse.Namespace) -> int:
     from hvd_bert import config as C
 
     cls = C.JOB_CONFIGS[args.job]
+    section = getattr(cls, "JOB_SECTION", "")  # the engine's settings alone: under the jobs' names
     if args.explain:
-        print("\n".join(C.explain(cls)))
+        print("\n".join(C.explain(cls, f"{section}." if section else "")))
         return 0
     cfg = C.load_config(cls, args.config, args.overrides)  # a ConfigError: main's one-line exit 2
-    print(yaml.safe_dump(C.to_dict(cfg), sort_keys=False), end="")
+    out = {section: C.to_dict(cfg)} if section else C.to_dict(cfg)
+    print(yaml.safe_dump(out, sort_keys=False), end="")
     return 0
 
 

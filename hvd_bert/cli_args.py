@@ -10,7 +10,7 @@ __all__ = ["build_parser", "EXAMPLES", "without_launch_flags"]
 
 
 # each job's example recipe and override in --help (tests/core/test_cli.py runs them)
-EXAMPLES = {"train": (None, "optim.lr=1e-3"),
+EXAMPLES = {"train": (None, "train.optim.lr=1e-3"),
             "pretrain": ("recipes/bert-large-phase1.yaml", "train.optim.lr=1e-3"),
             "finetune": ("recipes/glue.yaml", "epochs=2"),
             "ncf": ("recipes/ncf-ladder-1-baseline.yaml", "top_k=20"),

@@ -103,14 +103,15 @@ def check_cpu_operations(hcfg, env=None) -> None:
     env = os.environ if env is None else env
     want = getattr(hcfg, "cpu_operations", None) or env.get("HOROVOD_CPU_OPERATIONS", "")
     if want.lower() == "gloo" and mpi_launched(env):
-        raise LaunchError("horovod.cpu_operations=gloo (HOROVOD_CPU_OPERATIONS=gloo) under an MPI launch "
+        raise LaunchError("train.horovod.cpu_operations=gloo (HOROVOD_CPU_OPERATIONS=gloo) under an MPI "
+                          "launch "
                           "crashes Horovod 0.28.1 (a segfault in its Gloo broadcast, the Gloo context is "
                           "never set up from MPI's): leave it unset (MPI's operations) or launch with "
                           "horovodrun --gloo")
     if want.lower() == "mpi" and gloo_launched(env):
-        raise LaunchError("horovod.cpu_operations=mpi (HOROVOD_CPU_OPERATIONS=mpi) needs an MPI launch, but "
-                          "this job was started by horovodrun with Gloo: launch it with mpirun (or "
-                          "horovodrun --mpi), or set horovod.cpu_operations=gloo")
+        raise LaunchError("train.horovod.cpu_operations=mpi (HOROVOD_CPU_OPERATIONS=mpi) needs an MPI "
+                          "launch, but this job was started by horovodrun with Gloo: launch it with "
+                          "mpirun (or horovodrun --mpi), or set train.horovod.cpu_operations=gloo")
 
 
 def gloo_launched(env=None) -> bool:

@@ -1,5 +1,5 @@
 """The configuration machinery: frozen dataclasses with documented fields (``doc``), loaded
-from YAML (safe loader) with type-checked command-line overrides (``--set optim.lr=1e-3``).
+from YAML (safe loader) with type-checked command-line overrides (``--set train.optim.lr=1e-3``).
 
 An unknown key or a value of the wrong type is a :class:`ConfigError` that names the key
 (``optim.lr``), what was given and what is expected. Field documentation lives where the
@@ -161,15 +161,17 @@ def _parse_scalar(text: str) -> Any:
 
 def apply_overrides(cfg, overrides: Sequence[str]):
     """Apply ``key.path=value`` overrides (value in YAML syntax) with type checks."""
+    section = getattr(type(cfg), "JOB_SECTION", None)  # a job's section: its keys as the job names them
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key.path=value (e.g. optim.lr=1e-3)")
+            raise ConfigError(f"override {item!r} must look like key.path=value (e.g. train.optim.lr=1e-3)")
         path, text = item.split("=", 1)
         path = path.strip()
+        key = path[len(section) + 1:] if section and path.startswith(section + ".") else path
         try:
-            cfg = _set_path(cfg, path.split("."), _parse_scalar(text), path)
+            cfg = _set_path(cfg, key.split("."), _parse_scalar(text), path)
         except ConfigError as e:
-            raise ConfigError(f"{e}{_elsewhere(cfg, path)}") from None
+            raise ConfigError(f"{e}{_elsewhere(cfg, key)}") from None
     return cfg
 
 
@@ -226,12 +228,18 @@ def load_config(cls, path: str | Path | None = None, overrides: Sequence[str] = 
             raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
         if not isinstance(data, Mapping):
             raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    section = getattr(cls, "JOB_SECTION", None)
+    if section and isinstance(data.get(section), Mapping):  # a job recipe: its section of cls's settings
+        data = data[section]
     base = cls()
     cfg = apply_overrides(overlay(base, data), overrides)
-    check_applicable(cfg, base)
+    check_applicable(cfg, base, f"{section}." if section else "")
     resolve = getattr(cfg, "resolve_given", None)  # a job's settings that depend on what the user gave
     if resolve is not None:
-        cfg = resolve(given_keys(data) | {o.split("=", 1)[0].strip() for o in overrides})
+        given = {o.split("=", 1)[0].strip() for o in overrides}
+        if section:
+            given = {k[len(section) + 1:] if k.startswith(section + ".") else k for k in given}
+        cfg = resolve(given_keys(data) | given)
     return cfg
 
 

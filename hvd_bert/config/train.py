@@ -5,7 +5,7 @@ and :class:`TrainConfig` that holds them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Literal, Optional, Sequence
+from typing import ClassVar, Literal, Optional, Sequence
 
 from hvd_bert.config.base import ConfigError, doc, require
 from hvd_bert.core import schedules as S
@@ -58,19 +58,21 @@ class OptimConfig:
                       "adaptation where configured); default BERT's")
 
     def __post_init__(self) -> None:
-        require(0 < self.lr < 1e4, f"optim.lr must be in (0, 1e4), got {self.lr}: no recipe steps that far "
+        require(0 < self.lr < 1e4, f"train.optim.lr must be in (0, 1e4), got {self.lr}: no recipe steps that "
+                                   f"far "
                                     f"(LARS for ResNet peaks near 30)")
-        require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        require(self.weight_decay >= 0, f"train.optim.weight_decay must be >= 0, got {self.weight_decay}")
         require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
-                 f"optim.beta1/beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
-        require(self.eps >= 0, f"optim.eps must be >= 0, got {self.eps}")
-        require(0 <= self.momentum < 1, f"optim.momentum must be in [0, 1), got {self.momentum}")
-        require(self.base_batch_size > 0, f"optim.base_batch_size must be > 0, got {self.base_batch_size}")
+                 f"train.optim.beta1/beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
+        require(self.eps >= 0, f"train.optim.eps must be >= 0, got {self.eps}")
+        require(0 <= self.momentum < 1, f"train.optim.momentum must be in [0, 1), got {self.momentum}")
+        require(self.base_batch_size > 0,
+                f"train.optim.base_batch_size must be > 0, got {self.base_batch_size}")
         require(self.max_grad_norm is None or self.max_grad_norm > 0,
-                 f"optim.max_grad_norm must be > 0 or null, got {self.max_grad_norm}")
+                 f"train.optim.max_grad_norm must be > 0 or null, got {self.max_grad_norm}")
 
     def check_against(self, base: OptimConfig, key: str) -> None:
-        """Refuse a setting the chosen optimizer does not read (``optim.eta`` with lamb): every
+        """Refuse a setting the chosen optimizer does not read (``train.optim.eta`` with lamb): every
         field changed from ``base`` (the job's default) must apply to ``name``."""
         for g in fields(self):
             if g.name in _OPTIM_ALL or g.name in OPTIM_FIELDS[self.name]:
@@ -157,12 +159,12 @@ class ScheduleConfig:
     factor: float = doc(0.1, "step: the multiplier")
 
     def __post_init__(self) -> None:
-        require(self.total_steps > 0, f"schedule.total_steps must be > 0, got {self.total_steps}")
-        require(0 <= self.warmup < 1, f"schedule.warmup is a proportion in [0, 1), got {self.warmup}")
-        require(self.warmup_steps >= 0, f"schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
+        require(self.total_steps > 0, f"train.schedule.total_steps must be > 0, got {self.total_steps}")
+        require(0 <= self.warmup < 1, f"train.schedule.warmup is a proportion in [0, 1), got {self.warmup}")
+        require(self.warmup_steps >= 0, f"train.schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.name == "warmup_poly_decay":
             require(self.warmup_steps < self.total_steps,
-                     f"schedule.warmup_steps ({self.warmup_steps}) must be < total_steps "
+                     f"train.schedule.warmup_steps ({self.warmup_steps}) must be < total_steps "
                      f"({self.total_steps})")
 
 
@@ -199,12 +201,13 @@ class PrecisionConfig:
     growth_interval: int = doc(2000, "clean steps before the scale grows")
 
     def __post_init__(self) -> None:
-        require(self.init_scale > 0, f"precision.init_scale must be > 0, got {self.init_scale}")
-        require(self.growth_factor > 1, f"precision.growth_factor must be > 1, got {self.growth_factor}")
+        require(self.init_scale > 0, f"train.precision.init_scale must be > 0, got {self.init_scale}")
+        require(self.growth_factor > 1,
+                f"train.precision.growth_factor must be > 1, got {self.growth_factor}")
         require(0 < self.backoff_factor < 1,
-                 f"precision.backoff_factor must be in (0, 1), got {self.backoff_factor}")
+                 f"train.precision.backoff_factor must be in (0, 1), got {self.backoff_factor}")
         require(self.growth_interval > 0,
-                 f"precision.growth_interval must be > 0, got {self.growth_interval}")
+                 f"train.precision.growth_interval must be > 0, got {self.growth_interval}")
 
 
 @dataclass(frozen=True)
@@ -216,15 +219,15 @@ class ElasticConfig:
 
     uneven: Literal["nearest", "wait"] = doc(
         "nearest", "when the new world size cannot make the global batch exactly: nearest (train on "
-                   "the nearest global batch, peak LR rescaled by optim.lr_scaling) or wait (train "
+                   "the nearest global batch, peak LR rescaled by train.optim.lr_scaling) or wait (train "
                    "nothing until workers are added or removed)")
     commit_every: int = doc(1, "optimizer steps between commits of the training state to memory "
                                "(what a lost worker rolls back to)")
     wait_poll_s: float = doc(1.0, "seconds between checks for new workers while waiting (uneven=wait)")
 
     def __post_init__(self) -> None:
-        require(self.commit_every > 0, f"elastic.commit_every must be > 0, got {self.commit_every}")
-        require(self.wait_poll_s > 0, f"elastic.wait_poll_s must be > 0, got {self.wait_poll_s}")
+        require(self.commit_every > 0, f"train.elastic.commit_every must be > 0, got {self.commit_every}")
+        require(self.wait_poll_s > 0, f"train.elastic.wait_poll_s must be > 0, got {self.wait_poll_s}")
 
 
 @dataclass(frozen=True)
@@ -254,14 +257,21 @@ class HorovodConfig:
 
     def __post_init__(self) -> None:
         require(self.gradient_predivide_factor > 0,
-                 f"horovod.gradient_predivide_factor must be > 0, got {self.gradient_predivide_factor}")
+                 f"train.horovod.gradient_predivide_factor must be > 0, got {self.gradient_predivide_factor}")
         require(not self.autotune_log or self.autotune,
-                 "horovod.autotune_log is set but horovod.autotune is false: set horovod.autotune=true")
+                 "train.horovod.autotune_log is set but train.horovod.autotune is false: set "
+                 "train.horovod.autotune=true")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """A training run's engine settings, shared by both frameworks."""
+    """A training run's engine settings, shared by both frameworks. Every job holds one as its
+    ``train`` section, and the settings have the same names everywhere: ``train.optim.lr`` on
+    the command line, in a recipe and in ``apply_overrides(TrainConfig(), [...])`` (which also
+    takes them without ``train.``); ``load_config(TrainConfig, recipe)`` reads a job recipe's
+    ``train:`` section."""
+
+    JOB_SECTION: ClassVar[str] = "train"  # its name in every job's config
 
     optim: OptimConfig = doc(OptimConfig(), "")
     schedule: ScheduleConfig = doc(ScheduleConfig(), "")
@@ -279,7 +289,7 @@ class TrainConfig:
                                       "global batch; each rank's data share and RNG stream change)")
     max_skipped_steps: int = doc(
         50, "stop with an error after this many optimizer steps in a row were skipped for inf/NaN "
-            "gradients (a diverged run: lower optim.lr, or use fp32)")
+            "gradients (a diverged run: lower train.optim.lr, or use fp32)")
 
     def __post_init__(self) -> None:
         require(self.max_skipped_steps > 0, f"max_skipped_steps must be > 0, got {self.max_skipped_steps}")

@@ -228,5 +228,5 @@ def make_schedule(cfg, peak_lr: float) -> Schedule:
         return warmup_poly_decay(peak_lr, cfg.warmup_steps, cfg.total_steps, cfg.end_lr, cfg.power)
     if cfg.name == "step":
         return StepDecay(peak_lr, cfg.boundaries, cfg.factor)
-    raise ValueError(f"schedule.name: unknown schedule {cfg.name!r}; choose constant, linear_warmup, "
+    raise ValueError(f"train.schedule.name: unknown schedule {cfg.name!r}; choose constant, linear_warmup, "
                      f"poly_warmup, warmup_poly_decay or step")

@@ -67,7 +67,7 @@ class Layout:
         if self.exact:
             return head + " (the configured global batch, exactly)"
         return (f"{head}: {world_size} ranks cannot make the global batch {self.target} exactly, so "
-                f"this is the nearest one; the peak LR is rescaled to it by optim.lr_scaling "
+                f"this is the nearest one; the peak LR is rescaled to it by train.optim.lr_scaling "
                 f"(train.elastic.uneven={uneven})")
 
 

@@ -1,7 +1,7 @@
 """The one training loop every job runs, in either framework, launched plainly or by Horovod
 elastic::
 
-    result = fit(engine, batches_from, total_steps=..., output_dir=...)          # a plain run
+    result = fit(engine, batches_from)        # a plain run: train.schedule.total_steps, train.output_dir
     result = fit(engine, batches_from, ..., elastic=ElasticHook(...))            # Horovod elastic
 
 ``engine`` is a framework's Engine (``train.engine.Engine``). The loop reads a micro-batch,
@@ -28,14 +28,21 @@ from hvd_bert.train.log import DivergedError, RunLog, ScalarWriter
 __all__ = ["fit", "train_steps", "resume_line", "StepBook", "MetricWindow"]
 
 
-def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_steps: int,
-        plan: BatchPlan | None = None, output_dir: str | Path | None = None,
-        checkpoint_every: int = 0, keep_checkpoints: int = 3, log_every: int = 10,
+def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_steps: int | None = None,
+        plan: BatchPlan | None = None, output_dir: str | Path | None | bool = None,
+        checkpoint_every: int | None = None, keep_checkpoints: int | None = None,
+        log_every: int | None = None,
         progress: bool = True, log: RunLog | None = None, unit: str = "samples",
         on_step: Callable[[StepResult, dict], bool | None] | None = None,
-        max_skipped_steps: int = 50, elastic=None) -> FitResult:
+        max_skipped_steps: int | None = None, elastic=None) -> FitResult:
     """Train until ``total_steps`` optimizer steps, resuming from ``output_dir``'s newest
     checkpoint.
+
+    The run's settings are the engine's ``TrainConfig`` (``Engine.from_config``), under the
+    names the jobs give them: ``train.schedule.total_steps``, ``train.output_dir``,
+    ``train.checkpoint_every``, ``train.keep_checkpoints``, ``train.log_every``,
+    ``train.max_skipped_steps``. An argument given here wins; ``output_dir=False``: no run
+    folder (no checkpoints, metrics or resume).
 
     ``batches_from(micro_step)`` yields this rank's micro-batches from that position on (so a
     resumed run continues where the data left off). Every ``log_every`` steps the loss and
@@ -46,6 +53,9 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
     ``max_skipped_steps`` overflow-skipped steps in a row it raises ``DivergedError`` on every
     rank and writes nothing. ``elastic``: a ``train.elastic.ElasticHook`` under Horovod elastic.
     """
+    total_steps, output_dir, checkpoint_every, keep_checkpoints, log_every, max_skipped_steps = _settings(
+        getattr(engine, "config", None), total_steps, output_dir, checkpoint_every, keep_checkpoints,
+        log_every, max_skipped_steps)
     own_log = log is None
     if own_log:  # a script's own run: its run folder gets what a job's does (metrics, TensorBoard, config)
         writer = None
@@ -78,6 +88,27 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
         log.close()
     return FitResult(engine.step_count, engine.skipped_steps, book.last_loss, book.checkpoint, book.stopped,
                      log.history, book.by_signal)
+
+
+def _settings(config, total_steps, output_dir, checkpoint_every, keep_checkpoints, log_every,
+              max_skipped_steps) -> tuple:
+    """fit()'s arguments, each one not given taken from the engine's TrainConfig (else the
+    TrainConfig defaults); ``output_dir`` False becomes None (no run folder)."""
+    from hvd_bert.config import ConfigError, TrainConfig
+
+    c = config if config is not None else TrainConfig()
+    if total_steps is None:
+        if config is None:
+            raise ConfigError("fit() needs the run's length: pass total_steps=, or build the engine with "
+                              "Engine.from_config (its train.schedule.total_steps)")
+        total_steps = c.schedule.total_steps
+    if output_dir is None:
+        output_dir = c.output_dir if config is not None else None
+    output_dir = None if output_dir is False or output_dir == "" else output_dir
+    pick = lambda given, default: default if given is None else given  # noqa: E731
+    return (total_steps, output_dir, pick(checkpoint_every, c.checkpoint_every),
+            pick(keep_checkpoints, c.keep_checkpoints), pick(log_every, c.log_every),
+            pick(max_skipped_steps, c.max_skipped_steps))
 
 
 def _claim_run_folder(engine: Engine, out: Path, config) -> None:

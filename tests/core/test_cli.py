@@ -14,22 +14,25 @@ def hvd_bert(*args):
 
 def test_config_prints_resolved_yaml_with_overrides(tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("optim: {name: lars}\n")
-    p = hvd_bert("config", "--config", str(recipe), "--set", "optim.lr=2.0", "--set", "seed=5")
+    recipe.write_text("train: {optim: {name: lars}}\n")
+    p = hvd_bert("config", "--config", str(recipe), "--set", "train.optim.lr=2.0", "--set", "seed=5")
     assert p.returncode == 0, p.stderr
-    cfg = yaml.safe_load(p.stdout)
+    cfg = yaml.safe_load(p.stdout)["train"]  # the engine's settings under the jobs' names
     assert cfg["optim"]["name"] == "lars" and cfg["optim"]["lr"] == 2.0 and cfg["seed"] == 5
+    (tmp_path / "printed.yaml").write_text(p.stdout)  # what it prints is a recipe that loads back
+    again = yaml.safe_load(hvd_bert("config", "--config", str(tmp_path / "printed.yaml")).stdout)["train"]
+    assert again == cfg
 
 
 def test_config_error_names_the_key_and_exits_2():
-    p = hvd_bert("config", "--set", "optim.learning_rate=1")
+    p = hvd_bert("config", "--set", "train.optim.learning_rate=1")
     assert p.returncode == 2
-    assert "unknown key 'optim.learning_rate'" in p.stderr
+    assert "unknown key 'train.optim.learning_rate'" in p.stderr
 
 
 def test_config_explain_documents_fields():
     p = hvd_bert("config", "--explain")
-    assert p.returncode == 0 and "batch.backward_passes_per_step" in p.stdout
+    assert p.returncode == 0 and "\ntrain.batch.backward_passes_per_step (" in p.stdout
 
 
 def test_no_subcommand_is_a_usage_error():

@@ -59,7 +59,8 @@ def test_every_horovod_knob_is_a_setting(tmp_path):
     with pytest.raises(LaunchError, match="under an MPI launch crashes Horovod 0.28.1"):
         check_cpu_operations(HorovodConfig(cpu_operations="gloo"), {"OMPI_COMM_WORLD_SIZE": "2"})
     check_cpu_operations(HorovodConfig(cpu_operations="gloo"), gloo)
-    with pytest.raises(ValueError, match="horovod.autotune_log is set but horovod.autotune is false"):
+    with pytest.raises(ValueError, match="train.horovod.autotune_log is set but train.horovod.autotune is "
+                                         "false"):
         HorovodConfig(autotune_log="x.csv")
 
 

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from hvd_bert.config import (ConfigError, OptimConfig, ScheduleConfig, TrainConfig, apply_overrides, explain,
                              from_dict, load_config, to_dict)
@@ -135,9 +136,11 @@ def test_explain_shows_the_jobs_defaults():
 
 
 @pytest.mark.parametrize("overrides,match", [
-    (["optim.eta=0.002"], r"optim.eta=0.002 does not apply to optim.name='lamb' \(it is read by lars\)"),
-    (["optim.name=sgd", "optim.beta1=0.8"], r"optim.beta1=0.8 does not apply to optim.name='sgd'"),
-    (["optim.nesterov=true"], r"optim.nesterov=True does not apply"),
+    (["optim.eta=0.002"],
+     r"train.optim.eta=0.002 does not apply to train.optim.name='lamb' \(it is read by lars\)"),
+    (["train.optim.name=sgd", "train.optim.beta1=0.8"],
+     r"train.optim.beta1=0.8 does not apply to train.optim.name"),
+    (["optim.nesterov=true"], r"train.optim.nesterov=True does not apply"),
     (["optim.name=adamw", "optim.bias_correction=false"], r"bias_correction=False does not apply"),
 ])
 def test_a_setting_the_optimizer_does_not_read_is_an_error(overrides, match):
@@ -181,6 +184,29 @@ def test_a_key_of_a_section_given_without_it_is_pointed_there():
     with pytest.raises(ConfigError, match=r"unknown key 'train.optim.lrr' \(did you mean 'lr'\?\)") as e:
         load_config(PretrainConfig, None, ["train.optim.lrr=1e-3"])
     assert "this job's key" not in str(e.value)
+
+
+def test_the_engines_settings_have_the_jobs_names_everywhere(tmp_path):
+    """One namespace: train.optim.lr on the command line, in a recipe and in the Python API."""
+    from pathlib import Path
+
+    from hvd_bert.config import FinetuneConfig
+
+    given = ["train.optim.lr=1e-3", "train.batch.global_batch_size=256", "train.schedule.total_steps=7"]
+    own = apply_overrides(TrainConfig(), given)
+    assert own == apply_overrides(TrainConfig(), [g.replace("train.", "", 1) for g in given])  # also without
+    assert own.optim.lr == 1e-3 and own.schedule.total_steps == 7
+    job = load_config(FinetuneConfig, None, given).train  # (a job's defaults are its own, e.g. AdamW)
+    assert (job.optim.lr, job.batch.global_batch_size, job.schedule.total_steps) == (1e-3, 256, 7)
+    recipe = Path(__file__).parents[2] / "recipes" / "squad.yaml"  # a job's recipe: its train: section
+    section = yaml.safe_load(recipe.read_text())["train"]
+    loaded = to_dict(load_config(TrainConfig, recipe))
+    assert section and all(loaded[k][n] == v for k, sub in section.items() if isinstance(sub, dict)
+                           for n, v in sub.items())
+    (tmp_path / "own.yaml").write_text("optim:\n  lr: 0.002\n")  # a TrainConfig file of its own
+    assert load_config(TrainConfig, tmp_path / "own.yaml").optim.lr == 0.002
+    with pytest.raises(ConfigError, match=r"unknown key 'train.optim.lrr' \(did you mean 'lr'\?\)"):
+        apply_overrides(TrainConfig(), ["train.optim.lrr=1"])
 
 
 @pytest.mark.parametrize("given,local,k", [

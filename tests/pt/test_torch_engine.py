@@ -144,20 +144,22 @@ def test_a_checkpoint_round_trips_with_json_metadata(tmp_path):
 
 def test_fit_of_a_scripts_own_model_writes_the_run_folder_and_refuses_other_settings(tmp_path):
     """fit() for a user's own model writes what the jobs write (metrics.jsonl, TensorBoard, the
-    resolved config.json), resumes with the same settings and refuses a resume with others."""
+    resolved config.json), resumes with the same settings and refuses a resume with others; it
+    takes the run's length, folder and logging from the engine's config (train.*)."""
     import json
 
     from hvd_bert.train.engine import ResumeError
     from hvd_bert.train.loop import fit
 
-    def run(lr, steps):
-        cfg = apply_overrides(TrainConfig(), [f"optim.lr={lr}", "optim.name=sgd", "batch.local_batch_size=4",
-                                              "batch.backward_passes_per_step=1", "schedule.name=constant",
-                                              f"schedule.total_steps={steps}"])
+    def run(lr, steps):  # the run's length, folder and logging from the config, under the jobs' names
+        cfg = apply_overrides(TrainConfig(), [
+            f"train.optim.lr={lr}", "train.optim.name=sgd", "train.batch.local_batch_size=4",
+            "train.batch.backward_passes_per_step=1", "train.schedule.name=constant",
+            f"train.schedule.total_steps={steps}", f"train.output_dir={tmp_path}", "train.log_every=1"])
         model = small_model()
         engine = Engine.from_config(model, cfg, loss_fn=lambda m, b: ((m(b[0]) - b[1]) ** 2).mean())
         batches = lambda start: iter(lambda: (torch.ones(4, 3), torch.zeros(4, 1)), None)  # noqa: E731
-        return fit(engine, batches, total_steps=steps, output_dir=tmp_path, progress=False, log_every=1)
+        return fit(engine, batches, progress=False)
 
     assert run(0.01, 3).steps == 3
     assert json.loads((tmp_path / "config.json").read_text())["train"]["optim"]["lr"] == 0.01
@@ -166,3 +168,11 @@ def test_fit_of_a_scripts_own_model_writes_the_run_folder_and_refuses_other_sett
     assert run(0.01, 5).steps == 5  # the same settings, a longer horizon: a resume
     with pytest.raises(ResumeError, match=r"other settings.*optim.lr: 0.01 -> 0.02"):
         run(0.02, 6)
+    # arguments win over the config; output_dir=False: no run folder
+    cfg = apply_overrides(TrainConfig(), ["train.optim.name=sgd", "train.batch.local_batch_size=4",
+                                          "train.batch.backward_passes_per_step=1",
+                                          f"train.output_dir={tmp_path / 'unused'}"])
+    engine = Engine.from_config(small_model(), cfg, loss_fn=lambda m, b: ((m(b[0]) - b[1]) ** 2).mean())
+    res = fit(engine, lambda start: iter(lambda: (torch.ones(4, 3), torch.zeros(4, 1)), None), total_steps=2,
+              output_dir=False, progress=False)
+    assert res.steps == 2 and res.checkpoint is None and not (tmp_path / "unused").exists()

@@ -53,7 +53,7 @@ def scenario(toy, backend, r, n, mode, optim, k, steps, extra=(), ckpt=None, kil
             for i, (xb, yb) in enumerate(batches_from(micro)):
                 yield (xb, yb * float("inf")) if r == 1 and i >= k else (xb, yb)
 
-        fit(engine, poisoned, total_steps=steps, output_dir=ckpt, log_every=1,
+        fit(engine, poisoned, total_steps=steps, output_dir=ckpt or False, log_every=1,
             progress=False, max_skipped_steps=cfg.max_skipped_steps)
     elif mode == "resume":
         # per-rank seeds: per-rank dropout streams (restored on resume); weights from rank 0
@@ -64,7 +64,7 @@ def scenario(toy, backend, r, n, mode, optim, k, steps, extra=(), ckpt=None, kil
             if kill_at and r == 0 and res.step == kill_at:
                 os.kill(os.getpid(), signal.SIGTERM)
 
-        fr = fit(engine, batches_from, total_steps=steps, output_dir=ckpt,
+        fr = fit(engine, batches_from, total_steps=steps, output_dir=ckpt or False,
                  checkpoint_every=2, log_every=1, progress=False, on_step=on_step)
         result.update(steps=fr.steps, stopped=fr.stopped_by_signal, params=toy.flat(model),
                       history=fr.history)
