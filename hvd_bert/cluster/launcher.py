@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from typing import Sequence
@@ -63,6 +64,8 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
     errors_seen: set[str] = set()
     in_error: set[str] = set()  # ranks whose error message goes on over more lines
     codes: list[int] = []
+    forward = lambda sig, _frame: _stop(proc, sig)  # noqa: E731  (the job saves and stops: status 3)
+    before = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         for line, tag in _pieces(proc.stdout):
             if tag is None:  # the launcher's own line
@@ -82,14 +85,46 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
             in_error.discard(rank)
             if text.strip():
                 print(f"[{rank}] {text}", file=err if stream == "stderr" else out, flush=True)
-    except KeyboardInterrupt:
-        proc.terminate()
-    rc = proc.wait()
+    finally:
+        rc = proc.wait()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
     if 2 in codes or (rc != 0 and errors_seen):
         return 2
     if 3 in codes:
         return 3
     return rc if rc in (0, 2, 3) else (codes[0] if codes and codes[0] else rc)
+
+
+def _stop(proc: subprocess.Popen, sig: int) -> None:
+    """A signal to the launcher goes to the job's ranks on this machine, as SLURM and torchrun
+    deliver it: each saves a checkpoint and the ranks stop together (status 3). mpirun would
+    kill them a second after passing it on (odls_base_sigkill_timeout), before a large model's
+    checkpoint is written. Ranks only on other hosts: the launcher passes it on."""
+    import psutil
+
+    try:
+        job = [p for p in psutil.Process(proc.pid).children(recursive=True) if _is_rank(p)]
+    except psutil.Error:
+        job = []
+    pids = {p.pid for p in job}
+    ranks = [p for p in job if p.ppid() not in pids]  # (a rank's own forked workers: the rank's to stop)
+    for p in ranks:
+        try:
+            p.send_signal(sig)
+        except psutil.Error:
+            pass
+    if not ranks and proc.poll() is None:
+        proc.send_signal(sig)
+
+
+def _is_rank(p) -> bool:
+    try:
+        cmd = p.cmdline()
+    except Exception:  # (psutil.Error: gone, or not ours to read)
+        return False
+    return "hvd_bert" in cmd and "hvd_bert.cluster.horovodrun" not in cmd and any(
+        "python" in part.rsplit("/", 1)[-1] for part in cmd[:1])
 
 
 def _pieces(stream):

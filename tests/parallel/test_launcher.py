@@ -77,3 +77,44 @@ def test_hvd_bert_launch_passes_the_ranks_output_through_with_one_prefix(bert_da
     assert lines and all(line.startswith(("[0] ", "[1] ")) for line in lines), lines
     assert "[0] world: 2 ranks on 1 host" in res.stdout and "[0] finished step 2;" in res.stdout
     assert "<stdout>" not in res.stdout and not any(n in res.stdout + res.stderr for n in TF_NOISE)
+
+
+@pytest.mark.parametrize("launcher", ["--mpi", "--gloo"])
+def test_a_signal_to_hvd_bert_launch_saves_stops_with_status_3_and_the_rerun_resumes(launcher, bert_data,
+                                                                                    tmp_path):
+    """SIGTERM to ``hvd-bert launch`` (what SLURM, a scheduler or ``kill`` sends): the ranks on
+    this machine get it, as srun and torchrun deliver it, so each saves a checkpoint and the
+    job stops together; the launcher's status is the job's 3, and the same command resumes."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "hvd_bert", "launch", "-np", "2", launcher, "--", "pretrain",
+            "--set", f"data={bert_data}", "--set", "max_seq_length=64", "--set", "max_predictions_per_seq=10",
+            "--set", "train.schedule.total_steps=100000", "--set", "train.log_every=1",
+            "--set", f"train.output_dir={out}", "--set", "progress=false",
+            "--set", "train.batch.local_batch_size=8"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=launch.mpi_env(os.environ), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        metrics = out / "metrics.jsonl"
+        while not metrics.is_file() or len(metrics.read_text().splitlines()) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 3, stdout[-3000:] + stderr[-3000:]
+    stopped = int(stdout.split("stopped by a signal at step ")[1].split(";")[0])
+    assert (out / f"ckpt-{stopped:08d}.pt").is_file() and "(exit status 3)" in stdout
+    for noise in ("Traceback", "Primary job", "Process name", "<stderr>"):
+        assert noise not in stdout + stderr, noise
+    again = subprocess.run([*argv[:argv.index("train.schedule.total_steps=100000")],
+                            f"train.schedule.total_steps={stopped + 2}", *argv[argv.index(
+                                "train.schedule.total_steps=100000") + 1:]],
+                           capture_output=True, text=True, timeout=300, env=launch.mpi_env(os.environ))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"resumed from step {stopped}" in again.stdout and f"finished step {stopped + 2};" in again.stdout
