@@ -10,6 +10,7 @@ the data libraries):
     train       the training run: backend and engine protocols, the loop, checkpoints, the log
     jobs        pretrain, finetune, ncf: each written once as run(cfg, backend)
     cluster     Horovod's initialisation, launching, doctor
+    files       writing files safely: atomic, never through a planted link, resource errors named
     cli         the hvd-bert command: dispatches each subcommand (cli_args: its arguments)
 The two backends, which never import each other:
     pt          PyTorch (models, engine, reader, kernels/)

@@ -228,11 +228,38 @@ def build_parser() -> argparse.ArgumentParser:
     return build(COMMANDS)
 
 
+def _user_error(command: str, line: str) -> int:
+    from hvd_bert.cluster.processes import let_peers_report
+
+    # one write: a launcher that merges the ranks' output cannot cut the line (print writes twice)
+    sys.stderr.write(f"hvd-bert {command}: {line}\n")
+    sys.stderr.flush()
+    let_peers_report()
+    return 2
+
+
+def resource_line(e: BaseException) -> str | None:
+    """A resource the user must provide, as one line with the fix: disk space, a writable
+    folder (``files.os_error_line``), memory for the batch; None for anything else."""
+    from hvd_bert.files import os_error_line
+
+    if isinstance(e, OSError):
+        return os_error_line(e)
+    text = str(e)
+    if isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower() \
+            or type(e).__name__ == "ResourceExhaustedError":
+        first = text.splitlines()[0][:160] if text else type(e).__name__
+        return (f"out of memory for this batch ({first}): lower train.batch.local_batch_size and raise "
+                f"train.batch.backward_passes_per_step to keep the global batch, or use "
+                f"train.precision.mode=bf16")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Every subcommand through one error handler: a user error (settings, data, checkpoint,
     weights, a diverged run) is one line naming the problem and the fix, exit status 2, on
     every rank; anything else is a bug and keeps its traceback."""
-    from hvd_bert.cluster.processes import let_peers_report, peer_failed
+    from hvd_bert.cluster.processes import peer_failed
     from hvd_bert.jobs import user_errors
 
     parser = build_parser()
@@ -248,12 +275,11 @@ def main(argv: list[str] | None = None) -> int:
         if type(e) is ValueError and not args.command.startswith("prepare-"):
             raise  # a bare ValueError outside data preparation is a bug
         hint = getattr(args, "error_hint", None)
-        # one write: a launcher that merges the ranks' output cannot cut the line (print writes twice)
-        sys.stderr.write(f"hvd-bert {args.command}: {e}{hint(e) if hint else ''}\n")
-        sys.stderr.flush()
-        let_peers_report()
-        return 2
+        return _user_error(args.command, f"{e}{hint(e) if hint else ''}")
     except Exception as e:
+        resource = resource_line(e)
+        if resource is not None:
+            return _user_error(args.command, resource)
         if not peer_failed(e):
             raise
         # Another rank stopped (a user error it reported, or a crash with its traceback) while

@@ -59,7 +59,7 @@ def built() -> dict[str, bool | None]:
         pass
     got = {w: _horovods_check(w) for w in ("gloo_built", "mpi_built")}
     if None not in got.values():  # only a definite answer is kept
-        from hvd_bert.train.checkpoint import atomic_write
+        from hvd_bert.files import atomic_write
         atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(got)))
     return got
 

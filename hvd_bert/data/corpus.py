@@ -14,7 +14,7 @@ import re
 import sysconfig
 from pathlib import Path
 
-from hvd_bert.train.checkpoint import atomic_write
+from hvd_bert.files import atomic_write
 
 __all__ = ["stdlib_documents", "write_stdlib_corpus"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from hvd_bert.data.corpus import write_stdlib_corpus
 from hvd_bert.data.sidecar import SIDECAR
 from hvd_bert.data.vocab import train_vocab
-from hvd_bert.train.checkpoint import atomic_write
+from hvd_bert.files import atomic_write
 
 __all__ = ["cache_dir", "default_corpus", "default_data", "default_ncf_data", "pretrain_defaults",
            "ncf_defaults", "pretrain_data_hint"]

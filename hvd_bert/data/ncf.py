@@ -27,7 +27,7 @@ from typing import Iterator
 import numpy as np
 
 from hvd_bert.config.base import ConfigError
-from hvd_bert.train.checkpoint import atomic_write
+from hvd_bert.files import atomic_write
 from hvd_bert.data.records import DatasetError
 from hvd_bert.data.sidecar import read_sidecar, write_sidecar
 

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from hvd_bert.train.checkpoint import atomic_write
+from hvd_bert.files import atomic_write
 
 __all__ = ["CorruptRecordError", "DatasetError", "write_examples", "write_records", "serialize_rows",
            "iter_records", "decode_example", "decode_batch", "shard_name", "read_ordered"]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hvd_bert.data.records import DatasetError
-from hvd_bert.train.checkpoint import atomic_write
+from hvd_bert.files import atomic_write
 
 __all__ = ["SIDECAR", "write_sidecar", "read_sidecar", "file_sha256"]
 

@@ -336,7 +336,7 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
         side = [f for part in (gathered or []) for f in part[1]]
     if rank != 0:
         return None
-    from hvd_bert.train.checkpoint import atomic_write
+    from hvd_bert.files import atomic_write
 
     side.sort(key=lambda f: f["unique_id"])
     atomic_write(out / "features.jsonl", lambda t: t.write_text(

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from hvd_bert.train.checkpoint import atomic_write
+from hvd_bert.files import atomic_write
 
 __all__ = ["predictions", "final_text", "write_predictions"]
 

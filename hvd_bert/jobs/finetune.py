@@ -28,7 +28,7 @@ from hvd_bert.data.vocab import init_vocab_error
 from hvd_bert.evaluation.finetune import (Evaluation, best_metric_of, eval_batches, evaluate_classification,
                                           evaluate_regression, evaluate_squad)
 from hvd_bert.jobs.run_folder import finish_line, open_run, with_run_folder
-from hvd_bert.train.checkpoint import atomic_write
+from hvd_bert.files import atomic_write
 from hvd_bert.train.identity import has_checkpoints
 from hvd_bert.train.loop import fit
 from hvd_bert.weights.portable import WeightsError, save_weights

@@ -38,7 +38,7 @@ from hvd_bert.data.sidecar import SIDECAR, read_sidecar
 from hvd_bert.evaluation.finetune import dense_gather, eval_batches
 from hvd_bert.jobs.predict_model import load_scorer, model_record, tokenizer_of, vocab_mismatch
 from hvd_bert.jobs.predict_squad import answer
-from hvd_bert.train.checkpoint import atomic_write
+from hvd_bert.files import atomic_write
 
 __all__ = ["run"]
 

@@ -16,7 +16,7 @@ from hvd_bert.data.squad import convert_examples, read_questions
 from hvd_bert.evaluation.finetune import eval_batches, prepared_answers, span_logits, squad_scores
 from hvd_bert.evaluation.squad_predictions import predictions
 from hvd_bert.jobs.predict_model import load_scorer, tokenizer_of, vocab_mismatch
-from hvd_bert.train.checkpoint import atomic_write
+from hvd_bert.files import atomic_write
 
 __all__ = ["answer"]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from hvd_bert.cluster.horovod import horovod_settings_line, placement_line
 from hvd_bert.weights.portable import write_run_bert_config
-from hvd_bert.train.checkpoint import (RunFolderBusy, atomic_write, lock_run_folder,
-                                       release_run_folder)
+from hvd_bert.files import atomic_write, planted_link
+from hvd_bert.train.checkpoint import RunFolderBusy, lock_run_folder, release_run_folder
 from hvd_bert.config import ConfigError, to_dict
 from hvd_bert.train.elastic import PlainLaunch
 from hvd_bert.train.identity import resume_mismatch
@@ -21,6 +21,7 @@ from hvd_bert.train.log import RunLog
 __all__ = ["with_run_folder", "open_run", "finish_line"]
 
 _LOCKS: list = []  # the run folders this process holds (released when it exits)
+RUN_FILES = ("metrics.jsonl", "tensorboard")  # what a job appends to or writes into, by name
 
 
 def with_run_folder(cfg, job: str):
@@ -54,7 +55,7 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
         except RunFolderBusy as e:
             problem = ("busy", str(e))
         else:
-            mismatch = resume_mismatch(out, to_dict(cfg))
+            mismatch = planted_link(out, RUN_FILES) or resume_mismatch(out, to_dict(cfg))
             problem = ("config", mismatch) if mismatch else None
     log = RunLog(out, -1 if problem else rank, total_steps=total_steps, progress=cfg.progress,  # -1: silent
                  writer=backend.summary_writer(out / "tensorboard") if rank == 0 and not problem else None,

@@ -38,7 +38,8 @@ import torch
 import horovod.torch as hvd
 
 from hvd_bert.core.batch import is_sync_step
-from hvd_bert.train.checkpoint import atomic_write, checkpoint_path, prune
+from hvd_bert.files import atomic_write
+from hvd_bert.train.checkpoint import checkpoint_path, prune
 from hvd_bert.config import PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, checkpoint_meta,
                                    engine_settings, host_rng_state, resume_on_rank0, rng_for_rank,
@@ -275,7 +276,7 @@ class Engine:
                      "scaler": self.scaler.state_dict(),
                      "meta": json.dumps(checkpoint_meta(self, data_state, rng))}
             path = checkpoint_path(folder, self.step_count, CKPT_SUFFIX)
-            atomic_write(path, lambda tmp: torch.save(state, tmp))
+            atomic_write(path, lambda tmp: torch.save(state, tmp), size=_nbytes(state))
             prune(folder, CKPT_SUFFIX, keep)
         hvd.barrier()  # Horovod: the file exists before anyone goes on (e.g. to exit)
         return path
@@ -319,6 +320,17 @@ def _to_cpu(obj):
     if isinstance(obj, list):
         return [_to_cpu(v) for v in obj]
     return obj
+
+
+def _nbytes(obj) -> int:
+    """The bytes of the tensors in a (nested) state dict: about what its file takes."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0
 
 
 def _rng_state() -> dict:

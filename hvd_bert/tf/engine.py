@@ -32,6 +32,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from hvd_bert.core.batch import is_sync_step
+from hvd_bert.files import clear_path
 from hvd_bert.train.checkpoint import checkpoint_path, list_checkpoints
 from hvd_bert.config import PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (CheckpointError, FitResult, StepResult, check_engine_args,
@@ -320,7 +321,8 @@ def save_checkpoint(folder: str | Path, step: int, trackables: dict, keep: int =
     final = checkpoint_path(folder, step, CKPT_SUFFIX)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    clear_path(tmp)  # a leftover, or a link planted under its name (removed, never written through)
+    tmp.mkdir()
     try:
         tf.train.Checkpoint(**trackables).write(str(tmp / "ckpt"))
         (tmp / "meta.json").write_text(json.dumps(meta or {}))

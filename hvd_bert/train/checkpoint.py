@@ -1,58 +1,22 @@
 """Checkpoint files, framework-free: atomic writes, names by step, the newest, retention.
 
 A checkpoint is written to a temporary name in the same folder, flushed to disk, then
-renamed over its final name (``os.replace`` is atomic on POSIX): a run killed mid-write
-leaves the previous checkpoints intact and never a half-written file under a final name.
+renamed over its final name (``hvd_bert.files.atomic_write``; ``os.replace`` is atomic on
+POSIX): a run killed mid-write leaves the previous checkpoints intact and never a
+half-written file under a final name.
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import os
 import re
 from pathlib import Path
-from typing import Callable
 
-__all__ = ["atomic_write", "usual_mode", "release_run_folder", "checkpoint_path", "list_checkpoints",
-           "latest_checkpoint", "prune", "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder",
-           "atomic_folder"]
+__all__ = ["release_run_folder", "checkpoint_path", "list_checkpoints", "latest_checkpoint", "prune",
+           "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
 
 _NAME = re.compile(r"^ckpt-(\d{8,})\.(\w+)$")
-
-
-def usual_mode(path: str | Path) -> None:
-    """Give a written file the mode a plain ``open()`` gives (0666 less the umask): some writers
-    (safetensors) create theirs 0600."""
-    mask = os.umask(0)
-    os.umask(mask)
-    if Path(path).is_file():
-        os.chmod(path, 0o666 & ~mask)
-
-
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp_path)``, fsync it, and rename it to ``path`` with the usual file mode. On
-    any error the temporary file is removed and ``path`` is untouched."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        usual_mode(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-    return path
 
 
 def checkpoint_path(folder: str | Path, step: int, suffix: str) -> Path:
@@ -137,10 +101,19 @@ def lock_run_folder(folder: str | Path):
     import fcntl
     import socket
 
+    from hvd_bert.files import UnsafePath
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     while True:
-        f = open(folder / LOCK_NAME, "a+")
+        try:  # (never through a link planted under the lock's name)
+            f = open(folder / LOCK_NAME, "r+", opener=lambda p, flags: os.open(
+                p, flags | os.O_CREAT | os.O_NOFOLLOW, 0o666))
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise UnsafePath(errno.ELOOP, f"{folder / LOCK_NAME} is a symbolic link; hvd_bert does not write "
+                                          f"through one: remove it", str(folder / LOCK_NAME)) from None
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -170,26 +143,3 @@ def release_run_folder(lock) -> None:
     except FileNotFoundError:
         pass
     lock.close()
-
-
-@contextlib.contextmanager
-def atomic_folder(folder: str | Path, exists_error: type[Exception] = FileExistsError):
-    """Write a new folder atomically: yields a temporary folder beside it, renamed to ``folder``
-    when the block ends without error, removed otherwise. An existing non-empty ``folder`` is
-    refused (``exists_error``): nothing is overwritten."""
-    import shutil
-
-    folder = Path(folder)
-    if folder.exists() and any(folder.iterdir()):
-        raise exists_error(f"{folder} exists and is not empty; give a new --output folder")
-    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-        if folder.exists():
-            folder.rmdir()
-        tmp.rename(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from hvd_bert.files import open_append, own_folder
+
 __all__ = ["RunLog", "ScalarWriter", "StopSignal", "format_line", "DivergedError"]
 
 
@@ -39,7 +41,7 @@ class ScalarWriter:
         from tensorboard.compat.proto.summary_pb2 import Summary
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        Path(logdir).mkdir(parents=True, exist_ok=True)
+        own_folder(logdir)  # (not through a link planted in the run folder)
         self._event, self._summary = Event, Summary
         self._w = EventFileWriter(str(logdir))
 
@@ -114,7 +116,7 @@ class RunLog:
             return
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.out / "metrics.jsonl", "a")
+            self._file = open_append(self.out / "metrics.jsonl")
         if progress and not self._lines:
             from tqdm import tqdm
             self._bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True,
@@ -136,7 +138,7 @@ class RunLog:
             return
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.out / "metrics.jsonl", "a")
+            self._file = open_append(self.out / "metrics.jsonl")
         self.writer = make_writer() if make_writer is not None else None
 
     def print(self, msg: str) -> None:
@@ -186,19 +188,20 @@ class RunLog:
                     self.writer.add_scalar(f"{prefix}/{name}", v, rec["step"])
 
     def _truncate_after(self, step: int) -> None:
-        from hvd_bert.train.checkpoint import atomic_write
+        from hvd_bert.files import atomic_write
 
         path = self.out / "metrics.jsonl"
         self._file.close()
         keep = []
-        for line in path.read_text().splitlines(keepends=True):
+        for raw in path.read_bytes().splitlines(keepends=True):
             try:
+                line = raw.decode("utf-8")
                 if json.loads(line).get("step", 0) <= step:
                     keep.append(line)
-            except (json.JSONDecodeError, AttributeError):
-                continue  # a line cut short by a crash
+            except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+                continue  # a line cut short by a crash, or damaged
         atomic_write(path, lambda t: t.write_text("".join(keep)))
-        self._file = open(path, "a")
+        self._file = open_append(path)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -116,7 +116,7 @@ def _claim_run_folder(engine: Engine, out: Path, config) -> None:
     run with other settings (``train.identity``), then writes the resolved ``config.json``
     (``config``: the engine's TrainConfig, from ``Engine.from_config``). Every rank raises."""
     from hvd_bert.config import to_dict
-    from hvd_bert.train.checkpoint import atomic_write
+    from hvd_bert.files import atomic_write
     from hvd_bert.train.identity import resume_mismatch
 
     problem = None

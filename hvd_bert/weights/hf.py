@@ -24,7 +24,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from hvd_bert.config.bert import BertConfig
-from hvd_bert.train.checkpoint import atomic_folder, usual_mode
+from hvd_bert.files import atomic_folder, usual_mode
 from hvd_bert.weights.portable import VOCAB_ROWS, WeightsError, pad_vocab_rows
 
 __all__ = ["is_hf_folder", "read_hf_config", "read_hf_folder", "hf_to_portable", "portable_to_hf",

@@ -22,7 +22,7 @@ import zipfile
 import numpy as np
 
 from hvd_bert.config.bert import BertConfig
-from hvd_bert.train.checkpoint import atomic_write
+from hvd_bert.files import atomic_write
 
 __all__ = ["WeightsError", "save_weights", "write_run_bert_config", "read_run_bert_config",
            "read_weights", "fit_weights", "fit_for_model", "POSITION_EMBEDDINGS",

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from hvd_bert.train.checkpoint import (atomic_write, checkpoint_path, latest_checkpoint,
+from hvd_bert.files import atomic_write
+from hvd_bert.train.checkpoint import (checkpoint_path, latest_checkpoint,
                                         list_checkpoints, prune)
 
 
@@ -92,3 +93,19 @@ def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
     assert sorted(p.name for p in removed) == [f".ckpt-00000004.pt.tmp-{dead}",
                                                f".ckpt-00000004.tf.tmp-{dead}"]
     assert mine.exists() and (tmp_path / "ckpt-00000002.pt").exists()
+
+
+def test_atomic_write_never_writes_through_a_planted_link(tmp_path):
+    """A link planted under the temporary name or the final name is replaced, never followed."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / f".config.json.tmp-{os.getpid()}").symlink_to(victim)
+    (run / "metrics.json").symlink_to(victim)
+    atomic_write(run / "config.json", lambda t: t.write_text("new"))
+    atomic_write(run / "metrics.json", lambda t: t.write_text("new"))
+    assert victim.read_text() == "keep"
+    assert (run / "config.json").read_text() == (run / "metrics.json").read_text() == "new"
+    assert not (run / "metrics.json").is_symlink() and sorted(p.name for p in run.iterdir()) == [
+        "config.json", "metrics.json"]

@@ -1,0 +1,202 @@
+"""Writing files safely, framework-free: every file the toolkit writes goes through here.
+
+* ``atomic_write``: a temporary file in the same folder, created exclusively and without
+  following a link (one planted under its name is removed, never written through), fsynced,
+  then renamed over the final name (``os.replace`` replaces a link, not what it points to).
+  A failure removes the temporary file and leaves the final name untouched.
+* ``open_append``: a log file appended to (``metrics.jsonl``), refused if it is a link.
+* ``atomic_folder``: a new folder written under a temporary name, renamed when complete.
+* ``own_folder``: a folder inside a run folder that the toolkit writes into (``tensorboard/``),
+  refused if it is a link.
+* ``os_error_line``: a resource error (no space left, a read-only or unwritable folder, a
+  link where a file belongs) as the one line the user reads, with the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["atomic_write", "usual_mode", "atomic_folder", "open_append", "own_folder", "planted_link",
+           "os_error_line", "UnsafePath", "NoSpace", "clear_path"]
+
+
+class UnsafePath(OSError):
+    """A link (or another kind of file) planted where the toolkit writes: one line, exit 2."""
+
+
+class NoSpace(OSError):
+    """The disk filled while writing ``filename``; ``written``: the bytes that fitted."""
+
+    def __init__(self, filename: str, written: int):
+        super().__init__(errno.ENOSPC, "No space left on device", filename)
+        self.written = written
+
+
+def usual_mode(path: str | Path) -> None:
+    """Give a written file the mode a plain ``open()`` gives (0666 less the umask): some writers
+    (safetensors) create theirs 0600."""
+    mask = os.umask(0)
+    os.umask(mask)
+    if Path(path).is_file():
+        os.chmod(path, 0o666 & ~mask)
+
+
+def clear_path(path: Path) -> None:
+    """Remove whatever is at ``path`` (a leftover temporary file or folder, or a planted link:
+    the link itself, never what it points to)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def _exclusive(path: Path) -> None:
+    clear_path(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    os.close(fd)
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None], size: int = 0) -> Path:
+    """Call ``write(tmp_path)``, fsync it, and rename it to ``path`` with the usual file mode. On
+    any error the temporary file is removed and ``path`` is untouched; a full disk is named as
+    such (some writers report it otherwise, e.g. PyTorch's "unexpected pos"), with ``size`` (the
+    bytes the file will take, if the caller knows) as what to free."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        _exclusive(tmp)
+        write(tmp)
+        usual_mode(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        if path.is_dir() and not path.is_symlink():
+            raise UnsafePath(errno.EISDIR, f"{path} is a folder where hvd_bert writes a file; move it away",
+                             str(path))
+        os.replace(tmp, path)
+    except BaseException as e:
+        full = _out_of_space(tmp.parent) or (isinstance(e, OSError) and e.errno == errno.ENOSPC)
+        written = tmp.stat().st_size if tmp.is_file() and not tmp.is_symlink() else 0
+        with contextlib.suppress(OSError):
+            clear_path(tmp)
+        if full:
+            raise NoSpace(str(path), max(written, size)) from e
+        raise
+    try:  # make the rename itself durable
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    return path
+
+
+def _out_of_space(folder: Path) -> bool:
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1 << 20  # under 1 MiB left
+
+
+def open_append(path: str | Path):
+    """``path`` opened for appending text (created if missing), never through a link."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafePath(errno.ELOOP, f"{path} is a symbolic link; hvd_bert does not write through one: "
+                                          f"remove it", str(path)) from None
+        raise
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def planted_link(folder: str | Path, names) -> str | None:
+    """Why ``folder`` cannot be written into: one of ``names`` (files appended to, folders
+    written into) is a symbolic link; None otherwise."""
+    for name in names:
+        p = Path(folder) / name
+        if p.is_symlink():
+            return f"{p} is a symbolic link; hvd_bert does not write through one: remove it"
+    return None
+
+
+def own_folder(path: str | Path) -> Path:
+    """``path`` as a folder the toolkit writes into (made if missing), refused if it is a link."""
+    path = Path(path)
+    if path.is_symlink():
+        raise UnsafePath(errno.ELOOP, f"{path} is a symbolic link; hvd_bert does not write through one: "
+                                      f"remove it", str(path))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def atomic_folder(folder: str | Path, exists_error: type[Exception] = FileExistsError):
+    """Write a new folder atomically: yields a temporary folder beside it, renamed to ``folder``
+    when the block ends without error, removed otherwise. An existing non-empty ``folder`` is
+    refused (``exists_error``): nothing is overwritten."""
+    folder = Path(folder)
+    if folder.is_symlink() or (folder.exists() and any(folder.iterdir())):
+        raise exists_error(f"{folder} exists and is not empty; give a new --output folder")
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    clear_path(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        if folder.exists():
+            folder.rmdir()
+        tmp.rename(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+_FIXES = {
+    errno.ENOSPC: "",
+    errno.EDQUOT: "free space within your quota or give another train.output_dir (--output)",
+    errno.EROFS: "give a writable train.output_dir (--output)",
+    errno.EACCES: "you may not write there: give a folder you own as train.output_dir (--output)",
+    errno.EPERM: "you may not write there: give a folder you own as train.output_dir (--output)",
+}
+
+
+def os_error_line(e: OSError) -> str | None:
+    """The one line for a resource error the user fixes (full or read-only disk, no permission,
+    a link planted where a file belongs); None for any other OSError (a bug keeps its traceback)."""
+    if isinstance(e, UnsafePath):
+        return e.strerror
+    fix = _FIXES.get(e.errno)
+    if fix is None:
+        return None
+    where = e.filename or "a file"
+    if e.errno == errno.ENOSPC:
+        mb = getattr(e, "written", 0) / 2**20
+        need = f"free at least {mb:.0f} MB" if mb >= 1 else "free space"
+        return (f"no space left on {_mount_of(where)} while writing {where}; {need} there or give another "
+                f"train.output_dir (--output); the checkpoints already there are intact")
+    what = {errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system"}
+    what = what.get(e.errno, "permission denied")
+    return f"{what} while writing {where}: {fix}"
+
+
+def _mount_of(path: str) -> str:
+    """The mount point holding ``path`` (the device the user frees space on)."""
+    p = Path(os.path.abspath(path))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        dev = p.stat().st_dev
+        while p != p.parent and p.parent.stat().st_dev == dev:
+            p = p.parent
+    except OSError:
+        pass
+    return str(p)
