@@ -287,6 +287,8 @@ class TrainConfig:
                                          "runs/<job>-<framework>-<data folder name>)")
     resume_resized: bool = doc(False, "resume a checkpoint written by another number of ranks (same "
                                       "global batch; each rank's data share and RNG stream change)")
+    resume_unchecked: bool = doc(False, "resume a run folder's checkpoints although its config.json is "
+                                        "missing or damaged (the settings given now are not compared)")
     max_skipped_steps: int = doc(
         50, "stop with an error after this many optimizer steps in a row were skipped for inf/NaN "
             "gradients (a diverged run: lower train.optim.lr, or use fp32)")

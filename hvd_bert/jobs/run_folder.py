@@ -15,7 +15,7 @@ from hvd_bert.files import atomic_write, planted_link
 from hvd_bert.train.checkpoint import RunFolderBusy, lock_run_folder, release_run_folder
 from hvd_bert.config import ConfigError, to_dict
 from hvd_bert.train.elastic import PlainLaunch
-from hvd_bert.train.identity import resume_mismatch
+from hvd_bert.train.identity import has_checkpoints, resume_mismatch
 from hvd_bert.train.log import RunLog
 
 __all__ = ["with_run_folder", "open_run", "finish_line"]
@@ -55,7 +55,8 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
         except RunFolderBusy as e:
             problem = ("busy", str(e))
         else:
-            mismatch = planted_link(out, RUN_FILES) or resume_mismatch(out, to_dict(cfg))
+            # (the batch layout is the checkpoint's to check: the same global batch, the world size)
+            mismatch = planted_link(out, RUN_FILES) or resume_mismatch(out, to_dict(cfg), ("train.batch",))
             problem = ("config", mismatch) if mismatch else None
     log = RunLog(out, -1 if problem else rank, total_steps=total_steps, progress=cfg.progress,  # -1: silent
                  writer=backend.summary_writer(out / "tensorboard") if rank == 0 and not problem else None,
@@ -67,9 +68,14 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
             kind, message = shared
             raise RunFolderBusy(message) if kind == "busy" else ConfigError(message)
         if rank == 0:
-            atomic_write(out / "config.json", lambda t: t.write_text(json.dumps(to_dict(cfg), indent=1)))
-            if bert is not None:
-                write_run_bert_config(out, bert)
+            def record() -> None:
+                atomic_write(out / "config.json", lambda t: t.write_text(json.dumps(to_dict(cfg), indent=1)))
+                if bert is not None:
+                    write_run_bert_config(out, bert)
+            if has_checkpoints(out):  # recorded once the checkpoint passed its own checks (fit resumes it)
+                log.after_resume.append(record)
+            else:
+                record()
 
     def announce() -> None:
         log.print(placement_line(backend.allgather_object(socket.gethostname(), "hvd_bert.hosts")))

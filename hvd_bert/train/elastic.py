@@ -185,6 +185,7 @@ class ElasticHook:
                 self.on_first_entry()
                 engine.target_global_batch = values["target"]
                 data = engine.resume(output_dir) if output_dir is not None else None
+                log.resumed()
                 if engine.step_count:
                     log.print(resume_line(engine, output_dir, total_steps))
                     values["samples"] = (data or {}).get("samples", engine.step_count * values["target"])

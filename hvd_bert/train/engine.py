@@ -140,11 +140,18 @@ def checkpoint_meta(engine: Engine, data_state: Any, rng_of_ranks: list) -> dict
             "target_global_batch_size": engine.target_global_batch,
             # the run's horizon, so that a resume can say what changed (fit sets it)
             "total_steps": getattr(engine, "total_steps", None),
+            # the optimizer whose state the file holds (another cannot take it over)
+            "optimizer": _optimizer_name(engine),
             "rng": rng_of_ranks}
 
 
+def _optimizer_name(engine) -> str | None:
+    config = getattr(engine, "config", None)
+    return config.optim.name if config is not None else None
+
+
 def check_resume(meta: dict, path: str | Path, *, world_size: int, plan: BatchPlan | None,
-                 allow_resized: bool, target: int | None = None) -> None:
+                 allow_resized: bool, target: int | None = None, optimizer: str | None = None) -> None:
     """Refuse a checkpoint whose world size or global batch differs from this run's, naming
     the choices; ``allow_resized`` (``train.resume_resized``) accepts another world size when
     the global batch is the same."""
@@ -158,6 +165,11 @@ def check_resume(meta: dict, path: str | Path, *, world_size: int, plan: BatchPl
                           f"resuming would change the recipe; give train.batch settings that make "
                           f"{old_g} (e.g. --set train.batch.global_batch_size={old_g}), or start a new "
                           f"run in another train.output_dir")
+    if meta.get("optimizer") and optimizer and meta["optimizer"] != optimizer:
+        raise ResumeError(f"{path} holds the state of optimizer {meta['optimizer']}, this run uses "
+                          f"{optimizer}: its state cannot be taken over; --set "
+                          f"train.optim.name={meta['optimizer']}, or start a new run in another "
+                          f"train.output_dir")
     if meta["world_size"] != world_size and not allow_resized:
         raise ResumeError(f"{path} was written by {meta['world_size']} ranks "
                           f"(k={meta['backward_passes_per_step']}), "
@@ -183,7 +195,8 @@ def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str, *,
             try:
                 meta = read_meta(path)
                 check_resume(meta, path, world_size=engine.world_size, plan=engine.plan,
-                             allow_resized=allow_resized, target=engine.target_global_batch)
+                             allow_resized=allow_resized, target=engine.target_global_batch,
+                             optimizer=_optimizer_name(engine))
                 load(path)
                 out = {"meta": meta}
             except (CheckpointError, ResumeError) as e:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["run_differences", "FREE", "previous_config", "has_checkpoints", "resume_mismatch"]
+__all__ = ["run_differences", "FREE", "previous_config", "has_checkpoints", "resume_mismatch",
+           "DamagedConfig"]
 
 # Settings a resumed run may change (dotted prefixes).
 FREE = ("train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "train.output_dir",
-        "train.resume_resized", "train.max_skipped_steps", "train.horovod", "train.elastic",
-        "train.schedule.total_steps",
+        "train.resume_resized", "train.resume_unchecked", "train.max_skipped_steps", "train.horovod",
+        "train.elastic", "train.schedule.total_steps",
         "progress", "epochs", "eval_every", "eval_batch_size", "eval_batch_users", "target_hr", "eval_data",
         "best_metric", "keep_best", "early_stopping_patience")
 
@@ -46,12 +47,23 @@ def run_differences(old: dict, new: dict, also_free: tuple[str, ...] = ()) -> li
     return diffs
 
 
+class DamagedConfig(ValueError):
+    """A run folder's ``config.json`` that cannot be read as a config."""
+
+
 def previous_config(folder: Path) -> dict | None:
+    """The run folder's recorded config; None if there is none; ``DamagedConfig`` if it is not
+    a readable JSON object."""
     p = Path(folder) / "config.json"
-    try:
-        return json.loads(p.read_text()) if p.is_file() else None
-    except json.JSONDecodeError:
+    if not p.exists() and not p.is_symlink():
         return None
+    try:
+        got = json.loads(p.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DamagedConfig(f"{type(e).__name__}: {e}") from None
+    if not isinstance(got, dict):
+        raise DamagedConfig(f"a JSON {type(got).__name__}, not an object")
+    return got
 
 
 def has_checkpoints(folder: Path) -> bool:
@@ -63,9 +75,19 @@ def has_checkpoints(folder: Path) -> bool:
 def resume_mismatch(out: Path, new: dict, also_free: tuple[str, ...] = ()) -> str | None:
     """Why a run with the resolved config ``new`` may not go on in ``out``: the folder holds
     checkpoints of a run whose ``config.json`` differs in a defining setting. None if it may."""
-    old = previous_config(out)
-    if old is None or not has_checkpoints(out):
+    if not has_checkpoints(out):
         return None
+    try:
+        old = previous_config(out)
+        why = None if old is not None else "is missing"
+    except DamagedConfig as e:
+        old, why = None, f"is damaged ({e})"
+    if old is None:
+        if _flat(new).get("train.resume_unchecked"):
+            return None
+        return (f"{out} holds checkpoints, but its config.json {why}: this run's settings cannot be "
+                f"checked against them. Restore {out / 'config.json'}, or, to resume them with the "
+                f"settings given now, rerun with --set train.resume_unchecked=true")
     diffs = run_differences(old, new, also_free)
     if not diffs:
         return None

@@ -30,7 +30,8 @@ class ScalarWriter:
     ``SummaryWriter`` writes them) through TensorBoard's own event-file writer, the same bytes
     from a PyTorch and a TensorFlow job. TensorBoard's file layer falls back to its own stub
     when the marker module ``tensorboard.compat.notf`` exists (as in its no-TF builds), which
-    keeps TensorFlow and its start-up noise out of a PyTorch job."""
+    keeps TensorFlow and its start-up noise out of a PyTorch job. The event file is opened at
+    the first scalar: a run refused before it trained writes none."""
 
     def __init__(self, logdir: str | Path):
         import sys
@@ -39,18 +40,22 @@ class ScalarWriter:
         sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        own_folder(logdir)  # (not through a link planted in the run folder)
         self._event, self._summary = Event, Summary
-        self._w = EventFileWriter(str(logdir))
+        self._logdir, self._w = Path(logdir), None
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
+        if self._w is None:
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            own_folder(self._logdir)  # (not through a link planted in the run folder)
+            self._w = EventFileWriter(str(self._logdir))
         summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(value))])
         self._w.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
 
     def close(self) -> None:
-        self._w.close()
+        if self._w is not None:
+            self._w.close()
 
 
 def format_line(rec: dict, keys: Iterable[str]) -> str:
@@ -112,6 +117,7 @@ class RunLog:
         self._lines = progress and not interactive()  # a launcher or a file: lines, not a \r bar
         self._t0 = self._last = time.perf_counter()
         self._start_step = initial_step
+        self.after_resume: list = []  # what waits until the checkpoint was resumed (config.json)
         if not self.active:
             return
         if self.out is not None:
@@ -147,6 +153,13 @@ class RunLog:
                 self._bar.write(msg)
             else:
                 print(msg, flush=True)
+
+    def resumed(self) -> None:
+        """The run's checkpoint (if any) was resumed: do what waited for it (rank 0's
+        ``config.json``, written only once every check passed)."""
+        pending, self.after_resume = self.after_resume, []
+        for fn in pending:
+            fn()
 
     def set_step(self, step: int) -> None:
         """Where the bar starts (after a resume); ``metrics.jsonl`` loses the records of steps

@@ -58,12 +58,14 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
         log_every, max_skipped_steps)
     own_log = log is None
     if own_log:  # a script's own run: its run folder gets what a job's does (metrics, TensorBoard, config)
-        writer = None
+        writer = write_config = None
         if output_dir is not None:
-            _claim_run_folder(engine, Path(output_dir), getattr(engine, "config", None))
+            write_config = _claim_run_folder(engine, Path(output_dir), getattr(engine, "config", None))
             writer = ScalarWriter(Path(output_dir) / "tensorboard") if engine.rank == 0 else None
         log = RunLog(output_dir, engine.rank, total_steps=total_steps, initial_step=engine.step_count,
                      progress=progress, line_keys=("loss", "lr", f"{unit}_per_s", "grad_norm"), writer=writer)
+        if write_config is not None:
+            log.after_resume.append(write_config)
     book = StepBook(engine, log, plan=plan or getattr(engine, "plan", None), total_steps=total_steps,
                     log_every=log_every, unit=unit, output_dir=output_dir, checkpoint_every=checkpoint_every,
                     keep_checkpoints=keep_checkpoints, on_step=on_step, max_skipped_steps=max_skipped_steps,
@@ -75,6 +77,7 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
     else:
         if output_dir is not None:
             engine.resume(output_dir)
+        log.resumed()
         book.saved_step = book.logged_step = engine.step_count
         book.t0 = time.perf_counter()
         log.set_step(engine.step_count)
@@ -111,10 +114,11 @@ def _settings(config, total_steps, output_dir, checkpoint_every, keep_checkpoint
             pick(max_skipped_steps, c.max_skipped_steps))
 
 
-def _claim_run_folder(engine: Engine, out: Path, config) -> None:
+def _claim_run_folder(engine: Engine, out: Path, config):
     """For a script's own ``fit`` on a run folder, as a job does: rank 0 refuses checkpoints of a
-    run with other settings (``train.identity``), then writes the resolved ``config.json``
-    (``config``: the engine's TrainConfig, from ``Engine.from_config``). Every rank raises."""
+    run with other settings (``train.identity``); every rank raises. Returns what writes the
+    resolved ``config.json`` (``config``: the engine's TrainConfig, from
+    ``Engine.from_config``) once the checkpoint was resumed (None on other ranks)."""
     from hvd_bert.config import to_dict
     from hvd_bert.files import atomic_write
     from hvd_bert.train.identity import resume_mismatch
@@ -124,10 +128,11 @@ def _claim_run_folder(engine: Engine, out: Path, config) -> None:
         new = {"train": to_dict(config)}
         # (the batch layout is the checkpoint's to check: the same global batch, the world size)
         problem = resume_mismatch(out, new, ("train.batch",))
-        if problem is None:
-            atomic_write(out / "config.json", lambda t: t.write_text(json.dumps(new, indent=1)))
     if engine.any_rank(problem is not None, "hvd_bert.fit.config"):  # Horovod: every rank stops
         raise ResumeError(problem or f"rank 0 refused to resume {out} (its message says why)")
+    if engine.rank != 0 or config is None:
+        return None
+    return lambda: atomic_write(out / "config.json", lambda t: t.write_text(json.dumps(new, indent=1)))
 
 
 def resume_line(engine: Engine, output_dir, total_steps: int) -> str:

@@ -116,3 +116,52 @@ def test_a_read_only_run_folder_is_named(bert_data, finished_run, mount_point):
              "writable train.output_dir")
     one_line(pretrain(bert_data, ro / "sub"), "read-only file system while writing")
     assert tree(finished_run) == before
+
+
+@pytest.mark.parametrize("damage", ["missing", "not JSON", "a list", "not UTF-8"])
+def test_a_run_folder_without_its_settings_is_refused_until_the_user_says_so(damage, bert_data, finished_run):
+    """Checkpoints whose config.json is missing or damaged cannot be checked against this run's
+    settings: refused with the fix, the folder untouched; the flag the message names resumes."""
+    config = finished_run / "config.json"
+    if damage == "missing":
+        config.unlink()
+    else:
+        config.write_bytes({"not JSON": b'{"train": {', "a list": b"[1, 2]", "not UTF-8": b"\xff\xfe{}"}[damage])
+    before = tree(finished_run)
+    res = pretrain(bert_data, finished_run, "--set", "train.optim.lr=0.5", steps=4)
+    one_line(res, "holds checkpoints, but its config.json is " + ("missing" if damage == "missing" else
+                                                                  "damaged"),
+             "--set train.resume_unchecked=true")
+    assert tree(finished_run) == before
+    res = pretrain(bert_data, finished_run, "--set", "train.resume_unchecked=true", steps=4)
+    assert res.returncode == 0 and "resumed from step 2" in res.stdout, res.stderr[-3000:]
+    assert json.loads(config.read_text())["train"]["schedule"]["total_steps"] == 4  # recorded again
+
+
+def test_another_optimizers_checkpoint_is_refused_and_a_refused_resume_writes_nothing(bert_data, finished_run):
+    """A resume refused by the checkpoint's own checks leaves config.json as it was; the
+    checkpoint names its optimizer, so LARS cannot take over NVLAMB's state even when the
+    settings check was waived (config.json lost)."""
+    before = tree(finished_run)
+    res = pretrain(bert_data, finished_run, "--set", "train.batch.global_batch_size=32", steps=4)
+    one_line(res, "was written with a global batch of 16, this run has 32")
+    assert tree(finished_run) == before
+    (finished_run / "config.json").unlink()
+    res = pretrain(bert_data, finished_run, "--set", "train.optim.name=lars", "--set",
+                   "train.resume_unchecked=true", steps=4)
+    one_line(res, "holds the state of optimizer nvlamb, this run uses lars", "train.optim.name=nvlamb")
+    assert not (finished_run / "config.json").exists()
+
+
+def test_the_fix_a_resize_refusal_proposes_works(bert_data, tmp_path):
+    """A 2-rank run resumed on 1 rank with train.resume_resized=true: the refusal proposes the
+    global batch to give, and giving it resumes (it used to be refused again)."""
+    run = tmp_path / "run"
+    res = pretrain(bert_data, run, "-np", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = pretrain(bert_data, run, "--set", "train.resume_resized=true", steps=4)
+    line = one_line(res, "was written with a global batch of 32, this run has 16")
+    fix = line.split("(e.g. ")[1].split(")")[0].split()
+    assert fix == ["--set", "train.batch.global_batch_size=32"], line
+    res = pretrain(bert_data, run, "--set", "train.resume_resized=true", *fix, steps=4)
+    assert res.returncode == 0 and "resumed from step 2" in res.stdout, res.stderr[-3000:]
