@@ -126,7 +126,8 @@ def test_a_run_folder_without_its_settings_is_refused_until_the_user_says_so(dam
     if damage == "missing":
         config.unlink()
     else:
-        config.write_bytes({"not JSON": b'{"train": {', "a list": b"[1, 2]", "not UTF-8": b"\xff\xfe{}"}[damage])
+        damaged = {"not JSON": b'{"train": {', "a list": b"[1, 2]", "not UTF-8": b"\xff\xfe{}"}
+        config.write_bytes(damaged[damage])
     before = tree(finished_run)
     res = pretrain(bert_data, finished_run, "--set", "train.optim.lr=0.5", steps=4)
     one_line(res, "holds checkpoints, but its config.json is " + ("missing" if damage == "missing" else
@@ -138,7 +139,8 @@ def test_a_run_folder_without_its_settings_is_refused_until_the_user_says_so(dam
     assert json.loads(config.read_text())["train"]["schedule"]["total_steps"] == 4  # recorded again
 
 
-def test_another_optimizers_checkpoint_is_refused_and_a_refused_resume_writes_nothing(bert_data, finished_run):
+def test_another_optimizers_checkpoint_is_refused_and_a_refused_resume_writes_nothing(bert_data,
+                                                                                     finished_run):
     """A resume refused by the checkpoint's own checks leaves config.json as it was; the
     checkpoint names its optimizer, so LARS cannot take over NVLAMB's state even when the
     settings check was waived (config.json lost)."""
