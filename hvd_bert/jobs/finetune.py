@@ -27,7 +27,7 @@ from hvd_bert.data.finetune import (REGRESSION, SQUAD, TASK_FILE, check_finetune
 from hvd_bert.data.vocab import init_vocab_error
 from hvd_bert.evaluation.finetune import (Evaluation, best_metric_of, eval_batches, evaluate_classification,
                                           evaluate_regression, evaluate_squad)
-from hvd_bert.jobs.run_folder import finish_line, open_run, with_run_folder
+from hvd_bert.jobs.run_folder import finish_line, open_run, ranks_agree, with_run_folder
 from hvd_bert.files import atomic_write
 from hvd_bert.train.identity import has_checkpoints
 from hvd_bert.train.loop import fit
@@ -43,6 +43,7 @@ def run(cfg: FinetuneConfig, backend) -> dict:
         named = with_run_folder(replace(cfg, data=cfg.eval_data), "predict")
         cfg = replace(cfg, train=replace(cfg.train, output_dir=named.train.output_dir))
     rank, size = backend.init(cfg.train)
+    ranks_agree(cfg, backend)  # the same settings and data everywhere, or one line on every rank
     out = Path(cfg.train.output_dir)
     meta, eval_meta = check_finetune_data(cfg)
     if not cfg.do_train and not cfg.eval_data:

@@ -23,7 +23,7 @@ from hvd_bert.config import NCFConfig
 from hvd_bert.data.ncf import EpochData
 from hvd_bert.evaluation.ncf import EpochEvaluation, evaluate
 from hvd_bert.data.ncf import load_ncf
-from hvd_bert.jobs.run_folder import finish_line, open_run, with_run_folder
+from hvd_bert.jobs.run_folder import finish_line, open_run, ranks_agree, with_run_folder
 
 __all__ = ["run"]
 
@@ -31,6 +31,7 @@ __all__ = ["run"]
 def run(cfg: NCFConfig, backend) -> dict:
     cfg = with_run_folder(cfg, "ncf")
     rank, size = backend.init(cfg.train)
+    ranks_agree(cfg, backend)  # the same settings and data everywhere, or one line on every rank
     backend.set_precision(cfg.train.precision.mode)
     out = Path(cfg.train.output_dir)
     data = load_ncf(cfg.data)

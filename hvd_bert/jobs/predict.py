@@ -38,6 +38,7 @@ from hvd_bert.data.sidecar import SIDECAR, read_sidecar
 from hvd_bert.evaluation.finetune import dense_gather, eval_batches
 from hvd_bert.jobs.predict_model import load_scorer, model_record, tokenizer_of, vocab_mismatch
 from hvd_bert.jobs.predict_squad import answer
+from hvd_bert.jobs.run_folder import ranks_agree
 from hvd_bert.files import atomic_write
 
 __all__ = ["run"]
@@ -53,6 +54,7 @@ def run(cfg: PredictConfig, backend) -> dict:
         raise ConfigError("give the checkpoint and the input: hvd-bert predict CHECKPOINT INPUT "
                           "[--output FILE]")
     rank, size = backend.init(cfg.train)
+    ranks_agree(cfg, backend)  # the same settings and data everywhere, or one line on every rank
     rec = model_record(cfg.checkpoint)
     if rec["task"] == SQUAD:
         return answer(cfg, backend, rec, rank, size)

@@ -21,7 +21,7 @@ from hvd_bert.data.pretraining import check_pretraining_data
 from hvd_bert.data.vocab import init_vocab_error
 from hvd_bert.evaluation.finetune import eval_batches
 from hvd_bert.evaluation.pretraining import evaluate_pretraining
-from hvd_bert.jobs.run_folder import finish_line, open_run, with_run_folder
+from hvd_bert.jobs.run_folder import finish_line, open_run, ranks_agree, with_run_folder
 from hvd_bert.train.elastic import launch_mode
 from hvd_bert.train.loop import fit
 from hvd_bert.weights.portable import WeightsError
@@ -32,6 +32,7 @@ __all__ = ["run"]
 def run(cfg: PretrainConfig, backend) -> dict:
     cfg = with_run_folder(cfg, "pretrain")
     rank, size = backend.init(cfg.train)
+    ranks_agree(cfg, backend)  # the same settings and data everywhere, or one line on every rank
     # Plain, or Horovod elastic: then no collective before fit's state sync (a worker that joins
     # later would pair it with the others'), so each rank reads what rank 0 would have broadcast.
     launch = launch_mode()

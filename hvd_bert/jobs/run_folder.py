@@ -15,13 +15,27 @@ from hvd_bert.files import atomic_write, planted_link
 from hvd_bert.train.checkpoint import RunFolderBusy, lock_run_folder, release_run_folder
 from hvd_bert.config import ConfigError, to_dict
 from hvd_bert.train.elastic import PlainLaunch
-from hvd_bert.train.identity import has_checkpoints, resume_mismatch
+from hvd_bert.train.identity import has_checkpoints, rank_identity, ranks_disagree, resume_mismatch
 from hvd_bert.train.log import RunLog
 
-__all__ = ["with_run_folder", "open_run", "finish_line"]
+__all__ = ["with_run_folder", "open_run", "finish_line", "ranks_agree"]
 
 _LOCKS: list = []  # the run folders this process holds (released when it exits)
 RUN_FILES = ("metrics.jsonl", "tensorboard")  # what a job appends to or writes into, by name
+
+
+def ranks_agree(cfg, backend) -> None:
+    """Right after ``backend.init``: every rank has the same resolved settings and data
+    (``train.identity.rank_identity``), or every rank raises the same ConfigError naming the
+    differences, before any rank builds a model or waits in a collective of its own."""
+    import hashlib
+
+    mine = rank_identity(to_dict(cfg))
+    digest = hashlib.sha256(json.dumps(mine, sort_keys=True, default=str).encode()).hexdigest()
+    if len(set(backend.allgather_object(digest, "hvd_bert.settings.digest"))) == 1:
+        return
+    problem = ranks_disagree(backend.allgather_object(mine, "hvd_bert.settings"))
+    raise ConfigError(problem or "the ranks were given different settings")
 
 
 def with_run_folder(cfg, job: str):

@@ -13,7 +13,10 @@ import json
 from pathlib import Path
 
 __all__ = ["run_differences", "FREE", "previous_config", "has_checkpoints", "resume_mismatch",
-           "DamagedConfig"]
+           "DamagedConfig", "rank_identity", "ranks_disagree"]
+
+# Paths that may differ between ranks (a node's own copy of the data): their contents are compared
+PER_NODE_PATHS = ("data", "eval_data", "init_checkpoint", "checkpoint", "input")
 
 # Settings a resumed run may change (dotted prefixes).
 FREE = ("train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "train.output_dir",
@@ -96,3 +99,43 @@ def resume_mismatch(out: Path, new: dict, also_free: tuple[str, ...] = ()) -> st
             f"of {out / 'config.json'} (only the horizon, train.schedule.total_steps or epochs, and the "
             f"logging, checkpoint and evaluation cadence may change on a resume)")
 
+
+
+def rank_identity(cfg: dict) -> dict:
+    """What every rank of a job must share: its resolved settings, with each data folder's path
+    replaced by what it holds (its sidecar's SHA-256: a node may keep its own copy elsewhere)."""
+    import hashlib
+
+    flat = _flat(cfg)
+    for key in PER_NODE_PATHS:
+        path = flat.get(key)
+        if isinstance(path, str) and path:
+            side = Path(path).expanduser() / "dataset.json"
+            try:
+                flat[key] = "dataset " + hashlib.sha256(side.read_bytes()).hexdigest()[:16]
+            except OSError:
+                flat[key] = "given"  # a file, or not there (the job's own checks name it)
+    return flat
+
+
+def ranks_disagree(identities: list[dict]) -> str | None:
+    """The settings on which the ranks' ``rank_identity`` differ, each with its values and
+    ranks, as one line; None when they all agree."""
+    keys = sorted({k for ident in identities for k in ident})
+    parts = []
+    for key in keys:
+        by_value: dict[str, list[int]] = {}
+        for rank, ident in enumerate(identities):
+            by_value.setdefault(repr(ident.get(key)), []).append(rank)
+        if len(by_value) > 1:
+            parts.append(f"{key} is " + " but ".join(
+                f"{v} on rank{'s' if len(r) > 1 else ''} {_ranks(r)}" for v, r in by_value.items()))
+    if not parts:
+        return None
+    shown = "; ".join(parts[:4]) + (f"; and {len(parts) - 4} more" if len(parts) > 4 else "")
+    return (f"the ranks were given different settings: {shown}. Give every rank the same recipe, "
+            f"--set options and data")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks)) if len(ranks) <= 6 else f"{ranks[0]}..{ranks[-1]} ({len(ranks)})"

@@ -167,3 +167,31 @@ def test_the_fix_a_resize_refusal_proposes_works(bert_data, tmp_path):
     assert fix == ["--set", "train.batch.global_batch_size=32"], line
     res = pretrain(bert_data, run, "--set", "train.resume_resized=true", *fix, steps=4)
     assert res.returncode == 0 and "resumed from step 2" in res.stdout, res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("rank1,key,launcher", [
+    (["--set", "train.optim.lr=0.5"], "train.optim.lr is 0.005 on rank 0 but 0.5 on rank 1", "mpi"),
+    (["--set", "train.schedule.total_steps=3"], "train.schedule.total_steps is 2 on rank 0 but 3 on rank 1",
+     "gloo"),
+    (["--set", "model=mini"], "model is 'tiny' on rank 0 but 'mini' on rank 1", "gloo"),
+])
+def test_ranks_given_different_settings_stop_together_with_one_line(rank1, key, launcher, bert_data,
+                                                                    tmp_path):
+    """Before any rank builds a model, the ranks compare their resolved settings: a difference
+    (another learning rate trained silently, another horizon hung rank 0, another model gave
+    Horovod's broadcast traceback) is one line naming the keys and ranks, exit 2, no hang."""
+    from hvd_bert.cluster import launch
+
+    run = tmp_path / "run"
+    res = launch.run([str(Path(__file__).parent / "workers" / "per_rank_args.py"), json.dumps({"1": rank1}),
+                      "pretrain", "--set", f"data={bert_data}", "--set", "max_seq_length=64",
+                      "--set", "max_predictions_per_seq=10", "--set", "train.schedule.total_steps=2",
+                      "--set", f"train.output_dir={run}", "--set", "progress=false",
+                      "--set", "train.batch.local_batch_size=8"], np=2, launcher=launcher, timeout=180)
+    out = res.stdout + res.stderr
+    assert not res.ok and not res.timed_out, res.explain()
+    line = "the ranks were given different settings: " + key
+    assert out.count(line) == 2, out[-3000:]  # every rank says it (hvd-bert launch prints it once)
+    # (horovodrun adds its own traceback for a rank that exits non-zero; the ranks print none)
+    assert "<stderr>:Traceback" not in out and (launcher == "gloo" or "Traceback" not in out), out[-3000:]
+    assert not run.exists()
