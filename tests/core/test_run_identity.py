@@ -1,4 +1,5 @@
 """What defines a run: the settings a resume may change, and the ones it may not."""
+import pytest
 
 from hvd_bert.config import PretrainConfig, apply_overrides, to_dict
 from hvd_bert.train.identity import run_differences
@@ -42,3 +43,35 @@ def test_default_run_folders_differ_by_job_framework_and_data():
                      "runs/ncf-tf-ncf-synthetic-ml-1m"}
     given = replace(PretrainConfig(), train=replace(PretrainConfig().train, output_dir="runs/mine"))
     assert with_run_folder(given, "pretrain").train.output_dir == "runs/mine"
+
+
+@pytest.mark.parametrize("damage", [None, b'{"train": {', b"[1, 2]", b"\xff\xfe{}", b'"text"'])
+def test_checkpoints_beside_a_missing_or_damaged_config_are_refused_unless_waived(damage, tmp_path):
+    from hvd_bert.train.identity import resume_mismatch
+
+    (tmp_path / "ckpt-00000002.pt").write_bytes(b"x")
+    if damage is not None:
+        (tmp_path / "config.json").write_bytes(damage)
+    new = {"train": {"optim": {"lr": 0.1}, "resume_unchecked": False}}
+    why = resume_mismatch(tmp_path, new)
+    assert why and ("is missing" if damage is None else "is damaged") in why
+    assert "--set train.resume_unchecked=true" in why
+    assert resume_mismatch(tmp_path, {"train": {**new["train"], "resume_unchecked": True}}) is None
+    (tmp_path / "ckpt-00000002.pt").unlink()  # a folder without checkpoints has nothing to check
+    assert resume_mismatch(tmp_path, new) is None
+
+
+def test_the_ranks_settings_are_compared_by_content_and_the_differences_named(tmp_path):
+    from hvd_bert.train.identity import rank_identity, ranks_disagree
+
+    for node in ("a", "b"):  # each node's own copy of the same data
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "dataset.json").write_text('{"kind": "bert"}')
+    same = [rank_identity({"data": str(tmp_path / n), "train": {"optim": {"lr": 0.1}}}) for n in "ab"]
+    assert ranks_disagree(same) is None
+    (tmp_path / "b" / "dataset.json").write_text('{"kind": "bert", "shards": []}')
+    other = [rank_identity({"data": str(tmp_path / n), "train": {"optim": {"lr": lr}}})
+             for n, lr in (("a", 0.1), ("b", 0.1), ("a", 0.2))]
+    line = ranks_disagree(other)
+    assert "data is 'dataset " in line and "on ranks 0, 2 but" in line
+    assert "train.optim.lr is 0.1 on ranks 0, 1 but 0.2 on rank 2" in line

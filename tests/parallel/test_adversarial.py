@@ -118,7 +118,7 @@ def test_a_read_only_run_folder_is_named(bert_data, finished_run, mount_point):
     assert tree(finished_run) == before
 
 
-@pytest.mark.parametrize("damage", ["missing", "not JSON", "a list", "not UTF-8"])
+@pytest.mark.parametrize("damage", ["missing", "not JSON"])  # (more damage: tests/core/test_run_identity.py)
 def test_a_run_folder_without_its_settings_is_refused_until_the_user_says_so(damage, bert_data, finished_run):
     """Checkpoints whose config.json is missing or damaged cannot be checked against this run's
     settings: refused with the fix, the folder untouched; the flag the message names resumes."""
