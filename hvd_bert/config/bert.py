@@ -8,6 +8,12 @@ from typing import Literal
 __all__ = ["BertConfig", "PRESETS", "bert_preset"]
 
 
+# (name, least, most): a published config past these is damaged, not a bigger BERT
+_BOUNDS = (("vocab_size", 1, 10_000_000), ("hidden_size", 1, 65_536), ("num_layers", 1, 1_000),
+           ("num_heads", 1, 4_096), ("intermediate_size", 1, 1_000_000),
+           ("max_position_embeddings", 1, 1_000_000), ("type_vocab_size", 1, 10_000))
+
+
 @dataclass(frozen=True)
 class BertConfig:
     vocab_size: int = 30522
@@ -24,6 +30,18 @@ class BertConfig:
     gelu: Literal["tanh", "none"] = "tanh"  # BERT's tanh approximation, or the exact erf form
 
     def __post_init__(self):
+        for name, low, high in _BOUNDS:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+                raise ValueError(f"{name} must be an integer in [{low}, {high}], got {v!r}")
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+        if not (self.layer_norm_eps > 0 and self.initializer_range > 0):
+            raise ValueError(f"layer_norm_eps and initializer_range must be > 0, got {self.layer_norm_eps}, "
+                             f"{self.initializer_range}")
+        if self.gelu not in ("tanh", "none"):
+            raise ValueError(f"gelu must be 'tanh' or 'none', got {self.gelu!r}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads "
                              f"{self.num_heads}")

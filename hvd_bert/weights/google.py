@@ -20,7 +20,7 @@ from typing import Mapping
 import numpy as np
 
 from hvd_bert.config.bert import BertConfig
-from hvd_bert.weights.portable import VOCAB_ROWS, WeightsError, pad_vocab_rows
+from hvd_bert.weights.portable import VOCAB_ROWS, WeightsError, check_backbone, check_values, pad_vocab_rows
 
 __all__ = ["google_checkpoint_prefix", "read_google_config", "google_config", "google_to_portable",
            "portable_to_google"]
@@ -105,13 +105,14 @@ def google_to_portable(variables: Mapping[str, np.ndarray], config: BertConfig, 
     names = _names(config)
     for ours, (theirs, transpose) in names.items():
         if theirs in variables:
-            a = np.asarray(variables[theirs], dtype=np.float32)
+            a = check_values(theirs, variables[theirs], source).astype(np.float32)
             out[ours] = np.ascontiguousarray(a.T) if transpose else a
     known = {t for t, _ in names.values()}
     unknown = sorted(k for k in variables if k not in known and not re.search(r"(adam_[mv]|global_step|"
                                                                              r"Momentum|LAMB)", k))
     if unknown:
         raise WeightsError(f"{source} has variables hvd_bert's BERT does not know: {unknown[:6]}")
+    check_backbone(out, config, source, "bert_config.json")
     return pad_vocab_rows(out, config, source, "bert_config.json")
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from hvd_bert.config.bert import BertConfig
 from hvd_bert.files import atomic_folder, usual_mode
-from hvd_bert.weights.portable import VOCAB_ROWS, WeightsError, pad_vocab_rows
+from hvd_bert.weights.portable import VOCAB_ROWS, WeightsError, check_backbone, check_values, pad_vocab_rows
 
 __all__ = ["is_hf_folder", "read_hf_config", "read_hf_folder", "hf_to_portable", "portable_to_hf",
            "write_hf_folder", "new_folder", "HF_WEIGHTS"]
@@ -113,7 +113,7 @@ def hf_to_portable(state: Mapping[str, np.ndarray], config: BertConfig, source: 
         nvidia = hf.replace("intermediate.dense.", "intermediate.dense_act.")  # NVIDIA's name for it
         for name in (hf, old, nvidia):
             if name in state:
-                out[portable] = np.asarray(state[name], dtype=np.float32)
+                out[portable] = check_values(name, state[name], source).astype(np.float32)
                 used.add(name)
                 return
 
@@ -133,6 +133,7 @@ def hf_to_portable(state: Mapping[str, np.ndarray], config: BertConfig, source: 
     if unknown:
         raise WeightsError(f"{source} has parameters hvd_bert's BERT does not know: {unknown[:6]}"
                            f"{' ...' if len(unknown) > 6 else ''}; is it a BERT checkpoint?")
+    check_backbone(out, config, source, "config.json")
     return pad_vocab_rows(out, config, source, "config.json")
 
 

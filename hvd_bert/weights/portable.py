@@ -26,7 +26,7 @@ from hvd_bert.files import atomic_write
 
 __all__ = ["WeightsError", "save_weights", "write_run_bert_config", "read_run_bert_config",
            "read_weights", "fit_weights", "fit_for_model", "POSITION_EMBEDDINGS",
-           "ENCODER_PREFIXES"]
+           "ENCODER_PREFIXES", "check_values", "check_backbone", "backbone_shapes", "config_from_json"]
 
 CONFIG_KEY = "__bert_config__"
 POSITION_EMBEDDINGS = "embeddings.position_embeddings.weight"
@@ -36,6 +36,71 @@ ENCODER_PREFIXES = ("embeddings.", "layers.", "pooler.")
 
 class WeightsError(ValueError):
     """A weights file that does not fit the model it is loaded into."""
+
+
+def config_from_json(text: str | bytes, source: str) -> BertConfig:
+    """A :class:`BertConfig` from hvd_bert's own JSON (``bert_config.json``, an .npz's embedded
+    one), every field checked; a WeightsError naming ``source`` otherwise."""
+    try:
+        raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError(f"a JSON {type(raw).__name__}, not an object")
+        return BertConfig(**raw)
+    except TypeError as e:
+        raise WeightsError(f"{source}'s BERT config has a key hvd_bert does not know ({e}); write it again "
+                           f"with hvd-bert convert") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise WeightsError(f"{source}'s BERT config is damaged ({e}); write it again with hvd-bert "
+                           f"convert") from None
+
+
+def check_values(name: str, a, source: str) -> np.ndarray:
+    """A parameter read from a file: stored as floating point (an integer dtype of the same
+    byte size would turn into nonsense values) and finite everywhere."""
+    a = np.asarray(a)
+    if not np.issubdtype(a.dtype, np.floating) and a.dtype.name != "bfloat16":
+        raise WeightsError(f"{source}: {name} is stored as {a.dtype}; BERT's weights are floating point: "
+                           f"the file is damaged or was written wrongly, save it again")
+    if not np.isfinite(a).all():
+        raise WeightsError(f"{source}: {name} holds NaN or infinite values: the checkpoint is damaged or "
+                           f"comes from a diverged run; use an earlier one")
+    return a
+
+
+def backbone_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:
+    """The encoder's portable names and shapes (the vocabulary rows unpadded; the pooler, which
+    a SQuAD model lacks, left out)."""
+    h, i = config.hidden_size, config.intermediate_size
+    out = {"embeddings.word_embeddings.weight": (config.vocab_size, h),
+           POSITION_EMBEDDINGS: (config.max_position_embeddings, h),
+           "embeddings.token_type_embeddings.weight": (config.type_vocab_size, h),
+           "embeddings.LayerNorm.weight": (h,), "embeddings.LayerNorm.bias": (h,)}
+    for n in range(config.num_layers):
+        for part, (rows, cols) in (("query", (h, h)), ("key", (h, h)), ("value", (h, h)),
+                                   ("attention_output", (h, h)), ("intermediate", (i, h)),
+                                   ("output", (h, i))):
+            out[f"layers.{n}.{part}.weight"], out[f"layers.{n}.{part}.bias"] = (rows, cols), (rows,)
+        for norm in ("attention_LayerNorm", "output_LayerNorm"):
+            out[f"layers.{n}.{norm}.weight"] = out[f"layers.{n}.{norm}.bias"] = (h,)
+    return out
+
+
+def check_backbone(arrays: Mapping[str, np.ndarray], config: BertConfig, source: str,
+                   config_file: str) -> None:
+    """A published checkpoint's encoder against its own config: every parameter there, each of
+    the config's shape (a config that disagrees with the weights would build another model)."""
+    layers = sorted({int(k.split(".")[1]) for k in arrays if k.startswith("layers.")})
+    expected = backbone_shapes(config)
+    missing = [k for k in expected if k not in arrays]
+    wrong = [f"{k}: {tuple(np.shape(arrays[k]))}, config {s}" for k, s in expected.items()
+             if k in arrays and tuple(np.shape(arrays[k])) != s]
+    if missing or wrong:
+        have = f"layers 0..{layers[-1]}" if layers else "no layers"
+        detail = (f"missing {missing[:3]}{' ...' if len(missing) > 3 else ''}" if missing else
+                  f"shapes {wrong[:3]}")
+        raise WeightsError(f"{source} does not match {config_file} ({config.num_layers} layers, hidden size "
+                           f"{config.hidden_size}; the file has {have}): {detail}. Give the config.json "
+                           f"that was saved with these weights")
 
 
 def save_weights(path: str | Path, arrays: Mapping[str, np.ndarray], config: BertConfig) -> Path:
@@ -58,7 +123,7 @@ def write_run_bert_config(folder: str | Path, config: BertConfig) -> Path:
 
 def read_run_bert_config(folder: str | Path) -> BertConfig | None:
     p = Path(folder) / "bert_config.json"
-    return BertConfig(**json.loads(p.read_text())) if p.is_file() else None
+    return config_from_json(p.read_bytes(), str(p)) if p.is_file() else None
 
 
 def read_weights(path: str | Path) -> tuple[dict[str, np.ndarray], BertConfig | None]:
@@ -73,7 +138,8 @@ def read_weights(path: str | Path) -> tuple[dict[str, np.ndarray], BertConfig | 
         raise WeightsError(f"{p} is not a readable .npz weights file ({e}); write one with "
                            f"`hvd-bert convert CHECKPOINT --output {p.name}`") from None
     raw = arrays.pop(CONFIG_KEY, None)
-    config = BertConfig(**json.loads(raw.tobytes().decode())) if raw is not None else None
+    config = config_from_json(raw.tobytes(), str(p)) if raw is not None else None
+    arrays = {k: check_values(k, a, str(p)) for k, a in arrays.items()}
     return arrays, config
 
 
@@ -91,7 +157,7 @@ def fit_weights(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[i
     for name, shape in expected.items():
         if name not in arrays:
             continue
-        a = np.asarray(arrays[name])
+        a = check_values(name, arrays[name], source)  # (any checkpoint: a diverged run's is refused here)
         if tuple(a.shape) != tuple(shape):
             grows = a.ndim == 2 and a.shape[1] == shape[1] and a.shape[0] <= shape[0]
             if name == POSITION_EMBEDDINGS and grows:

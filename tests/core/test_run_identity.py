@@ -1,4 +1,5 @@
 """What defines a run: the settings a resume may change, and the ones it may not."""
+
 import pytest
 
 from hvd_bert.config import PretrainConfig, apply_overrides, to_dict

@@ -195,3 +195,94 @@ def test_ranks_given_different_settings_stop_together_with_one_line(rank1, key, 
     # (horovodrun adds its own traceback for a rank that exits non-zero; the ranks print none)
     assert "<stderr>:Traceback" not in out and (launcher == "gloo" or "Traceback" not in out), out[-3000:]
     assert not run.exists()
+
+
+@pytest.fixture(scope="module")
+def exported(bert_data, tmp_path_factory):
+    """A 2-step run's weights as a Hugging Face folder and a portable .npz (real exports)."""
+    root = tmp_path_factory.mktemp("exported")
+    assert pretrain(bert_data, root / "run").returncode == 0
+    for fmt, out in (("hf", root / "hf"), ("npz", root / "w.npz")):
+        res = subprocess.run([*HVD_BERT, "convert", str(root / "run"), "--to", fmt, "--output", str(out)],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+    return root
+
+
+def damaged_copy(exported, tmp_path, name):
+    import shutil
+
+    src = exported / name
+    dst = tmp_path / name
+    (shutil.copytree if src.is_dir() else shutil.copyfile)(src, dst)
+    return dst
+
+
+def convert(src, tmp_path):
+    out = tmp_path / "out.npz"
+    res = subprocess.run([*HVD_BERT, "convert", str(src), "--output", str(out)], capture_output=True, text=True,
+                         timeout=60)
+    assert not out.exists() or res.returncode == 0
+    return res
+
+
+def set_safetensors_dtype(path: Path, tensor: str, dtype: str) -> None:
+    """Rewrite one tensor's dtype in a safetensors header (same byte size: the data stays)."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header[tensor]["dtype"] = dtype
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(n)
+    assert len(text) == n
+    path.write_bytes(raw[:8] + text + raw[8 + n:])
+
+
+@pytest.mark.parametrize("damage,words", [
+    ("I32 data", ["bert.embeddings.word_embeddings.weight is stored as int32", "floating point"]),
+    ("hidden_size", ["does not match config.json", "hidden size 64"]),
+    ("num_hidden_layers=10**6", ["num_layers must be an integer in [1, 1000], got 1000000"]),
+    ("num_hidden_layers=3", ["does not match config.json (3 layers", "the file has layers 0..1"]),
+    ("num_attention_heads=0", ["num_heads must be an integer in [1, 4096], got 0"]),
+    ("NaN weights", ["holds NaN or infinite values"]),
+])
+def test_a_hugging_face_folder_that_lies_is_refused(damage, words, exported, tmp_path):
+    """The weights are checked against their declared dtype and values and against the config,
+    before anything is written (a config 10**9 layers deep used to hang)."""
+    hf = damaged_copy(exported, tmp_path, "hf")
+    cfg = json.loads((hf / "config.json").read_text())
+    if damage == "I32 data":
+        set_safetensors_dtype(hf / "model.safetensors", "bert.embeddings.word_embeddings.weight", "I32")
+    elif damage == "NaN weights":
+        from safetensors.numpy import load_file, save_file
+
+        tensors = load_file(str(hf / "model.safetensors"))
+        tensors["bert.encoder.layer.0.output.dense.weight"][:] = float("nan")
+        save_file(tensors, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    elif damage == "hidden_size":
+        cfg.update(hidden_size=64, intermediate_size=256)
+    else:
+        key, value = damage.split("=")
+        cfg[key] = eval(value)  # noqa: S307  (the test's own literal)
+    (hf / "config.json").write_text(json.dumps(cfg))
+    one_line(convert(hf, tmp_path), *words)
+
+
+@pytest.mark.parametrize("damage,words", [
+    ("bad JSON", ["BERT config is damaged"]),
+    ("unknown key", ["BERT config has a key hvd_bert does not know"]),
+    ("int weights", ["is stored as int64"]),
+])
+def test_a_portable_weights_file_that_lies_is_refused(damage, words, exported, tmp_path):
+    import numpy as np
+
+    with np.load(exported / "w.npz", allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    raw = json.loads(arrays["__bert_config__"].tobytes())
+    if damage == "bad JSON":
+        arrays["__bert_config__"] = np.frombuffer(b'{"vocab_size": 1', np.uint8)
+    elif damage == "unknown key":
+        arrays["__bert_config__"] = np.frombuffer(json.dumps({**raw, "rope": True}).encode(), np.uint8)
+    else:
+        arrays["pooler.bias"] = arrays["pooler.bias"].astype(np.int64)
+    np.savez(tmp_path / "w.npz", **arrays)
+    one_line(convert(tmp_path / "w.npz", tmp_path), *words)

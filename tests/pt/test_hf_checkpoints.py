@@ -98,7 +98,7 @@ def test_a_fine_tuned_classifier_exports_as_bert_for_sequence_classification(tmp
 @pytest.mark.parametrize("damage,match", [
     ("truncate", "cannot be read .* truncated or not safetensors"),
     ("activation", "hidden_act 'relu' is not supported"),
-    ("shape", "do not fit this model|rows, config.json's vocab_size"),
+    ("shape", "do not fit this model|rows, config.json's vocab_size|does not match config.json"),
 ])
 def test_bad_hf_folders_are_clear_errors(tmp_path, damage, match):
     from hvd_bert.weights.portable import WeightsError
