@@ -220,8 +220,8 @@ def damaged_copy(exported, tmp_path, name):
 
 def convert(src, tmp_path):
     out = tmp_path / "out.npz"
-    res = subprocess.run([*HVD_BERT, "convert", str(src), "--output", str(out)], capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run([*HVD_BERT, "convert", str(src), "--output", str(out)], capture_output=True,
+                         text=True, timeout=60)
     assert not out.exists() or res.returncode == 0
     return res
 
