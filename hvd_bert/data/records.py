@@ -424,21 +424,42 @@ def _check_length(name: str, got: int, want: int) -> None:
                            f"with other settings (see dataset.json)")
 
 
+def shard_count_error(folder: str | Path, meta: dict, names=None) -> str | None:
+    """The first shard (of ``names``, default all) whose record count is not the one the sidecar
+    records, as a message; None if all agree (a scan of the record headers: for an error path)."""
+    claimed = {s["file"]: s["records"] for s in meta["shards"]}
+    for name in names if names is not None else claimed:
+        actual = sum(1 for _ in iter_records(Path(folder) / name, verify=False))
+        if actual != claimed[name]:
+            return _count_message(folder, name, actual, claimed[name])
+    return None
+
+
+def _count_message(folder, name: str, actual: int, claimed: int) -> str:
+    return (f"{Path(folder) / name} holds {actual} records, but {Path(folder) / 'dataset.json'} says "
+            f"{claimed}: the sidecar does not describe these shards; prepare the data again")
+
+
 def read_ordered(folder: str | Path, plan, shuffle_buffer: int, stream: int,
-                 verify: bool = True) -> Iterator[bytes]:
+                 verify: bool = True, counts: Mapping[str, int] | None = None) -> Iterator[bytes]:
     """One rank's records for one epoch in the toolkit's reading order (the reference that the
     TensorFlow reader reproduces): ``plan.files`` in order, every ``record_stride``-th record
     from ``record_offset``, then windows of ``shuffle_buffer`` sorted by
-    ``sharding.shuffle_keys``."""
+    ``sharding.shuffle_keys``. ``counts``: each file's records as the sidecar says (a file that
+    holds another number is a DatasetError naming it)."""
     from hvd_bert.core.sharding import window_order
 
     def stream_records():
         i = 0
         for name in plan.files:
+            n = 0
             for _, rec in iter_records(Path(folder) / name, verify):
                 if i % plan.record_stride == plan.record_offset:
                     yield rec
                 i += 1
+                n += 1
+            if counts is not None and n != counts[name]:
+                raise DatasetError(_count_message(folder, name, n, counts[name]))
 
     if shuffle_buffer <= 1:
         yield from stream_records()

@@ -74,8 +74,9 @@ class ShardedDataset(torch.utils.data.IterableDataset):
         plan = plan_reads(self.files, self.rank, self.world_size, epoch, self.seed, True,
                           self.record_striding)
         n_batches = self.batches_in_epoch(epoch)
-        records = read_ordered(self.folder, plan, self.shuffle_buffer,
-                               stream_seed(self.seed, epoch, self.rank))
+        stream = stream_seed(self.seed, epoch, self.rank)
+        records = read_ordered(self.folder, plan, self.shuffle_buffer, stream,
+                               counts=dict(zip(self.files, self.counts)))
         b = self.local_batch_size
         if self.length_grouping:
             fixed = (decode_batch([next(records) for _ in range(b)], self.spec) for _ in range(n_batches))

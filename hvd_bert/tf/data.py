@@ -97,13 +97,29 @@ def stream(folder: str | Path, kind: str, rank: int, world_size: int, local_batc
             skip -= n
         elif length_grouping:
             fixed = ({k: v.numpy() for k, v in b.items()} for b in _checked(folder, ds))
-            for b in length_grouped(fixed, length_grouping, (seed, epoch, rank), start=skip):
+            for b in length_grouped(_counted(fixed, n, folder, kind, expect), length_grouping,
+                                    (seed, epoch, rank), start=skip):
                 yield {k: tf.constant(v) for k, v in b.items()}
             skip = 0
         else:
-            yield from _checked(folder, ds.skip(skip))
+            yield from _counted(_checked(folder, ds.skip(skip)), n - skip, folder, kind, expect)
             skip = 0
         epoch += 1
+
+
+def _counted(batches, n: int, folder: Path, kind: str, expect):
+    """``batches``, which must be ``n``: fewer means the shards hold fewer records than the
+    sidecar says (tf.data would end the epoch early and train on silently)."""
+    got = 0
+    for b in batches:
+        got += 1
+        yield b
+    if got < n:
+        from hvd_bert.data.records import shard_count_error
+
+        meta = read_sidecar(folder, kind, expect)
+        raise DatasetError(shard_count_error(folder, meta) or f"{folder}'s shards hold fewer records than "
+                           f"{folder / 'dataset.json'} says: prepare the data again")
 
 
 def corruption_message(folder: str | Path, tf_message: str) -> str:

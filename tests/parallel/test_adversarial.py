@@ -286,3 +286,21 @@ def test_a_portable_weights_file_that_lies_is_refused(damage, words, exported, t
         arrays["pooler.bias"] = arrays["pooler.bias"].astype(np.int64)
     np.savez(tmp_path / "w.npz", **arrays)
     one_line(convert(tmp_path / "w.npz", tmp_path), *words)
+
+
+@pytest.mark.parametrize("framework", ["pt", "tf"])
+def test_a_sidecar_that_claims_more_records_than_the_shards_hold_is_named(framework, bert_data, tmp_path):
+    """PyTorch raised ``generator raised StopIteration``, TensorFlow trained on silently."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(bert_data, data)
+    meta = json.loads((data / "dataset.json").read_text())
+    shard = meta["shards"][0]
+    held = shard["records"]
+    shard["records"] += 1000
+    meta["total_records"] += 1000
+    (data / "dataset.json").write_text(json.dumps(meta))
+    res = pretrain(data, tmp_path / "run", "--framework", framework, steps=200)
+    one_line(res, f"{data / shard['file']} holds {held} records, but {data / 'dataset.json'} says "
+                  f"{held + 1000}", "prepare the data again")
