@@ -13,12 +13,16 @@ from typing import Sequence, TypeVar
 import numpy as np
 
 __all__ = ["epoch_permutation", "split_evenly", "assign_files", "assign_records", "ReadPlan",
-           "plan_reads", "TooFewShardsError"]
+           "plan_reads", "TooFewShardsError", "ShardingError"]
 
 T = TypeVar("T")
 
 
-class TooFewShardsError(ValueError):
+class ShardingError(ValueError):
+    """The data cannot be split over the ranks as asked (the user's to fix: one line)."""
+
+
+class TooFewShardsError(ShardingError):
     """Fewer shard files than ranks: some rank would get no data."""
 
 
@@ -150,7 +154,7 @@ def epoch_batches(files: Sequence, counts: Sequence[int], world_size: int, local
                 for r in range(world_size)]
     n = min(per_rank) // local_batch_size
     if n == 0:
-        raise ValueError(
+        raise ShardingError(
             f"a rank gets only {min(per_rank)} records in epoch {epoch}, fewer than one local batch "
             f"of {local_batch_size}; use a smaller batch, fewer ranks or more data")
     return n

@@ -14,7 +14,8 @@
     glue            GLUE's published TSV layouts
     squad           SQuAD v1.1 / v2.0 -> features (hvd-bert prepare-squad)
     finetune        the sets a fine-tuning run takes: its task, checks, steps per epoch
-    ncf             MovieLens (ml-1m, ml-20m, ml-25m) or synthetic -> NCF data; each epoch's pairs
+    ncf             MovieLens or synthetic -> NCF data; each epoch's pairs
+    movielens       MovieLens ratings in their published formats (ml-100k, ml-1m, ml-20m, ml-25m)
     padding         batches trimmed to their longest sequence
     defaults        the built-in data: the cache folder, the default corpus, vocab and sets
 """

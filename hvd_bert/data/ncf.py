@@ -1,9 +1,6 @@
 """NCF (neural collaborative filtering) data, framework-free and vectorised (numpy).
 
-* MovieLens ratings in their published formats, told apart by content: ml-20m / ml-25m /
-  ml-latest(-small) ``ratings.csv`` (``userId,movieId,rating,timestamp`` with a header),
-  ml-1m / ml-10m ``ratings.dat`` (``UserID::MovieID::Rating::Timestamp``) and ml-100k
-  ``u.data`` (tab-separated user, item, rating, timestamp).
+* MovieLens ratings in their published formats (``data.movielens``).
 * Implicit feedback as in He et al. 2017 and NVIDIA's NCF: every rating is a positive, ids are
   remapped to 0..n-1, each user's interactions are sorted by time and the latest is the
   leave-one-out test item, ranked among distinct sampled negatives that are not among the
@@ -19,7 +16,6 @@ A prepared folder holds ``ncf.npz`` and the ``dataset.json`` sidecar.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -28,6 +24,7 @@ import numpy as np
 
 from hvd_bert.config.base import ConfigError
 from hvd_bert.files import atomic_write
+from hvd_bert.data.movielens import load_movielens
 from hvd_bert.data.records import DatasetError
 from hvd_bert.data.sidecar import read_sidecar, write_sidecar
 
@@ -48,106 +45,6 @@ class NCFData:
     test_negatives: np.ndarray   # int32 [n_users, 100 or 999]: the evaluation protocol's negatives
     n_users: int
     n_items: int
-
-
-# ----------------------------------------------------------------------------- MovieLens
-RATINGS_FILES = ("ratings.csv", "ratings.dat", "u.data")
-# layout name: (what it is, column separator, has a header)
-LAYOUTS = {"csv": ("ml-20m / ml-25m / ml-latest ratings.csv", ",", True),
-           "dat": ("ml-1m / ml-10m ratings.dat", "::", False),
-           "u.data": ("ml-100k u.data", "\t", False)}
-
-
-def movielens_layout(first_line: str, source: str) -> str:
-    """Which published MovieLens layout a file is, from its first line (not its name)."""
-    line = first_line.strip()
-    if "::" in line:
-        return "dat"
-    if line.replace(" ", "").startswith("userId,movieId"):
-        return "csv"
-    if len(line.split("\t")) == 4:
-        return "u.data"
-    raise DatasetError(f"{source} is not a MovieLens ratings file: its first line {line[:80]!r} is none of "
-                       f"ml-20m/25m/latest's 'userId,movieId,rating,timestamp' header, ml-1m/10m's "
-                       f"'UserID::MovieID::Rating::Timestamp' or ml-100k's tab-separated u.data")
-
-
-def _bad_line(lines: list[str], sep: str, first: int, ncols: int) -> tuple[int, str] | None:
-    """The first line (1-based number, text) that is not ``ncols`` numbers separated by ``sep``."""
-    for n, line in enumerate(lines):
-        if not line.strip():
-            continue
-        parts = line.split(sep)
-        try:
-            if len(parts) != ncols:
-                raise ValueError
-            [float(x) for x in parts]
-        except ValueError:
-            return n + first, line
-    return None
-
-
-def load_movielens(path: str | Path, skip_bad_lines: bool = False,
-                   report=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(users, items, timestamps)`` from a MovieLens ratings file in any published layout
-    (:data:`LAYOUTS`, told apart by content), or the folder that holds one. A malformed line
-    is an error naming it, unless ``skip_bad_lines`` (then ``report(text)`` says how many were
-    dropped)."""
-    p = Path(path)
-    if p.is_dir():
-        found = [p / n for n in RATINGS_FILES if (p / n).is_file()]
-        p = found[0] if found else p
-    if not p.is_file():
-        raise DatasetError(f"no MovieLens ratings at {path}: give ratings.csv (ml-20m, ml-25m, ml-latest), "
-                           f"ratings.dat (ml-1m, ml-10m) or u.data (ml-100k), or the folder that holds one")
-    text = p.read_text(encoding="latin-1")  # MovieLens' files are Latin-1; the ratings are ASCII
-    lines = text.splitlines()
-    if not any(ln.strip() for ln in lines):
-        raise DatasetError(f"{p} holds no ratings")
-    layout = movielens_layout(next(ln for ln in lines if ln.strip()), str(p))
-    what, sep, header = LAYOUTS[layout]
-    first = 1
-    if header:
-        names = [h.strip() for h in lines[0].split(",")]
-        if "timestamp" not in names:
-            raise DatasetError(f"{p}: header {names} has no timestamp column (MovieLens' is "
-                               f"userId,movieId,rating,timestamp)")
-        cols, ncols, lines, first = (0, 1, names.index("timestamp")), len(names), lines[1:], 2
-    else:
-        cols, ncols = (0, 1, 3), 4
-    body = "\n".join(lines).replace("::", ",") if sep == "::" else "\n".join(lines)
-    delim = "," if sep in ("::", ",") else "\t"
-    try:
-        arr = np.loadtxt(io.StringIO(body), delimiter=delim, dtype=np.float64, ndmin=2)
-        if arr.shape[1] != ncols:
-            raise ValueError("column count")
-    except ValueError:
-        bad = _bad_line(lines, sep, first, ncols)
-        if bad is None:
-            raise DatasetError(f"{p}: not in the {what} layout") from None
-        if not skip_bad_lines:
-            raise DatasetError(f"{p} line {bad[0]}: {bad[1][:80]!r} is not {ncols} numbers separated by "
-                               f"{sep!r} ({what}); fix the file, or pass --skip-bad-lines to drop such "
-                               f"lines") from None
-        kept = [ln for ln in lines if ln.strip() and _bad_line([ln], sep, 0, ncols) is None]
-        if report is not None:
-            report(f"{p}: skipped {sum(1 for ln in lines if ln.strip()) - len(kept)} malformed line(s), the "
-                   f"first at line {bad[0]}")
-        if not kept:
-            raise DatasetError(f"{p}: no well-formed rating lines are left") from None
-        body = "\n".join(kept).replace("::", ",") if sep == "::" else "\n".join(kept)
-        arr = np.loadtxt(io.StringIO(body), delimiter=delim, dtype=np.float64, ndmin=2)
-    for c, name in zip(cols, ("user id", "item id", "timestamp")):
-        col = arr[:, c]
-        limit = 2**31 if name != "timestamp" else 2**62
-        bad = np.flatnonzero(~np.isfinite(col) | (col != np.floor(col)) | (col < 0) | (col >= limit))
-        if len(bad):
-            r = int(bad[0])
-            raise DatasetError(
-                f"{p} line {r + first}: {name} {col[r].item():g} is not an integer in [0, {limit}) "
-                f"({len(bad)} such rows); MovieLens ids and timestamps are non-negative integers: fix or "
-                f"drop those rows")
-    return tuple(arr[:, c].astype(np.int64) for c in cols)
 
 
 # ----------------------------------------------------------------------------- synthetic
@@ -420,9 +317,22 @@ def load_ncf(folder: str | Path) -> NCFData:
     except (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError) as e:
         raise DatasetError(f"{path} is not a complete NCF data file ({type(e).__name__}: {e}); prepare it "
                            f"again (hvd-bert prepare-ncf)") from None
-    if len(data.test_items) != data.n_users or data.test_negatives.shape[0] != data.n_users:
-        raise DatasetError(f"{path} does not match {folder}/dataset.json ({data.n_users} users); prepare it "
-                           f"again (hvd-bert prepare-ncf)")
+    again = "prepare it again (hvd-bert prepare-ncf)"
+    if not all(isinstance(meta.get(k), int) and meta[k] > 0 for k in ("n_users", "n_items")):
+        raise DatasetError(f"{folder}/dataset.json's n_users and n_items are not positive counts; {again}")
+    if len(data.test_items) != data.n_users or data.test_negatives.ndim != 2 \
+            or data.test_negatives.shape[0] != data.n_users or len(data.train_users) != len(data.train_items):
+        raise DatasetError(f"{path} does not match {folder}/dataset.json ({data.n_users} users); {again}")
+    for name, ids, count in (("train_users", data.train_users, data.n_users),
+                             ("train_items", data.train_items, data.n_items),
+                             ("test_items", data.test_items, data.n_items),
+                             ("test_negatives", data.test_negatives, data.n_items)):
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise DatasetError(f"{path}: {name} is {ids.dtype}, not integer ids; {again}")
+        if ids.size and (ids.min() < 0 or ids.max() >= count):
+            worst = int(ids.max() if ids.max() >= count else ids.min())
+            raise DatasetError(f"{path}: {name} holds id {worst}, outside the {count} of "
+                               f"{folder}/dataset.json; {again}")
     return data
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from hvd_bert.files import atomic_write
 
 __all__ = ["CorruptRecordError", "DatasetError", "write_examples", "write_records", "serialize_rows",
-           "iter_records", "decode_example", "decode_batch", "shard_name", "read_ordered"]
+           "iter_records", "decode_example", "decode_batch", "shard_name", "read_ordered", "count_message"]
 
 _MASK_DELTA = 0xA282EAD8
 
@@ -424,18 +424,7 @@ def _check_length(name: str, got: int, want: int) -> None:
                            f"with other settings (see dataset.json)")
 
 
-def shard_count_error(folder: str | Path, meta: dict, names=None) -> str | None:
-    """The first shard (of ``names``, default all) whose record count is not the one the sidecar
-    records, as a message; None if all agree (a scan of the record headers: for an error path)."""
-    claimed = {s["file"]: s["records"] for s in meta["shards"]}
-    for name in names if names is not None else claimed:
-        actual = sum(1 for _ in iter_records(Path(folder) / name, verify=False))
-        if actual != claimed[name]:
-            return _count_message(folder, name, actual, claimed[name])
-    return None
-
-
-def _count_message(folder, name: str, actual: int, claimed: int) -> str:
+def count_message(folder, name: str, actual: int, claimed: int) -> str:
     return (f"{Path(folder) / name} holds {actual} records, but {Path(folder) / 'dataset.json'} says "
             f"{claimed}: the sidecar does not describe these shards; prepare the data again")
 
@@ -459,7 +448,7 @@ def read_ordered(folder: str | Path, plan, shuffle_buffer: int, stream: int,
                 i += 1
                 n += 1
             if counts is not None and n != counts[name]:
-                raise DatasetError(_count_message(folder, name, n, counts[name]))
+                raise DatasetError(count_message(folder, name, n, counts[name]))
 
     if shuffle_buffer <= 1:
         yield from stream_records()

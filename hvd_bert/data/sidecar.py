@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from hvd_bert.data.records import DatasetError
 from hvd_bert.files import atomic_write
 
-__all__ = ["SIDECAR", "write_sidecar", "read_sidecar", "file_sha256"]
+__all__ = ["SIDECAR", "write_sidecar", "read_sidecar", "file_sha256", "shard_count_error"]
 
 SIDECAR = "dataset.json"
 # the command that prepares each kind (named in the errors of a reader that finds none)
@@ -39,6 +39,40 @@ def write_sidecar(folder: str | Path, meta: dict) -> Path:
                         lambda tmp: tmp.write_text(json.dumps(meta, indent=1, sort_keys=True)))
 
 
+# fields every reader uses, with their types (bool is not an int here)
+_INT_FIELDS = ("total_records", "max_seq_length", "max_predictions_per_seq", "vocab_size", "num_shards",
+               "examples", "doc_stride", "max_query_length", "num_labels", "users", "items")
+
+
+def _check_fields(meta, side: Path) -> None:
+    """The sidecar's structure before any field is used: a wrong type or range is one line."""
+    def bad(what: str) -> DatasetError:
+        return DatasetError(f"{side} is damaged: {what}; prepare the data again")
+
+    def count(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(meta, dict):
+        raise bad(f"a JSON {type(meta).__name__}, not an object")
+    shards = meta.get("shards")
+    if not isinstance(shards, list):
+        raise bad(f"'shards' is {type(shards).__name__}, not a list")
+    for i, s in enumerate(shards):
+        if not (isinstance(s, dict) and isinstance(s.get("file"), str) and count(s.get("records"))):
+            raise bad(f"shard {i} is not {{'file': NAME, 'records': COUNT}}")
+        name = s["file"]
+        if not name or name != Path(name).name or name in (".", ".."):
+            raise bad(f"shard {i}'s file {name!r} is not a file name in the folder")
+        if "bytes" in s and not count(s["bytes"]):
+            raise bad(f"shard {i}'s 'bytes' is {s['bytes']!r}")
+    for key in _INT_FIELDS:
+        if key in meta and meta[key] is not None and not count(meta[key]):
+            raise bad(f"{key!r} is {meta[key]!r}, not a count")
+    if "total_records" in meta and meta["total_records"] != sum(s["records"] for s in shards) \
+            and meta.get("kind") != "ncf":
+        raise bad(f"total_records {meta['total_records']} is not the sum of the shards' records")
+
+
 def read_sidecar(folder: str | Path, kind: str | tuple[str, ...],
                  expect: Mapping[str, Any] | None = None) -> dict:
     """Read and check a dataset folder: the sidecar exists and is of ``kind`` (or one of the
@@ -55,9 +89,10 @@ def read_sidecar(folder: str | Path, kind: str | tuple[str, ...],
         raise DatasetError(f"{folder} has no {SIDECAR}: the data is incomplete (preparation was "
                            f"interrupted?) or not prepared by hvd_bert; prepare it again ({how})")
     try:
-        meta = json.loads(side.read_text())
-    except json.JSONDecodeError as e:
+        meta = json.loads(side.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DatasetError(f"{side} is not valid JSON ({e}); prepare the data again") from None
+    _check_fields(meta, side)
     if meta.get("kind") not in kinds:
         raise DatasetError(f"{folder} holds {meta.get('kind')!r} data, expected "
                            f"{' or '.join(map(repr, kinds))}")
@@ -76,3 +111,15 @@ def read_sidecar(folder: str | Path, kind: str | tuple[str, ...],
                 f"{folder} was prepared with {key}={meta[key]!r} but {want!r} is expected; prepare "
                 f"the data again with {key}={want!r} or change the setting to {meta[key]!r}")
     return meta
+
+
+def shard_count_error(folder: str | Path, meta: dict) -> str | None:
+    """The first shard whose record count is not the one the sidecar records, as a message;
+    None if all agree (a scan of every record header: for an error path)."""
+    from hvd_bert.data.records import count_message, iter_records
+
+    for shard in meta["shards"]:
+        actual = sum(1 for _ in iter_records(Path(folder) / shard["file"], verify=False))
+        if actual != shard["records"]:
+            return count_message(folder, shard["file"], actual, shard["records"])
+    return None

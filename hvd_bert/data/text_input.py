@@ -424,8 +424,8 @@ def read_text(path: str | Path, what: str = "input text file") -> str:
         raise DatasetError(f"cannot read {what} {p}: {e.strerror}") from None
     nul = data.find(b"\x00", 0, 1 << 20)
     if nul >= 0:
-        raise DatasetError(f"{what} {p} looks binary (a NUL byte at offset {nul}): give UTF-8 text, "
-                           f"one sentence per line, a blank line between documents")
+        raise DatasetError(f"{what} {p} looks binary (a NUL byte at offset {nul}): give UTF-8 text (a "
+                           f"UTF-16 file has NUL bytes too: convert it with iconv -f utf-16 -t utf-8)")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

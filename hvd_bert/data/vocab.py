@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 
 from hvd_bert.data.records import DatasetError
 
-__all__ = ["ResolvedVocab", "resolve_vocab", "SPECIAL_TOKENS",
+__all__ = ["ResolvedVocab", "resolve_vocab", "SPECIAL_TOKENS", "vocab_tokens",
            "train_vocab", "load_tokenizer", "vocab_and_case"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -32,13 +32,20 @@ class ResolvedVocab:
 
 def _from_tokenizer_json(path: Path) -> tuple[Path, bool | None]:
     try:
-        tok = json.loads(path.read_text())
+        tok = json.loads(path.read_bytes().decode("utf-8"))
         model = tok["model"]
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise DatasetError(f"{path} is not a readable tokenizer.json ({type(e).__name__}: {e})") from None
+    if not isinstance(model, dict):
+        raise DatasetError(f"{path}'s model is a JSON {type(model).__name__}, not an object: the file is "
+                           f"damaged; give the checkpoint's tokenizer.json or vocab.txt")
     if model.get("type") != "WordPiece":
         raise DatasetError(f"{path} holds a {model.get('type')!r} tokenizer; BERT needs WordPiece")
-    vocab = model["vocab"]  # token -> id
+    vocab = model.get("vocab")  # token -> id
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                              for i in vocab.values()):
+        raise DatasetError(f"{path}'s WordPiece model has no vocab of token -> id: the file is damaged; "
+                           f"give the checkpoint's tokenizer.json or vocab.txt")
     ids = sorted(vocab.values())
     if ids != list(range(len(ids))):
         raise DatasetError(f"{path}: the WordPiece ids are not 0..{len(ids) - 1}")
@@ -104,7 +111,7 @@ def resolve_vocab(arg: str | Path) -> ResolvedVocab:
     else:
         raise DatasetError(f"vocab {p} does not exist; give a vocab.txt, a tokenizer.json or a checkpoint "
                            f"folder")
-    tokens = path.read_text(encoding="utf-8").splitlines()
+    tokens = vocab_tokens(path)
     missing = [t for t in SPECIAL_TOKENS if t not in tokens]
     if missing:
         raise DatasetError(f"{path} lacks BERT's special tokens {missing}; it is not a BERT WordPiece "
@@ -173,6 +180,24 @@ def train_vocab(files: Sequence[str | Path], out_dir: str | Path, vocab_size: in
     return out / "vocab.txt"
 
 
+def vocab_tokens(path: Path) -> list[str]:
+    """A vocab.txt's tokens, one per line: UTF-8, each token once (the tokenizer would keep one of
+    two: the ids and the size would not be the file's)."""
+    try:
+        tokens = path.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"vocab file {path} is not UTF-8 ({e.reason} at byte {e.start}); give the "
+                           f"checkpoint's vocab.txt") from None
+    first: dict[str, int] = {}
+    for n, token in enumerate(tokens, 1):
+        if token in first:
+            raise DatasetError(f"vocab file {path} has the token {token!r} twice (lines {first[token]} and "
+                               f"{n}): a vocabulary lists each token once; give the checkpoint's own "
+                               f"vocab.txt")
+        first[token] = n
+    return tokens
+
+
 def load_tokenizer(vocab_file: str | Path, do_lower_case: bool = True):
     """A ``tokenizers`` WordPiece tokenizer for ``vocab_file`` (which must hold BERT's special
     tokens)."""
@@ -182,7 +207,7 @@ def load_tokenizer(vocab_file: str | Path, do_lower_case: bool = True):
     if not p.is_file():
         raise DatasetError(f"vocab file {p} does not exist; pass an existing vocab.txt or leave it "
                            f"out to train one on the input")
-    vocab = p.read_text(encoding="utf-8").splitlines()
+    vocab = vocab_tokens(p)
     missing = [t for t in SPECIAL_TOKENS if t not in vocab]
     if missing:
         raise DatasetError(f"vocab file {p} lacks the special tokens {missing}; it is not a BERT vocab")

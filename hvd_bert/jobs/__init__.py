@@ -38,6 +38,7 @@ def user_errors() -> tuple[type, ...]:
     """The errors that are the user's to fix (bad settings, data, checkpoints, a diverged run):
     one line and exit status 2, never a traceback."""
     from hvd_bert.config import ConfigError
+    from hvd_bert.core.sharding import ShardingError
     from hvd_bert.data.records import DatasetError
     from hvd_bert.train.checkpoint import RunFolderBusy
     from hvd_bert.train.engine import CheckpointError, ResumeError
@@ -45,7 +46,7 @@ def user_errors() -> tuple[type, ...]:
     from hvd_bert.weights.portable import WeightsError
 
     return (ConfigError, DatasetError, WeightsError, CheckpointError, ResumeError, DivergedError,
-            RunFolderBusy)
+            RunFolderBusy, ShardingError)
 
 
 def run_job(name: str, cfg, on_data_error=None) -> int:

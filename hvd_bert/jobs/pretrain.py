@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hvd_bert.core.sharding import epoch_batches
 from hvd_bert.config import PretrainConfig
 from hvd_bert.config.bert import bert_preset
 from hvd_bert.data.pretraining import check_pretraining_data
@@ -65,6 +66,10 @@ def run(cfg: PretrainConfig, backend) -> dict:
         raise WeightsError(error)
     train = launch.layout(cfg.train, size)  # (elastic: the global batch laid out on this world)
     engine = backend.engine(model, backend.pretraining_loss, train, sync=launch.syncs_at_start)
+    striding = cfg.record_striding or len(meta["shards"]) < engine.world_size
+    # an epoch has at least one batch on every rank (a ShardingError before the run folder is touched)
+    epoch_batches([s["file"] for s in meta["shards"]], [s["records"] for s in meta["shards"]],
+                  engine.world_size, engine.plan.local_batch_size, 0, cfg.train.seed, striding)
 
     total = cfg.train.schedule.total_steps
     log = open_run(cfg, backend, rank, total_steps=total, bert=bert, launch=launch,

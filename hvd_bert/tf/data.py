@@ -115,7 +115,7 @@ def _counted(batches, n: int, folder: Path, kind: str, expect):
         got += 1
         yield b
     if got < n:
-        from hvd_bert.data.records import shard_count_error
+        from hvd_bert.data.sidecar import shard_count_error
 
         meta = read_sidecar(folder, kind, expect)
         raise DatasetError(shard_count_error(folder, meta) or f"{folder}'s shards hold fewer records than "

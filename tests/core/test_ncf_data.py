@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from hvd_bert.data import ncf as N
+from hvd_bert.data import movielens as M
 from hvd_bert.data.records import DatasetError
 
 
@@ -14,8 +15,8 @@ def test_movielens_formats_parse_alike(tmp_path):
     (tmp_path / "ml1m").mkdir()
     dat = "".join(f"{u}::{i}::{int(r)}::{t}\n" for u, i, r, t in rows)
     (tmp_path / "ml1m" / "ratings.dat").write_text(dat)
-    a = N.load_movielens(tmp_path / "ratings.csv")
-    b = N.load_movielens(tmp_path / "ml1m")
+    a = M.load_movielens(tmp_path / "ratings.csv")
+    b = M.load_movielens(tmp_path / "ml1m")
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
     assert list(a[0]) == [1, 1, 2, 2, 2] and list(a[2]) == [100, 50, 70, 80, 90]
@@ -23,10 +24,10 @@ def test_movielens_formats_parse_alike(tmp_path):
 
 def test_movielens_errors(tmp_path):
     with pytest.raises(DatasetError, match="no MovieLens ratings"):
-        N.load_movielens(tmp_path)
+        M.load_movielens(tmp_path)
     (tmp_path / "ratings.csv").write_text("user,item\n1,2\n")
     with pytest.raises(DatasetError, match="is not a MovieLens ratings file: its first line 'user,item'"):
-        N.load_movielens(tmp_path / "ratings.csv")
+        M.load_movielens(tmp_path / "ratings.csv")
 
 
 def test_every_published_layout_is_told_apart_by_content(tmp_path):
@@ -42,10 +43,10 @@ def test_every_published_layout_is_told_apart_by_content(tmp_path):
     for name, text in files.items():
         for where in (tmp_path / name, tmp_path / f"{name}.renamed.txt"):
             where.write_text(text)
-            assert [list(c) for c in N.load_movielens(where)] == [*want[:2], want[2]], where
+            assert [list(c) for c in M.load_movielens(where)] == [*want[:2], want[2]], where
         (tmp_path / name.replace(".", "_")).mkdir()
         (tmp_path / name.replace(".", "_") / name).write_text(text)
-        assert list(N.load_movielens(tmp_path / name.replace(".", "_"))[1]) == want[1]  # the folder
+        assert list(M.load_movielens(tmp_path / name.replace(".", "_"))[1]) == want[1]  # the folder
 
 
 def test_a_malformed_line_is_named_and_skipped_only_when_asked(tmp_path):
@@ -53,9 +54,9 @@ def test_a_malformed_line_is_named_and_skipped_only_when_asked(tmp_path):
     f.write_text("1\t10\t3\t100\n1\t20\t4\n2\t10\t5\t70\n2\tx\t1\t80\n2\t30\t2\t90\n")
     with pytest.raises(DatasetError, match=r"u.data line 2: '1\\t20\\t4' is not 4 numbers separated by '\\t' "
                                            r"\(ml-100k u.data\); fix the file, or pass --skip-bad-lines"):
-        N.load_movielens(f)
+        M.load_movielens(f)
     said = []
-    users, items, _ = N.load_movielens(f, skip_bad_lines=True, report=said.append)
+    users, items, _ = M.load_movielens(f, skip_bad_lines=True, report=said.append)
     assert list(items) == [10, 10, 30] and said == [f"{f}: skipped 2 malformed line(s), the first at line 2"]
     with pytest.raises(DatasetError, match="u.data line 2"):
         N.prepare_ncf(tmp_path / "out", movielens=f)
@@ -83,11 +84,11 @@ def test_movielens_ids_that_are_not_integers_are_refused_not_truncated(tmp_path,
     f.write_text(f"userId,movieId,rating,timestamp\n1,2,5,100\n1,{bad},4,101\n2,3,3,102\n")
     with pytest.raises(DatasetError, match=rf"ratings.csv line {line}: {what} is not an integer in \[0, "
                                            rf"2147483648\) \(1 such rows\)"):
-        N.load_movielens(f)
+        M.load_movielens(f)
     dat = tmp_path / "ratings.dat"
     dat.write_text("1::2::5::100\n-1::3::4::101\n")
     with pytest.raises(DatasetError, match=r"ratings.dat line 2: user id -1 is not an integer"):
-        N.load_movielens(dat)
+        M.load_movielens(dat)
 
 
 def test_a_truncated_ncf_file_is_a_clear_error(tmp_path):

@@ -304,3 +304,74 @@ def test_a_sidecar_that_claims_more_records_than_the_shards_hold_is_named(framew
     res = pretrain(data, tmp_path / "run", "--framework", framework, steps=200)
     one_line(res, f"{data / shard['file']} holds {held} records, but {data / 'dataset.json'} says "
                   f"{held + 1000}", "prepare the data again")
+
+
+def hvd_bert(*args, timeout=120):
+    return subprocess.run([*HVD_BERT, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("damage,words", [
+    ("a token twice", ["has the token 'the' twice (lines", "each token once"]),
+    ("tokenizer.json without its vocab", ["WordPiece model has no vocab of token -> id"]),
+    ("tokenizer.json whose model is a list", ["model is a JSON list, not an object"]),
+    ("a NUL byte in the table", ["looks binary (a NUL byte at offset", "UTF-16"]),
+])
+def test_a_bad_vocabulary_or_table_is_one_line_and_nothing_is_written(damage, words, bert_data, tmp_path):
+    vocab = bert_data / "vocab.txt"
+    table = tmp_path / "t.tsv"
+    table.write_text("sentence\tlabel\nhello world\t1\nbye now\t0\n")
+    if damage == "a token twice":
+        vocab = tmp_path / "vocab.txt"
+        vocab.write_text((bert_data / "vocab.txt").read_text() + "the\n")
+    elif damage.startswith("tokenizer.json"):
+        vocab = tmp_path / "tokenizer.json"
+        model = [1, 2] if "list" in damage else {"type": "WordPiece", "unk_token": "[UNK]"}
+        vocab.write_text(json.dumps({"model": model}))
+    else:
+        table.write_bytes(b"sentence\tlabel\nhello\x00world\t1\nbye now\t0\n")
+    res = hvd_bert("prepare-classification", table, "--output", tmp_path / "out", "--vocab", vocab,
+                   "--text-a", "sentence", "--label", "label")
+    line = one_line(res, *words)
+    assert "documents" not in line and not (tmp_path / "out").exists()
+
+
+def test_a_sidecar_of_the_wrong_shape_and_a_batch_no_rank_can_fill_are_one_line(bert_data, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    one_line(pretrain(bert_data, run, "--set", "train.batch.local_batch_size=1000000000000"),
+             "fewer than one local batch of 1000000000000")
+    assert not run.exists()  # refused before the run folder was touched
+    data = tmp_path / "data"
+    shutil.copytree(bert_data, data)
+    meta = json.loads((data / "dataset.json").read_text())
+    for damage, words in (({"shards": {"a": 1}}, "'shards' is dict, not a list"),
+                          ({"shards": [{"file": "../dataset.json", "records": 1}]},
+                           "shard 0's file '../dataset.json' is not a file name"),
+                          ({"max_seq_length": "64"}, "'max_seq_length' is '64', not a count")):
+        (data / "dataset.json").write_text(json.dumps({**meta, **damage}))
+        one_line(pretrain(data, run), f"{data / 'dataset.json'} is damaged: {words}",
+                 "prepare the data again")
+    assert not run.exists()
+
+
+def test_ncf_data_whose_ids_exceed_its_counts_is_refused(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "ratings.dat").write_text("".join(
+        f"{u}::{i}::4::{t}\n" for t, (u, i) in enumerate({(int(u), int(i)) for u, i in zip(
+            rng.integers(1, 60, 4000), rng.integers(1, 400, 4000))})))
+    res = hvd_bert("prepare-ncf", "--movielens", tmp_path / "ratings.dat", "--output", tmp_path / "ncf")
+    assert res.returncode == 0, res.stderr
+    npz = tmp_path / "ncf" / "ncf.npz"
+    with np.load(npz, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    n_items = json.loads((tmp_path / "ncf" / "dataset.json").read_text())["n_items"]
+    arrays["train_items"][0] = n_items + 5
+    with open(npz, "wb") as f:  # (keeps its size: the sidecar records it)
+        np.savez(f, **arrays)
+    res = hvd_bert("ncf", "--set", f"data={tmp_path / 'ncf'}", "--set",
+                   f"train.output_dir={tmp_path / 'run'}")
+    one_line(res, f"train_items holds id {n_items + 5}, outside the {n_items}")
+    assert not (tmp_path / "run").exists()
