@@ -248,7 +248,11 @@ def resource_line(e: BaseException) -> str | None:
     text = str(e)
     if isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower() \
             or type(e).__name__ == "ResourceExhaustedError":
-        first = text.splitlines()[0][:160] if text else type(e).__name__
+        import re
+
+        size = re.search(r"allocate (\d+) bytes", text)
+        first = (f"an allocation of {int(size.group(1)) / 2**20:,.0f} MB failed" if size else
+                 text.splitlines()[0][:160] if text else type(e).__name__)
         return (f"out of memory for this batch ({first}): lower train.batch.local_batch_size and raise "
                 f"train.batch.backward_passes_per_step to keep the global batch, or use "
                 f"train.precision.mode=bf16")

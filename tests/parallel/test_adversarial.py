@@ -375,3 +375,19 @@ def test_ncf_data_whose_ids_exceed_its_counts_is_refused(tmp_path):
                    f"train.output_dir={tmp_path / 'run'}")
     one_line(res, f"train_items holds id {n_items + 5}, outside the {n_items}")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_batch_that_does_not_fit_in_memory_is_named_with_the_fix(bert_data, tmp_path):
+    """Under an address-space limit (prlimit), BERT-Mini's batch of 800 cannot be allocated."""
+    import shutil
+
+    if shutil.which("prlimit") is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    res = subprocess.run(["prlimit", "--as=5000000000", *HVD_BERT, "pretrain", "--set", f"data={bert_data}",
+                          "--set", "max_seq_length=64", "--set", "max_predictions_per_seq=10",
+                          "--set", "train.schedule.total_steps=2",
+                          "--set", f"train.output_dir={tmp_path}/run",
+                          "--set", "progress=false", "--set", "train.batch.local_batch_size=800",
+                          "--set", "model=mini"], capture_output=True, text=True, timeout=240)
+    one_line(res, "out of memory for this batch (an allocation of", "MB failed)",
+             "lower train.batch.local_batch_size")
