@@ -4,7 +4,6 @@ files) -> TFRecord shards in Google's ``run_classifier`` feature layout."""
 from __future__ import annotations
 
 import csv
-import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -18,6 +17,7 @@ from hvd_bert.data.kinds import KIND_CLASSIFY
 from hvd_bert.data.output import prepare_output
 from hvd_bert.data.text_input import read_text
 from hvd_bert.data.vocab import load_tokenizer
+from hvd_bert.files import atomic_write
 
 __all__ = ["prepare_classification", "encode_pairs", "read_table", "read_texts"]
 
@@ -112,8 +112,9 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
             raise DatasetError(f"{table}: labels {unknown} are not in the label list {label_list}")
     prepare_output(out, overwrite)
     vocab_path = out / "vocab.txt"
-    if Path(vocab_file).resolve() != vocab_path.resolve():
-        shutil.copyfile(vocab_file, vocab_path)
+    if vocab_path.is_symlink() or Path(vocab_file).resolve() != vocab_path.resolve():
+        data = Path(vocab_file).read_bytes()  # (a copy, never written through a link planted there)
+        atomic_write(vocab_path, lambda t: t.write_bytes(data))
     tok = load_tokenizer(vocab_path, do_lower_case)
     feats = []
     for n, (tokens, mask, segs) in enumerate(encode_pairs(tok, texts_a, texts_b, max_seq_length)):

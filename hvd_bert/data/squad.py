@@ -270,7 +270,6 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
     """Features of a SQuAD file in ``output_dir`` (see the module docstring); under mpirun
     rank r converts shards r, r+P, ...; rank 0 writes the sidecar and the prediction files.
     Returns the sidecar on rank 0."""
-    import shutil
 
     from hvd_bert.data.output import agree, prepare_output
     from hvd_bert.evaluation.squad import read_json
@@ -292,8 +291,12 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
     if rank == 0:
         try:
             prepare_output(out, overwrite)
-            if Path(vocab_file).resolve() != (out / "vocab.txt").resolve():
-                shutil.copyfile(vocab_file, out / "vocab.txt")
+            target = out / "vocab.txt"
+            if target.is_symlink() or Path(vocab_file).resolve() != target.resolve():
+                from hvd_bert.files import atomic_write
+
+                data = Path(vocab_file).read_bytes()  # (a copy, never written through a link planted there)
+                atomic_write(target, lambda t: t.write_bytes(data))
         except OSError as e:
             err = f"cannot write to {out}: {e.strerror}"
     if comm is not None:

@@ -391,3 +391,18 @@ def test_a_batch_that_does_not_fit_in_memory_is_named_with_the_fix(bert_data, tm
                           "--set", "model=mini"], capture_output=True, text=True, timeout=240)
     one_line(res, "out of memory for this batch (an allocation of", "MB failed)",
              "lower train.batch.local_batch_size")
+
+
+def test_a_prepared_folder_with_a_planted_vocab_link_is_written_beside_it_not_through_it(bert_data, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "vocab.txt").symlink_to(victim)
+    table = tmp_path / "t.tsv"
+    table.write_text("sentence\tlabel\nhello world\t1\nbye now\t0\n")
+    res = hvd_bert("prepare-classification", table, "--output", out, "--vocab", bert_data / "vocab.txt",
+                   "--text-a", "sentence", "--label", "label")
+    assert res.returncode == 0, res.stderr
+    assert victim.read_text() == "keep\n" and not (out / "vocab.txt").is_symlink()
+    assert (out / "vocab.txt").read_bytes() == (bert_data / "vocab.txt").read_bytes()
