@@ -50,15 +50,21 @@ class BertConfig:
     def from_published(cls, raw: dict, *, gelu: str, layer_norm_eps: float | None = None) -> BertConfig:
         """From a published config (Hugging Face ``config.json`` or Google ``bert_config.json``:
         the same field names); raises KeyError for a missing size, ValueError for a bad one."""
-        eps = layer_norm_eps if layer_norm_eps is not None else float(raw.get("layer_norm_eps", 1e-12))
-        return cls(vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
-                   num_layers=int(raw["num_hidden_layers"]), num_heads=int(raw["num_attention_heads"]),
-                   intermediate_size=int(raw["intermediate_size"]),
-                   max_position_embeddings=int(raw.get("max_position_embeddings", 512)),
-                   type_vocab_size=int(raw.get("type_vocab_size", 2)),
-                   hidden_dropout=float(raw.get("hidden_dropout_prob", 0.1)),
-                   attention_dropout=float(raw.get("attention_probs_dropout_prob", 0.1)),
-                   initializer_range=float(raw.get("initializer_range", 0.02)), layer_norm_eps=eps, gelu=gelu)
+        def number(key: str, kind, default=None):
+            value = raw[key] if default is None else raw.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != kind(value):
+                raise ValueError(f"{key} is {value!r}, not {'an integer' if kind is int else 'a number'}")
+            return kind(value)
+
+        eps = layer_norm_eps if layer_norm_eps is not None else number("layer_norm_eps", float, 1e-12)
+        return cls(vocab_size=number("vocab_size", int), hidden_size=number("hidden_size", int),
+                   num_layers=number("num_hidden_layers", int), num_heads=number("num_attention_heads", int),
+                   intermediate_size=number("intermediate_size", int),
+                   max_position_embeddings=number("max_position_embeddings", int, 512),
+                   type_vocab_size=number("type_vocab_size", int, 2),
+                   hidden_dropout=number("hidden_dropout_prob", float, 0.1),
+                   attention_dropout=number("attention_probs_dropout_prob", float, 0.1),
+                   initializer_range=number("initializer_range", float, 0.02), layer_norm_eps=eps, gelu=gelu)
 
     @property
     def padded_vocab_size(self) -> int:

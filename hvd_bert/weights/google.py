@@ -72,7 +72,9 @@ def read_google_config(folder: str | Path) -> BertConfig:
             raise WeightsError(f"{path}: hidden_act {act!r} is not supported (BERT uses gelu)")
         # Google's code: GELU in the tanh form, LayerNorm epsilon 1e-12 (contrib's layer_norm)
         return BertConfig.from_published(raw, gelu="tanh", layer_norm_eps=1e-12)
-    except (OSError, json.JSONDecodeError, KeyError, ValueError) as e:
+    except WeightsError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError, AttributeError) as e:
         raise WeightsError(f"{path} is not a readable BERT config ({type(e).__name__}: {e})") from None
 
 

@@ -63,8 +63,10 @@ def read_hf_config(folder: str | Path) -> tuple[BertConfig, dict]:
     """``(BertConfig, the raw config.json)`` of a Hugging Face BERT folder."""
     path = Path(folder) / "config.json"
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+        if not isinstance(raw, dict):
+            raise ValueError(f"a JSON {type(raw).__name__}, not an object")
+    except (OSError, ValueError) as e:
         raise WeightsError(f"{path} is not a readable JSON config ({e}); give a Hugging Face model folder "
                            f"written by save_pretrained") from None
     if raw.get("model_type", "bert") != "bert":
@@ -78,7 +80,7 @@ def read_hf_config(folder: str | Path) -> tuple[BertConfig, dict]:
         config = BertConfig.from_published(raw, gelu=ACTIVATIONS[act])
     except KeyError as e:
         raise WeightsError(f"{path} has no {e.args[0]!r}; is it a BERT config?") from None
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         raise WeightsError(f"{path}: {e}") from None
     return config, raw
 

@@ -244,6 +244,8 @@ def set_safetensors_dtype(path: Path, tensor: str, dtype: str) -> None:
     ("num_hidden_layers=3", ["does not match config.json (3 layers", "the file has layers 0..1"]),
     ("num_attention_heads=0", ["num_heads must be an integer in [1, 4096], got 0"]),
     ("NaN weights", ["holds NaN or infinite values"]),
+    ("num_hidden_layers=None", ["num_hidden_layers is None, not an integer"]),
+    ("hidden_size='768'", ["hidden_size is '768', not an integer"]),
 ])
 def test_a_hugging_face_folder_that_lies_is_refused(damage, words, exported, tmp_path):
     """The weights are checked against their declared dtype and values and against the config,
