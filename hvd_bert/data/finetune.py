@@ -110,6 +110,32 @@ def task_record(meta: dict) -> dict:
     return rec
 
 
+def _checked_task(path: Path) -> dict:
+    """A run folder's task record, every field a reader uses checked (a DatasetError otherwise)."""
+    import json
+
+    def bad(what: str) -> DatasetError:
+        return DatasetError(f"{path} is damaged ({what}): it says what the model predicts; restore it from "
+                            f"the run, or fine-tune again")
+    try:
+        rec = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as e:
+        raise bad(f"{type(e).__name__}: {e}") from None
+    if not isinstance(rec, dict) or rec.get("task") not in (SQUAD, CLASSIFICATION, REGRESSION):
+        raise bad("no task of squad, classification or regression")
+    labels = rec.get("labels")
+    if labels is not None and not (isinstance(labels, list) and labels
+                                   and all(isinstance(x, str) for x in labels)):
+        raise bad(f"labels {labels!r} is not a list of names")
+    for key in ("max_seq_length", "doc_stride", "max_query_length"):
+        v = rec.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise bad(f"{key} {v!r} is not a positive count")
+    if rec.get("do_lower_case") is not None and not isinstance(rec["do_lower_case"], bool):
+        raise bad(f"do_lower_case {rec['do_lower_case']!r} is not true or false")
+    return rec
+
+
 def read_task_record(checkpoint: str | Path) -> dict | None:
     """The task record of a fine-tuned run folder (or of the folder of one of its checkpoints),
     or the labels of a Hugging Face folder whose ``config.json`` names them; None if neither."""
@@ -117,13 +143,15 @@ def read_task_record(checkpoint: str | Path) -> dict | None:
 
     p = Path(checkpoint).expanduser()
     folder = p if p.is_dir() else p.parent
+    if (folder / TASK_FILE).is_file():
+        return _checked_task(folder / TASK_FILE)
     try:
-        if (folder / TASK_FILE).is_file():
-            return json.loads((folder / TASK_FILE).read_text())
         hf = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
     except (OSError, ValueError):
         return None
-    id2label = hf.get("id2label") or {}
+    id2label = (hf.get("id2label") if isinstance(hf, dict) else None) or {}
+    if not isinstance(id2label, dict):
+        return None
     names = [id2label.get(str(i)) for i in range(len(id2label))]
     if names and all(names) and names != [f"LABEL_{i}" for i in range(len(names))]:
         return {"task": CLASSIFICATION, "labels": names, "glue_task": None}

@@ -408,3 +408,14 @@ def test_a_prepared_folder_with_a_planted_vocab_link_is_written_beside_it_not_th
     assert res.returncode == 0, res.stderr
     assert victim.read_text() == "keep\n" and not (out / "vocab.txt").is_symlink()
     assert (out / "vocab.txt").read_bytes() == (bert_data / "vocab.txt").read_bytes()
+
+
+@pytest.mark.parametrize("task", ['{"task": "squad", "labels": 5}', '["classification"]', '{"task": "poetry"}',
+                                  '{"task": "classification", "labels": ["a", "b"], "max_seq_length": "128"}'])
+def test_a_damaged_task_record_is_named(task, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "task.json").write_text(task)
+    (tmp_path / "in.tsv").write_text("sentence\nhello\n")
+    one_line(hvd_bert("predict", run, tmp_path / "in.tsv"), f"{run / 'task.json'} is damaged (")
+    assert not (tmp_path / "in.tsv.predictions.jsonl").exists()
