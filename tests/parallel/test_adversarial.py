@@ -410,8 +410,9 @@ def test_a_prepared_folder_with_a_planted_vocab_link_is_written_beside_it_not_th
     assert (out / "vocab.txt").read_bytes() == (bert_data / "vocab.txt").read_bytes()
 
 
-@pytest.mark.parametrize("task", ['{"task": "squad", "labels": 5}', '["classification"]', '{"task": "poetry"}',
-                                  '{"task": "classification", "labels": ["a", "b"], "max_seq_length": "128"}'])
+@pytest.mark.parametrize("task", [
+    '{"task": "squad", "labels": 5}', '["classification"]', '{"task": "poetry"}',
+    '{"task": "classification", "labels": ["a", "b"], "max_seq_length": "128"}'])
 def test_a_damaged_task_record_is_named(task, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
