@@ -113,8 +113,8 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
     prepare_output(out, overwrite)
     vocab_path = out / "vocab.txt"
     if vocab_path.is_symlink() or Path(vocab_file).resolve() != vocab_path.resolve():
-        data = Path(vocab_file).read_bytes()  # (a copy, never written through a link planted there)
-        atomic_write(vocab_path, lambda t: t.write_bytes(data))
+        words = Path(vocab_file).read_bytes()  # (a copy, never written through a link planted there)
+        atomic_write(vocab_path, lambda t: t.write_bytes(words))
     tok = load_tokenizer(vocab_path, do_lower_case)
     feats = []
     for n, (tokens, mask, segs) in enumerate(encode_pairs(tok, texts_a, texts_b, max_seq_length)):

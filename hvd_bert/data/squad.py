@@ -295,8 +295,8 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
             if target.is_symlink() or Path(vocab_file).resolve() != target.resolve():
                 from hvd_bert.files import atomic_write
 
-                data = Path(vocab_file).read_bytes()  # (a copy, never written through a link planted there)
-                atomic_write(target, lambda t: t.write_bytes(data))
+                words = Path(vocab_file).read_bytes()  # (a copy, never written through a link planted there)
+                atomic_write(target, lambda t: t.write_bytes(words))
         except OSError as e:
             err = f"cannot write to {out}: {e.strerror}"
     if comm is not None:
