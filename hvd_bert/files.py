@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 __all__ = ["atomic_write", "usual_mode", "atomic_folder", "open_append", "own_folder", "planted_link",
-           "os_error_line", "UnsafePath", "NoSpace", "clear_path"]
+           "os_error_line", "UnsafePath", "NoSpace", "clear_path", "read_json_object"]
 
 
 class UnsafePath(OSError):
@@ -35,6 +35,20 @@ class NoSpace(OSError):
     def __init__(self, filename: str, written: int):
         super().__init__(errno.ENOSPC, "No space left on device", filename)
         self.written = written
+
+
+def read_json_object(path: str | Path) -> dict:
+    """A JSON object read from ``path``; a ValueError saying how it is damaged (not UTF-8, not
+    JSON, not an object) otherwise (OSError if it cannot be read)."""
+    import json
+
+    try:
+        got = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is damaged ({type(e).__name__}: {e})") from None
+    if not isinstance(got, dict):
+        raise ValueError(f"{path} is damaged (a JSON {type(got).__name__}, not an object)")
+    return got
 
 
 def usual_mode(path: str | Path) -> None:

@@ -346,7 +346,7 @@ def phase_one_data(src: str | Path) -> tuple[Path, dict]:
     """``(folder, sidecar)`` of the pretraining data behind ``src``: a prepared folder, or a run
     folder (or one of its checkpoints) whose config.json names its data. Phase 2 is prepared
     from the same text, vocabulary and case (``prepare-bert --like``)."""
-    import json
+    from hvd_bert.files import read_json_object
 
     p = Path(src).expanduser()
     if p.name.startswith("ckpt-"):
@@ -354,10 +354,10 @@ def phase_one_data(src: str | Path) -> tuple[Path, dict]:
     folder = p
     if not (p / SIDECAR).is_file():
         try:
-            data = json.loads((p / "config.json").read_text()).get("data")
+            data = read_json_object(p / "config.json").get("data")
         except (OSError, ValueError):
             data = None
-        if not data:
+        if not isinstance(data, str) or not data:
             raise DatasetError(f"{src} is neither prepared pretraining data (no {SIDECAR}) nor a run folder "
                                f"whose config.json names its data: give the phase-1 data or run folder")
         folder = Path(data).expanduser()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from hvd_bert.data.records import DatasetError
+from hvd_bert.files import read_json_object
 
 __all__ = ["ResolvedVocab", "resolve_vocab", "SPECIAL_TOKENS", "vocab_tokens",
            "train_vocab", "load_tokenizer", "vocab_and_case"]
@@ -63,10 +64,10 @@ def _lower_of_folder(folder: Path) -> bool | None:
     cfg = folder / "tokenizer_config.json"
     if cfg.is_file():
         try:
-            value = json.loads(cfg.read_text()).get("do_lower_case")
+            value = read_json_object(cfg).get("do_lower_case")
             if isinstance(value, bool):
                 return value
-        except ValueError:
+        except (OSError, ValueError):
             pass
     name = folder.name.lower()
     if name.startswith("uncased_") or "-uncased" in name:
@@ -81,8 +82,8 @@ def _checkpoint_vocab_size(folder: Path) -> tuple[int, str] | None:
         p = folder / name
         if p.is_file():
             try:
-                return int(json.loads(p.read_text())["vocab_size"]), str(p)
-            except (ValueError, KeyError):
+                return int(read_json_object(p)["vocab_size"]), str(p)
+            except (OSError, ValueError, KeyError, TypeError):
                 return None
     return None
 
@@ -134,11 +135,11 @@ def checkpoint_vocab_sha256(init: str) -> tuple[str, str] | None:
     if (folder / "vocab.txt").is_file():
         return file_sha256(folder / "vocab.txt"), str(folder / "vocab.txt")
     try:
-        data = json.loads((folder / "config.json").read_text()).get("data")
-        side = json.loads((Path(data) / "dataset.json").read_text()) if data else None
+        data = read_json_object(folder / "config.json").get("data")
+        side = read_json_object(Path(data) / "dataset.json") if isinstance(data, str) and data else None
     except (OSError, ValueError):
         return None
-    if side and side.get("vocab_sha256"):
+    if side and isinstance(side.get("vocab_sha256"), str):
         return side["vocab_sha256"], str(Path(data) / side.get("vocab_file", "vocab.txt"))
     return None
 

@@ -28,7 +28,8 @@ from hvd_bert.data.vocab import init_vocab_error
 from hvd_bert.evaluation.finetune import (Evaluation, best_metric_of, eval_batches, evaluate_classification,
                                           evaluate_regression, evaluate_squad)
 from hvd_bert.jobs.run_folder import finish_line, open_run, ranks_agree, with_run_folder
-from hvd_bert.files import atomic_write
+from hvd_bert.files import atomic_write, read_json_object
+from hvd_bert.train.engine import ResumeError
 from hvd_bert.train.identity import has_checkpoints
 from hvd_bert.train.loop import fit
 from hvd_bert.weights.portable import WeightsError, save_weights
@@ -118,9 +119,16 @@ def run(cfg: FinetuneConfig, backend) -> dict:
     on_step = Evaluation(cfg, steps, log, evaluate, share, positive=labels[1] if len(labels) == 2 else None,
                          metric=metric, save_best=save_best)
     resuming = (out / "best.json").is_file() and has_checkpoints(out)
-    best = json.loads((out / "best.json").read_text()) if resuming else None
-    if best is not None and best.get("metric") == metric:  # a resumed run: the best so far stays best
-        on_step.best = (float(best["score"]), int(best["step"]))
+    best = None
+    if resuming:  # a resumed run: the best so far stays best
+        try:
+            best = read_json_object(out / "best.json")
+            best_so_far = (float(best["score"]), int(best["step"])) if best.get("metric") == metric else None
+        except (ValueError, KeyError, TypeError) as e:
+            raise ResumeError(f"{out / 'best.json'} is damaged ({e}): delete it to resume (the best is then "
+                              f"tracked from the next evaluation), or restore it") from None
+        if best_so_far is not None:
+            on_step.best = best_so_far
     kind = meta["kind"]
 
     def batches_from(micro_step):

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
 from hvd_bert.config import ConfigError, PredictConfig
 from hvd_bert.data.finetune import REGRESSION, SQUAD, read_task_record
 from hvd_bert.data.vocab import load_tokenizer, resolve_vocab
+from hvd_bert.files import read_json_object
 
 __all__ = ["model_record", "vocab_mismatch", "tokenizer_of", "load_scorer"]
 
@@ -23,8 +23,8 @@ def model_record(checkpoint: str) -> dict:
     p = Path(checkpoint).expanduser()
     cfg_file = (p if p.is_dir() else p.parent) / "config.json"
     try:
-        hf = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
-    except ValueError:
+        hf = read_json_object(cfg_file) if cfg_file.is_file() else {}
+    except (OSError, ValueError):
         hf = {}
     n = int(hf.get("num_labels") or len(hf.get("id2label") or {}))
     if "BertForSequenceClassification" in hf.get("architectures", []) and n:

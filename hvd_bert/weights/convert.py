@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hvd_bert.files import read_json_object
 from hvd_bert.train.checkpoint import latest_checkpoint
 from hvd_bert.weights.hf import is_hf_folder, write_hf_folder
 from hvd_bert.weights.portable import WeightsError, save_weights
@@ -37,10 +38,10 @@ def vocab_of(src: Path) -> Path | None:
         return folder / "vocab.txt"
     cfg = folder / "config.json"
     try:
-        data = json.loads(cfg.read_text()).get("data") if cfg.is_file() else None
+        data = read_json_object(cfg).get("data") if cfg.is_file() else None
     except (OSError, ValueError):
         data = None
-    if data and (Path(data).expanduser() / "vocab.txt").is_file():
+    if isinstance(data, str) and data and (Path(data).expanduser() / "vocab.txt").is_file():
         return Path(data).expanduser() / "vocab.txt"
     return None
 

@@ -420,3 +420,21 @@ def test_a_damaged_task_record_is_named(task, tmp_path):
     (tmp_path / "in.tsv").write_text("sentence\nhello\n")
     one_line(hvd_bert("predict", run, tmp_path / "in.tsv"), f"{run / 'task.json'} is damaged (")
     assert not (tmp_path / "in.tsv.predictions.jsonl").exists()
+
+
+def test_a_damaged_best_record_stops_the_resume_with_the_fix(bert_data, tmp_path):
+    rows = "".join(f"{w} {w} film\t{'pos' if i % 2 else 'neg'}\n" for i, w in enumerate(["good", "bad"] * 40))
+    (tmp_path / "t.tsv").write_text("sentence\tlabel\n" + rows)
+    assert hvd_bert("prepare-classification", tmp_path / "t.tsv", "--output", tmp_path / "cls", "--vocab",
+                    bert_data / "vocab.txt", "--text-a", "sentence", "--label", "label",
+                    "--max-seq-length", "16").returncode == 0
+
+    def finetune(steps):
+        return hvd_bert("finetune", "--set", f"data={tmp_path / 'cls'}",
+                        "--set", f"eval_data={tmp_path / 'cls'}",
+                        "--set", f"train.output_dir={tmp_path / 'run'}", "--set", "eval_every=2",
+                        "--set", f"train.schedule.total_steps={steps}", "--set", "progress=false",
+                        "--set", "train.batch.local_batch_size=8", timeout=240)
+    assert finetune(2).returncode == 0
+    (tmp_path / "run" / "best.json").write_text('{"metric": "eval_accuracy", "score": "high"}')
+    one_line(finetune(4), f"{tmp_path / 'run' / 'best.json'} is damaged", "delete it to resume")
