@@ -33,10 +33,10 @@ __all__ = ["run"]
 def run(cfg: PretrainConfig, backend) -> dict:
     cfg = with_run_folder(cfg, "pretrain")
     rank, size = backend.init(cfg.train)
-    ranks_agree(cfg, backend)  # the same settings and data everywhere, or one line on every rank
     # Plain, or Horovod elastic: then no collective before fit's state sync (a worker that joins
     # later would pair it with the others'), so each rank reads what rank 0 would have broadcast.
     launch = launch_mode()
+    ranks_agree(cfg, backend, launch)  # the same settings and data everywhere, or one line on every rank
     out = Path(cfg.train.output_dir)
     meta = check_pretraining_data(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq)
     eval_meta = None

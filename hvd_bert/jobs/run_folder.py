@@ -24,10 +24,16 @@ _LOCKS: list = []  # the run folders this process holds (released when it exits)
 RUN_FILES = ("metrics.jsonl", "tensorboard")  # what a job appends to or writes into, by name
 
 
-def ranks_agree(cfg, backend) -> None:
+def ranks_agree(cfg, backend, launch=None) -> None:
     """Right after ``backend.init``: every rank has the same resolved settings and data
     (``train.identity.rank_identity``), or every rank raises the same ConfigError naming the
-    differences, before any rank builds a model or waits in a collective of its own."""
+    differences, before any rank builds a model or waits in a collective of its own. Under
+    Horovod elastic (``launch``), where no collective may come before the state sync, the ranks
+    compare on the first entry instead."""
+    (launch or PlainLaunch()).at_start(lambda: _compare(cfg, backend))
+
+
+def _compare(cfg, backend) -> None:
     import hashlib
 
     mine = rank_identity(to_dict(cfg))
