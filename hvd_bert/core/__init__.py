@@ -7,4 +7,5 @@ are tested against.
     sharding    files and records to ranks, per epoch
     cost_model  the alpha-beta allreduce model behind ``hvd-bert simulate``
     kernels     what the fused kernels of both frameworks agree on (GELU forms, the compile switch)
+    zero        ZeRO's partition over the ranks: shards, partial norms, one rank's sharded step
 """
