@@ -7,7 +7,9 @@
 * ``open_append``: a log file appended to (``metrics.jsonl``), refused if it is a link.
 * ``atomic_folder``: a new folder written under a temporary name, renamed when complete.
 * ``own_folder``: a folder inside a run folder that the toolkit writes into (``tensorboard/``),
-  refused if it is a link.
+  refused if it is a link; ``planted_link``: which of a run folder's names is a link.
+* ``read_json_object``: a JSON object from a run or checkpoint folder, or a ValueError saying
+  how the file is damaged.
 * ``os_error_line``: a resource error (no space left, a read-only or unwritable folder, a
   link where a file belongs) as the one line the user reads, with the fix.
 """
