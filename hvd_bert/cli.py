@@ -212,6 +212,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     print("\n".join(S.report(w, net, args.gpus, bert_recipe=args.bert_recipe, fusion_mb=args.fusion_mb,
                               fusion_bytes=fusion, algorithm=args.algorithm, fp16=args.fp16,
                               overlap=not args.no_overlap, backward_passes_per_step=args.k)))
+    if args.model_size:
+        from hvd_bert.core.model_size import BERT_SHAPES, report_model_size
+
+        shape = None if args.params is not None else BERT_SHAPES.get(args.workload)
+        print("\n".join(report_model_size(w, shape, args.gpus[-1], net, device_gb=args.device_gb,
+                                           algorithm=args.algorithm, mixed=not args.fp32_state, k=args.k)))
     return 0
 
 

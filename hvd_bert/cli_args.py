@@ -260,6 +260,12 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=1, help="backward_passes_per_step")
     p.add_argument("--bert-recipe", action="store_true",
                    help="also project NVIDIA's BERT-Large LAMB recipe (both phases) on the last --gpus")
+    p.add_argument("--model-size", action="store_true",
+                   help="also project memory per GPU and step time of ZeRO stages 0/1/2 and tensor "
+                        "parallelism on the last --gpus, and the largest model each layout holds")
+    p.add_argument("--device-gb", type=float, default=80.0, help="with --model-size: memory per GPU")
+    p.add_argument("--fp32-state", action="store_true",
+                   help="with --model-size: fp32 training (4+4+8 bytes per parameter, not 2+2+12)")
     p.add_argument("--calibrate", action="store_true",
                    help="fit alpha and bandwidth from allreduces measured here (flat network)")
     p.add_argument("--calibrate-np", type=int, help="ranks to measure with (2; with --calibrate-hosts: "

@@ -14,11 +14,11 @@ from hvd_bert.config.base import (ConfigError, apply_overrides, check_applicable
                                   load_config, overlay, require, to_dict)
 from hvd_bert.config.jobs import FinetuneConfig, ModelConfig, NCFConfig, PredictConfig, PretrainConfig
 from hvd_bert.config.train import (OPTIM_FIELDS, BatchConfig, ElasticConfig, HorovodConfig, OptimConfig,
-                                   PrecisionConfig, ScheduleConfig, TrainConfig)
+                                   PrecisionConfig, ScheduleConfig, TrainConfig, ZeroConfig)
 
 __all__ = ["ConfigError", "doc", "require", "from_dict", "to_dict", "load_config", "apply_overrides",
            "overlay", "check_applicable", "explain", "OptimConfig", "ScheduleConfig", "BatchConfig",
-           "PrecisionConfig", "HorovodConfig", "ElasticConfig", "TrainConfig", "OPTIM_FIELDS",
+           "PrecisionConfig", "HorovodConfig", "ElasticConfig", "ZeroConfig", "TrainConfig", "OPTIM_FIELDS",
            "PretrainConfig", "FinetuneConfig", "NCFConfig", "ModelConfig", "PredictConfig", "JOB_CONFIGS"]
 
 JOB_CONFIGS = {"train": TrainConfig, "pretrain": PretrainConfig, "finetune": FinetuneConfig, "ncf": NCFConfig,

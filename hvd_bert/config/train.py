@@ -13,7 +13,7 @@ from hvd_bert.core.batch import BatchPlan, plan_batch
 from hvd_bert.core.optim import BERT_EXCLUDE, LARS_EXCLUDE, name_mask
 
 __all__ = ["OptimConfig", "ScheduleConfig", "BatchConfig", "PrecisionConfig", "HorovodConfig",
-           "ElasticConfig", "TrainConfig", "OPTIM_FIELDS"]
+           "ElasticConfig", "ZeroConfig", "TrainConfig", "OPTIM_FIELDS"]
 
 # Which OptimConfig fields each optimizer reads (beside name, lr, lr_scaling, base_batch_size,
 # max_grad_norm and exclude, which every one does).
@@ -264,6 +264,24 @@ class HorovodConfig:
 
 
 @dataclass(frozen=True)
+class ZeroConfig:
+    """ZeRO (Rajbhandari et al. 2020): optimizer state, and at stage 2 gradients too, split over
+    the data-parallel ranks; every rank still holds the whole model. Same training as stage 0 to
+    round-off, the same checkpoints (written consolidated, resumable at any stage and world size)."""
+
+    stage: Literal[0, 1, 2] = doc(
+        0, "0: every rank holds all optimizer state; 1: each rank holds 1/N of it (gradients are "
+           "reduce-scattered, parameters allgathered after the update); 2: gradients 1/N too, reduced "
+           "after every micro-batch")
+    bucket_mb: float = doc(32.0, "MiB of gradients or parameters per reduce-scatter/allgather call (what "
+                             "a step holds beyond its shards); Horovod fuses the calls in flight")
+
+    def __post_init__(self) -> None:
+        require(self.stage in (0, 1, 2), f"train.zero.stage must be 0, 1 or 2, got {self.stage}")
+        require(self.bucket_mb > 0, f"train.zero.bucket_mb must be > 0, got {self.bucket_mb}")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """A training run's engine settings, shared by both frameworks. Every job holds one as its
     ``train`` section, and the settings have the same names everywhere: ``train.optim.lr`` on
@@ -279,6 +297,7 @@ class TrainConfig:
     precision: PrecisionConfig = doc(PrecisionConfig(), "")
     horovod: HorovodConfig = doc(HorovodConfig(), "")
     elastic: ElasticConfig = doc(ElasticConfig(), "")
+    zero: ZeroConfig = doc(ZeroConfig(), "")
     seed: int = doc(0, "random seed (model init, data order, masking)")
     log_every: int = doc(10, "log every this many optimizer steps (rank 0)")
     checkpoint_every: int = doc(0, "checkpoint every this many optimizer steps (0 = at the end only)")

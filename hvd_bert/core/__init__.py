@@ -6,6 +6,7 @@ are tested against.
     batch       global = local x backward_passes_per_step x world_size; accumulation boundaries
     sharding    files and records to ranks, per epoch
     cost_model  the alpha-beta allreduce model behind ``hvd-bert simulate``
+    model_size  memory per rank and step time of ZeRO stages and tensor parallelism (simulate)
     kernels     what the fused kernels of both frameworks agree on (GELU forms, the compile switch)
     zero        ZeRO's partition over the ranks: shards, partial norms, one rank's sharded step
 """

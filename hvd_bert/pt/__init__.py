@@ -3,6 +3,7 @@
     backend     what the jobs call (the train.backend.Backend protocol, in PyTorch)
     engine      Horovod's DistributedOptimizer, accumulation, AMP, checkpoints (train.engine.Engine)
     optim       LAMB, NVLAMB, LARS as torch optimizers (checked against core.optim)
+    zero        ZeRO stages 1 and 2: the optimizer state (and gradients) split over the ranks
     data        the TFRecord reader (the core's reading order)
     checkpoint  reading checkpoint files without unpickling code
     models      BERT and NeuMF

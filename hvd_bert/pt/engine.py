@@ -42,8 +42,8 @@ from hvd_bert.files import atomic_write
 from hvd_bert.train.checkpoint import checkpoint_path, prune
 from hvd_bert.config import PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, checkpoint_meta,
-                                   engine_settings, host_rng_state, resume_on_rank0, rng_for_rank,
-                                   set_host_rng_state)
+                                   engine_settings, host_rng_state, peak_host_bytes, resume_on_rank0,
+                                   rng_for_rank, set_host_rng_state)
 from hvd_bert.train.loop import fit
 from hvd_bert.train.log import StopSignal
 from hvd_bert.core.schedules import Schedule
@@ -51,6 +51,7 @@ from hvd_bert.pt import init_horovod
 from hvd_bert.pt.kernels import optim as fused_optim
 from hvd_bert.pt.checkpoint import load_checkpoint_file
 from hvd_bert.pt.optim import build_optimizer, init_state
+from hvd_bert.pt.zero import ShardedOptimizer, state_bytes, update_loss_scale
 
 __all__ = ["Engine", "StepResult", "fit", "FitResult", "load_checkpoint_file"]
 
@@ -82,6 +83,9 @@ class Engine:
         loss_fn: ``loss_fn(model, batch) -> loss`` or ``(loss, {name: tensor})``, the mean over
             one micro-batch; needed by :meth:`train_micro_batch` (and so by ``fit``).
         resume_resized: accept a checkpoint written by another number of ranks.
+        zero_stage: 0 (Horovod's DistributedOptimizer), 1 or 2 (:mod:`hvd_bert.pt.zero`: the
+            optimizer state, and at 2 the gradients, split over the ranks).
+        zero_bucket_mb: MiB per reduce-scatter/allgather call of a ZeRO step.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
@@ -90,7 +94,7 @@ class Engine:
                  precision: str | PrecisionConfig = "fp32", max_grad_norm: float | None = None,
                  device: torch.device | str | None = None,
                  loss_fn: Callable[[torch.nn.Module, Any], Any] | None = None, resume_resized: bool = False,
-                 sync: bool = True):
+                 sync: bool = True, zero_stage: int = 0, zero_bucket_mb: float = 32.0):
         init_horovod()  # the one path (hvd_bert.cluster.horovod.init_horovod); once per process
         pcfg = check_engine_args(backward_passes_per_step, compression, precision)
         self.model = model
@@ -108,16 +112,23 @@ class Engine:
         self.target_global_batch = None  # set by an elastic run (train.elastic)
         self.last_metrics: dict = {}
 
-        # Horovod: DistributedOptimizer builds a new optimizer of a subclass of
-        # type(optimizer) from optimizer.param_groups; from here on use self.optimizer only.
-        self.optimizer = hvd.DistributedOptimizer(
-            optimizer, named_parameters=model.named_parameters(),
-            compression=hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none,
-            backward_passes_per_step=self.k, op=hvd.Average,
-            gradient_predivide_factor=gradient_predivide_factor)
-        # Create the optimizer state before the broadcast: Horovod would otherwise create it
-        # by taking a step with zero gradients (shifting LAMB's bias correction, one decay).
-        init_state(self.optimizer)
+        self.zero = None
+        if zero_stage:
+            # ZeRO: the optimizer keeps the hyperparameters; the state lives in shards.
+            self.optimizer = optimizer
+            self.zero = ShardedOptimizer(optimizer, stage=zero_stage, compression=compression,
+                                         bucket_mb=zero_bucket_mb)
+        else:
+            # Horovod: DistributedOptimizer builds a new optimizer of a subclass of
+            # type(optimizer) from optimizer.param_groups; from here on use self.optimizer only.
+            self.optimizer = hvd.DistributedOptimizer(
+                optimizer, named_parameters=model.named_parameters(),
+                compression=hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none,
+                backward_passes_per_step=self.k, op=hvd.Average,
+                gradient_predivide_factor=gradient_predivide_factor)
+            # Create the optimizer state before the broadcast: Horovod would otherwise create it
+            # by taking a step with zero gradients (shifting LAMB's bias correction, one decay).
+            init_state(self.optimizer)
         self.scaler = torch.amp.GradScaler(
             self.device.type, enabled=pcfg.mode == "fp16", init_scale=pcfg.init_scale,
             growth_factor=pcfg.growth_factor, backoff_factor=pcfg.backoff_factor,
@@ -144,20 +155,40 @@ class Engine:
     def broadcast(self) -> None:
         """Make every rank hold rank 0's parameters and optimizer state."""
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)  # Horovod:
-        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)  # Horovod:
+        if self.zero is None:  # (ZeRO: each rank's shard is its own; resume sends it)
+            hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)  # Horovod:
+
+    def memory(self) -> dict:
+        """What this rank holds, in bytes, and its peak so far (``train.engine.memory_line``)."""
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        grads = params if self.zero is None or self.zero.stage < 2 else self.zero.part.shard * 4
+        cuda = self.device.type == "cuda"
+        return {"parameters": params, "gradients": grads, "optimizer_state": self.optimizer_state_bytes(),
+                "peak": torch.cuda.max_memory_allocated(self.device) if cuda else peak_host_bytes(),
+                "peak_of": "CUDA allocations" if cuda else "host resident",
+                "zero_stage": self.zero.stage if self.zero is not None else 0, "world_size": self.world_size}
+
+    def optimizer_state_bytes(self) -> int:
+        """The bytes of this rank's optimizer state (ZeRO: its shard)."""
+        return self.zero.state_bytes() if self.zero is not None else state_bytes(self.optimizer)
 
     # ------------------------------------------------------------------ elastic (train.elastic)
     def snapshot(self) -> dict:
         """The training state in host memory (what an elastic commit keeps)."""
+        optimizer = self.zero.local_state() if self.zero is not None else self.optimizer.state_dict()
         return {"model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
-                "optimizer": _to_cpu(self.optimizer.state_dict()),
+                "optimizer": _to_cpu(optimizer),
                 "scaler": self.scaler.state_dict()}
 
     def restore_snapshot(self, snap: dict) -> None:
         """Back to a :meth:`snapshot`, with no gradients pending (Horovod's load_state_dict
         drops the handles of an allreduce that failed)."""
         self.model.load_state_dict(snap["model"])
-        self.optimizer.load_state_dict(copy.deepcopy(snap["optimizer"]))  # (it may alias tensors)
+        if self.zero is not None:
+            self.zero.set_local_state(snap["optimizer"])
+            self.zero.discard_grads()
+        else:
+            self.optimizer.load_state_dict(copy.deepcopy(snap["optimizer"]))  # (it may alias tensors)
         self.scaler.load_state_dict(snap["scaler"])
         for p in self._params():
             p.grad = None
@@ -174,7 +205,8 @@ class Engine:
         self.rank, self.world_size = hvd.rank(), hvd.size()
         if plan is not None:
             self.plan, self.k, self.schedule = plan, plan.backward_passes_per_step, schedule
-            self.optimizer.set_backward_passes_per_step(self.k)  # Horovod:
+            if self.zero is None:
+                self.optimizer.set_backward_passes_per_step(self.k)  # Horovod:
 
     # ------------------------------------------------------------------ the step
     def autocast(self):
@@ -197,6 +229,8 @@ class Engine:
         self.scaler.scale(loss / self.k).backward()
         sync = is_sync_step(self.micro_step, self.k)
         self.micro_step += 1
+        if self.zero is not None and self.zero.stage == 2:
+            self.zero.reduce_scatter_grads()  # (the shard accumulates; .grad is freed)
         return sync
 
     def step(self) -> StepResult:
@@ -205,6 +239,8 @@ class Engine:
             raise RuntimeError(
                 f"step() called after {self.micro_step % self.k} of {self.k} micro-batches of the "
                 f"current accumulation window; call it when backward() returns True")
+        if self.zero is not None:
+            return self._zero_step()
         # Horovod: wait for every allreduce; from here on all ranks hold the same gradients.
         self.optimizer.synchronize()
         # Unscale after the synchronize, so every rank unscales (and checks) the same buffer.
@@ -229,6 +265,23 @@ class Engine:
             self.skipped_steps += 1
         self.optimizer.zero_grad()  # Horovod's zero_grad takes no set_to_none (torch default: True)
         scale = float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
+        return StepResult(self.step_count, lr, not finite, grad_norm, scale)
+
+    def _zero_step(self) -> StepResult:
+        """:meth:`step` with the state in shards: the same clipping, LR, skips and loss scale."""
+        lr = float(self.schedule(self.step_count + 1))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        scaling = self.scaler.is_enabled()
+        inv_scale = 1.0 / float(self.scaler.get_scale()) if scaling else 1.0
+        finite, grad_norm = self.zero.step(inv_scale=inv_scale, max_grad_norm=self.max_grad_norm)
+        if scaling:
+            update_loss_scale(self.scaler, finite)
+        if finite:
+            self.step_count += 1
+        else:
+            self.skipped_steps += 1
+        scale = float(self.scaler.get_scale()) if scaling else 1.0
         return StepResult(self.step_count, lr, not finite, grad_norm, scale)
 
     def _params(self) -> Iterator[torch.nn.Parameter]:
@@ -270,9 +323,11 @@ class Engine:
         (it loads with ``weights_only=True``); the metadata, every rank's RNG included, is
         ``train.engine.checkpoint_meta`` as JSON. Returns the path on rank 0."""
         rng = hvd.allgather_object(_rng_state(), name="hvd_bert.rng")  # Horovod:
+        optimizer = (self.zero.consolidated_state_dict() if self.zero is not None
+                     else self.optimizer.state_dict() if self.rank == 0 else None)
         path = None
         if self.rank == 0:
-            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            state = {"model": self.model.state_dict(), "optimizer": optimizer,
                      "scaler": self.scaler.state_dict(),
                      "meta": json.dumps(checkpoint_meta(self, data_state, rng))}
             path = checkpoint_path(folder, self.step_count, CKPT_SUFFIX)
@@ -293,7 +348,10 @@ class Engine:
         def load(path):
             ckpt = loaded.pop("ckpt")
             self.model.load_state_dict(ckpt["model"])
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+            if self.zero is not None:  # (rank 0 holds it until the shards are sent)
+                loaded["optimizer"] = ckpt["optimizer"]
+            else:
+                self.optimizer.load_state_dict(ckpt["optimizer"])
             loaded["scaler"] = ckpt["scaler"]
 
         meta = resume_on_rank0(self, folder_or_file, CKPT_SUFFIX, read_meta=read_meta, load=load,
@@ -302,6 +360,8 @@ class Engine:
         if meta is None:
             return None
         self.broadcast()  # Horovod: parameters and optimizer state from rank 0
+        if self.zero is not None:
+            self.zero.load_sharded(loaded.pop("optimizer", None))
         scaler = hvd.broadcast_object(loaded.get("scaler"), root_rank=0, name="hvd_bert.resume.scaler")
         self.scaler.load_state_dict(scaler)
         rng = rng_for_rank(meta, self.rank, self.world_size)

@@ -36,8 +36,8 @@ from hvd_bert.files import clear_path
 from hvd_bert.train.checkpoint import checkpoint_path, list_checkpoints
 from hvd_bert.config import PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (CheckpointError, FitResult, StepResult, check_engine_args,
-                                   checkpoint_meta, engine_settings, host_rng_state, resume_on_rank0,
-                                   rng_for_rank, set_host_rng_state)
+                                   checkpoint_meta, engine_settings, host_rng_state, peak_host_bytes,
+                                   resume_on_rank0, rng_for_rank, set_host_rng_state)
 from hvd_bert.train.loop import fit
 from hvd_bert.train.log import StopSignal
 from hvd_bert.core.schedules import Schedule
@@ -87,7 +87,10 @@ class Engine:
                  *, schedule: Schedule, backward_passes_per_step: int = 1, compression: str = "none",
                  gradient_predivide_factor: float = 1.0, precision: str | PrecisionConfig = "fp32",
                  max_grad_norm: float | None = None, jit_compile: bool = False, resume_resized: bool = False,
-                 sync: bool = True):
+                 sync: bool = True, zero_stage: int = 0, zero_bucket_mb: float = 32.0):
+        if zero_stage:
+            raise ValueError("train.zero.stage > 0 is not in the TensorFlow engine yet: use "
+                             "framework=pytorch, or train.zero.stage=0")
         init_horovod()  # the one path (hvd_bert.cluster.horovod.init_horovod); once per process
         pcfg = check_engine_args(backward_passes_per_step, compression, precision)
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
@@ -142,6 +145,15 @@ class Engine:
         hvd.broadcast_variables(weights, root_rank=0)  # Horovod:
         hvd.broadcast_variables(self.optimizer.variables(), root_rank=0)  # Horovod:
         hvd.broadcast_variables([self.loss_scale, self.good_steps], root_rank=0)  # Horovod:
+
+    def memory(self) -> dict:
+        """What this rank holds, in bytes, and its peak so far (``train.engine.memory_line``)."""
+        def nbytes(variables):
+            return sum(int(np.prod(v.shape)) * v.dtype.size for v in variables)
+        return {"parameters": nbytes(self.model.weights), "gradients": nbytes(self.accumulators),
+                "optimizer_state": nbytes(v for v in self.optimizer.variables() if len(v.shape)),
+                "peak": peak_host_bytes(), "peak_of": "host resident", "zero_stage": 0,
+                "world_size": self.world_size}
 
     # ------------------------------------------------------------------ elastic (train.elastic)
     def _state_variables(self) -> list:

@@ -13,8 +13,8 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["release_run_folder", "checkpoint_path", "list_checkpoints", "latest_checkpoint", "prune",
-           "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
+__all__ = ["release_run_folder", "checkpoint_path", "is_checkpoint_name", "list_checkpoints",
+           "latest_checkpoint", "prune", "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
 
 _NAME = re.compile(r"^ckpt-(\d{8,})\.(\w+)$")
 
@@ -24,6 +24,13 @@ def checkpoint_path(folder: str | Path, step: int, suffix: str) -> Path:
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     return Path(folder) / f"ckpt-{step:08d}.{suffix}"
+
+
+def is_checkpoint_name(path: str | Path, suffix: str) -> bool:
+    """Whether ``path``'s name is a checkpoint's (``ckpt-<step>.<suffix>``), not, say, a run
+    folder a user called ``ckpt-0``."""
+    m = _NAME.match(Path(path).name)
+    return m is not None and m.group(2) == suffix
 
 
 def list_checkpoints(folder: str | Path, suffix: str) -> list[tuple[int, Path]]:

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from hvd_bert.core.batch import BatchPlan
-from hvd_bert.train.checkpoint import latest_checkpoint, remove_stale_temporaries
+from hvd_bert.train.checkpoint import is_checkpoint_name, latest_checkpoint, remove_stale_temporaries
 
 __all__ = ["StepResult", "FitResult", "Engine", "checkpoint_meta", "check_resume", "ResumeError",
            "CheckpointError", "resume_on_rank0", "META_FORMAT", "host_rng_state", "set_host_rng_state",
-           "rng_for_rank", "check_engine_args", "engine_settings"]
+           "rng_for_rank", "check_engine_args", "engine_settings", "memory_line", "peak_host_bytes"]
 
 META_FORMAT = 1  # the version of the metadata schema below
 
@@ -124,7 +124,7 @@ def engine_settings(cfg, world_size: int) -> tuple[BatchPlan, float, dict]:
         compression=cfg.horovod.compression, gradient_predivide_factor=cfg.horovod.gradient_predivide_factor,
         precision=cfg.precision,
         max_grad_norm=None if cfg.optim.name == "nvlamb" else cfg.optim.max_grad_norm,
-        resume_resized=cfg.resume_resized)
+        resume_resized=cfg.resume_resized, zero_stage=cfg.zero.stage, zero_bucket_mb=cfg.zero.bucket_mb)
 
 
 # ---------------------------------------------------------------------- checkpoint metadata
@@ -188,9 +188,11 @@ def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str, *,
     out = None
     if engine.rank == 0 and folder is not None:
         p = Path(folder)
-        if p.is_dir() and not p.name.startswith("ckpt-"):
+        # a checkpoint file, or a checkpoint folder (TensorFlow's), not a run folder called ckpt-0
+        given = p.is_file() or (p.is_dir() and is_checkpoint_name(p, suffix))
+        if p.is_dir() and not given:
             remove_stale_temporaries(p)  # what a writer killed mid-checkpoint left
-        path = p if (p.name.startswith("ckpt-") and p.exists()) else latest_checkpoint(p, suffix)
+        path = p if given else latest_checkpoint(p, suffix)
         if path is not None:
             try:
                 meta = read_meta(path)
@@ -249,3 +251,23 @@ def rng_for_rank(meta: dict, rank: int, world_size: int) -> Any:
     if meta.get("world_size") != world_size or not meta.get("rng"):
         return None
     return meta["rng"][rank]
+
+
+# ---------------------------------------------------------------------- memory
+def peak_host_bytes() -> int:
+    """This process's peak resident memory so far (Linux reports it in KiB)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def memory_line(m: dict) -> str:
+    """One start-of-run line from an engine's ``memory()``: what a rank holds, and its peak."""
+    def gib(n):
+        return f"{n / 2 ** 30:.3f} GiB"
+    stage, n = m.get("zero_stage", 0), m.get("world_size", 1)
+    held = {0: "", 1: f" (ZeRO stage 1: 1/{n})", 2: f" (ZeRO stage 2: 1/{n}, and 1/{n} of the gradients "
+                                                     f"between backward passes)"}[stage]
+    return (f"memory per rank: parameters {gib(m['parameters'])}, gradients {gib(m['gradients'])}, "
+            f"optimizer state {gib(m['optimizer_state'])}{held}; peak so far {gib(m['peak'])} "
+            f"({m.get('peak_of', 'host')})")
+

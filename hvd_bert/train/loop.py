@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hvd_bert.core.batch import BatchPlan
-from hvd_bert.train.engine import Engine, FitResult, ResumeError, StepResult
+from hvd_bert.train.engine import Engine, FitResult, ResumeError, StepResult, memory_line
 from hvd_bert.train.log import DivergedError, RunLog, ScalarWriter
 
 __all__ = ["fit", "train_steps", "resume_line", "StepBook", "MetricWindow"]
@@ -83,6 +83,8 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
         log.set_step(engine.step_count)
         if book.plan is not None:
             log.print(f"batch: {book.plan.describe()}")  # printed once
+        if hasattr(engine, "memory"):
+            log.print(memory_line(engine.memory()))
         if engine.step_count and output_dir is not None:
             log.print(resume_line(engine, output_dir, total_steps))
         train_steps(engine, iter(batches_from(engine.micro_step)), book, total_steps)

@@ -109,3 +109,10 @@ def test_atomic_write_never_writes_through_a_planted_link(tmp_path):
     assert (run / "config.json").read_text() == (run / "metrics.json").read_text() == "new"
     assert not (run / "metrics.json").is_symlink() and sorted(p.name for p in run.iterdir()) == [
         "config.json", "metrics.json"]
+
+
+def test_a_run_folder_called_like_a_checkpoint_is_not_one(tmp_path):
+    from hvd_bert.train.checkpoint import is_checkpoint_name
+    assert is_checkpoint_name(tmp_path / "ckpt-00000012.pt", "pt")
+    assert is_checkpoint_name("ckpt-00000012.tf", "tf") and not is_checkpoint_name("ckpt-00000012.tf", "pt")
+    assert not is_checkpoint_name(tmp_path / "ckpt-0", "pt") and not is_checkpoint_name("ckpt-best", "tf")

@@ -77,3 +77,57 @@ def test_the_probe_output_is_read_and_fitted_in_one_place():
     assert alpha == pytest.approx(50e-6, rel=1e-6) and bw == pytest.approx(1.5e9, rel=1e-6)
     with pytest.raises(ValueError, match="no PROBE line"):
         S.fit_probe("mpirun: nothing measured\n")
+
+
+# ---------------------------------------------------------------------- model size (ZeRO, TP)
+from hvd_bert.core import model_size as M  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [1, 2, 8, 64])
+def test_bytes_per_parameter_are_reference_section_9s(n):
+    assert M.state_bytes_per_param(M.Layout(0), n) == 16
+    assert M.state_bytes_per_param(M.Layout(1), n) == pytest.approx(4 + 12 / n)
+    assert M.state_bytes_per_param(M.Layout(2), n) == pytest.approx(2 + 14 / n)
+    assert M.state_bytes_per_param(M.Layout(0), n, mixed=False) == 16
+    assert M.state_bytes_per_param(M.Layout(1), n, mixed=False) == pytest.approx(8 + 8 / n)
+    assert M.state_bytes_per_param(M.Layout(1, 4), n) == pytest.approx((4 + 12 / n) / 4)
+
+
+def test_the_issue_s_example_a_1_3b_lamb_model_needs_about_21_gb_for_its_state():
+    assert 1.3e9 * M.state_bytes_per_param(M.Layout(0), 8, mixed=False) / 1e9 == pytest.approx(20.8)
+
+
+def test_activations_follow_korthikanti_and_tensor_parallelism_splits_all_but_10_sbh():
+    shape = M.Shape(hidden=1024, layers=24, heads=16, seq=128, micro_batch=64)
+    sbhl = 128 * 64 * 1024 * 24
+    assert M.activation_bytes(shape) == pytest.approx(sbhl * (34 + 5 * 16 * 128 / 1024))
+    assert M.activation_bytes(shape, 8) == pytest.approx(sbhl * (10 + 3 + 5 * 16 * 128 / 1024 / 8))
+
+
+def test_each_stage_holds_a_bigger_model_and_costs_an_allgather_more():
+    net, w = S.INTERCONNECTS["dgx2h"], S.WORKLOADS["bert-large-p1"]
+    shape = M.BERT_SHAPES["bert-large-p1"]
+    sizes = [M.largest_model(lay, 64, 80e9) for lay in M.LAYOUTS]
+    assert sizes[0] < sizes[1] < sizes[2] and sizes[3] < sizes[4] < sizes[5]
+    p = {lay: M.project_layout(w, shape, 64, net, lay) for lay in M.LAYOUTS}
+    assert p[M.Layout(0)].extra_comm_s == 0
+    # the allgather of the weights after the step: half an allreduce's time, exposed
+    half = S.allreduce_time(w.params * 2, 64, net, "hierarchical") / 2
+    assert p[M.Layout(1)].extra_comm_s == pytest.approx(half, rel=1e-6)
+    assert p[M.Layout(1)].memory_bytes < p[M.Layout(0)].memory_bytes
+    # tensor parallelism: 4 allreduces of the activations per layer, so less efficient with T
+    effs = [p[M.Layout(1, t)].efficiency for t in (2, 4, 8)]
+    assert effs == sorted(effs, reverse=True)
+
+
+def test_simulate_model_size_names_the_layout_a_big_model_needs(capsys):
+    from hvd_bert.cli import main
+    assert main(["simulate", "--model-size", "--params", "8.3e9", "--micro-batch-seconds", "3",
+                 "--gpus", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "stage 0    132.8    no" in out
+    assert "the layout with the most samples/s that fits it is stage 1;" in out
+    assert "ZeRO is needed from 5.0B parameters" in out
+    assert main(["simulate", "--model-size", "--gpus", "1472"]) == 0
+    out = capsys.readouterr().out
+    assert "stage 1, TP 8" in out and "it is stage 0;" in out

@@ -85,7 +85,8 @@ def scenario(toy, backend, r, n, mode, optim, k, steps, extra=(), ckpt=None, kil
                 continue
             log.append(dict(step=res.step, lr=res.lr, skipped=res.skipped, scale=res.loss_scale,
                             changed=before != toy.flat(model)))
-        result.update(params=toy.flat(model), steps=log, local_grad=local_grad)
+        result.update(params=toy.flat(model), steps=log, local_grad=local_grad,
+                      memory=engine.memory() if hasattr(engine, "memory") else None)
     return result
 
 

@@ -31,7 +31,8 @@ class Torch:
         return self.torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double().tolist()
 
     def local_grad(self, engine):
-        return engine.model.dense_in.weight.grad.reshape(-1)[:8].tolist()
+        grad = engine.model.dense_in.weight.grad  # (None under ZeRO stage 2: reduced and freed)
+        return None if grad is None else grad.reshape(-1)[:8].tolist()
 
     def reference(self, cfg, world, local_b, k, steps):
         from hvd_bert.core.schedules import make_schedule

@@ -1,0 +1,174 @@
+"""What ZeRO and tensor parallelism cost and save (REFERENCE section 9), on top of
+:mod:`hvd_bert.core.cost_model`'s alpha-beta collectives: memory per rank, the step time of a
+layout, and from which model size each layout is needed on a given cluster
+(``hvd-bert simulate --model-size``).
+
+Per parameter a rank holds weights W, gradients G and optimizer state O bytes (mixed
+precision: 2, 2 and 12 with the fp32 master weights; fp32: 4, 4 and 8). Over N data-parallel
+ranks and a tensor-parallel group of T (the layer stack split T ways):
+
+    stage 0   (W + G + O) / T          one allreduce of the gradients, overlapped with backward
+    stage 1   (W + G + O/N) / T        a reduce-scatter (half an allreduce) overlapped, then an
+                                       allgather of the updated weights after the step, exposed
+    stage 2   (W + G/N + O/N) / T      k reduce-scatters (one per micro-batch) and the allgather
+
+Tensor parallelism divides the compute by T and adds, per layer and micro-batch, two
+allreduces of the activations (batch x seq x hidden, 2 bytes) in the forward pass and two in
+the backward, inside the group and on the critical path (Shoeybi et al. 2019); the group's
+links are the node's when T fits in a node. Activations per rank follow Korthikanti et al.
+2022 (no recomputation, fp16): seq x batch x hidden x layers x (10 + 24/T + 5 heads seq /
+(hidden T)) bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hvd_bert.core.cost_model import Interconnect, Workload, allreduce_time
+
+__all__ = ["Layout", "Shape", "BERT_SHAPES", "state_bytes_per_param", "activation_bytes", "project_layout",
+           "largest_model", "report_model_size", "LAYOUTS"]
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Layout:
+    zero_stage: int = 0
+    tensor_parallel: int = 1
+
+    def __str__(self) -> str:
+        tp = f", TP {self.tensor_parallel}" if self.tensor_parallel > 1 else ""
+        return f"stage {self.zero_stage}{tp}"
+
+
+LAYOUTS = (Layout(0), Layout(1), Layout(2), Layout(1, 2), Layout(1, 4), Layout(1, 8))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A transformer stack's activation shape: what tensor parallelism splits and reduces."""
+
+    hidden: int
+    layers: int
+    heads: int
+    seq: int
+    micro_batch: int
+
+
+BERT_SHAPES = {"bert-large-p1": Shape(1024, 24, 16, 128, 64), "bert-large-p2": Shape(1024, 24, 16, 512, 16),
+               "bert-base-p1": Shape(768, 12, 12, 128, 64)}
+
+
+def state_bytes_per_param(layout: Layout, dp: int, mixed: bool = True) -> float:
+    """Weights, gradients and optimizer state per parameter on one rank (module docstring)."""
+    w, g, o = (2.0, 2.0, 12.0) if mixed else (4.0, 4.0, 8.0)
+    if layout.zero_stage >= 1:
+        o /= dp
+    if layout.zero_stage >= 2:
+        g /= dp
+    return (w + g + o) / layout.tensor_parallel
+
+
+def activation_bytes(shape: Shape, tp: int = 1) -> float:
+    s, b, h, L, a = shape.seq, shape.micro_batch, shape.hidden, shape.layers, shape.heads
+    return s * b * h * L * (10 + 24 / tp + 5 * a * s / (h * tp))
+
+
+@dataclass(frozen=True)
+class LayoutProjection:
+    layout: Layout
+    memory_bytes: float       # per rank: model state + activations
+    step_s: float
+    efficiency: float         # compute / step
+    extra_comm_s: float       # exposed communication beyond stage 0's
+    samples_per_s: float      # the whole cluster: ranks / T groups, each on a micro-batch x k
+
+
+def _group_net(net: Interconnect, tp: int) -> Interconnect:
+    """The links a tensor-parallel group uses: the node's when it fits in one."""
+    if tp <= net.gpus_per_node and net.bandwidth_intra:
+        return Interconnect(net.alpha_intra, net.bandwidth_intra, 1)
+    return Interconnect(net.alpha, net.bandwidth, 1)
+
+
+def project_layout(w: Workload, shape: Shape | None, ranks: int, net: Interconnect, layout: Layout, *,
+                   algorithm: str = "hierarchical", mixed: bool = True, k: int = 1) -> LayoutProjection:
+    """Memory per rank and step time of ``w`` laid out as ``layout`` on ``ranks`` GPUs."""
+    tp = layout.tensor_parallel
+    dp = max(1, ranks // tp)
+    grad_bytes = w.params / tp * (2 if mixed else 4)
+    compute = w.micro_batch_seconds / tp * k
+    backward = w.micro_batch_seconds / tp * 2 / 3
+    ar = allreduce_time(grad_bytes, dp, net, algorithm)
+    half = ar / 2  # a reduce-scatter or an allgather: half an allreduce's hops and bytes
+    if layout.zero_stage == 0:
+        exposed = max(ar - backward, 0.0)
+        base = exposed
+    elif layout.zero_stage == 1:
+        exposed = max(half - backward, 0.0) + half
+        base = max(ar - backward, 0.0)
+    else:
+        exposed = k * max(half - backward, 0.0) + half
+        base = max(ar - backward, 0.0)
+    tp_comm = 0.0
+    if tp > 1 and shape is not None:
+        act = shape.micro_batch * shape.seq * shape.hidden * 2
+        tp_comm = 4 * shape.layers * k * allreduce_time(act, tp, _group_net(net, tp), "ring")
+    step = compute + exposed + tp_comm
+    mem = w.params * state_bytes_per_param(layout, dp, mixed)
+    if shape is not None:
+        mem += activation_bytes(shape, tp)
+    return LayoutProjection(layout, mem, step, compute / step, exposed + tp_comm - base,
+                            dp * w.samples_per_micro_batch * k / step)
+
+
+def largest_model(layout: Layout, dp: int, device_bytes: float, activations: float = 0.0,
+                  mixed: bool = True) -> float:
+    """The most parameters whose state (and ``activations``) fit in ``device_bytes`` per rank."""
+    return max(device_bytes - activations, 0.0) / state_bytes_per_param(layout, dp, mixed)
+
+
+def report_model_size(w: Workload, shape: Shape | None, ranks: int, net: Interconnect, *,
+                      device_gb: float = 80.0, algorithm: str = "hierarchical", mixed: bool = True,
+                      k: int = 1, layouts=LAYOUTS) -> list[str]:
+    """``hvd-bert simulate --model-size``'s lines: per layout, memory per rank, whether it fits,
+    step time, efficiency and the cluster's samples/s for ``w`` (a tensor-parallel group of T
+    shares one micro-batch, so T divides the data-parallel width); then the largest model each
+    layout holds."""
+    dev = device_gb * GB
+    if shape is None:  # tensor parallelism's cost is its activations' allreduces: no shape, no TP rows
+        layouts = [lay for lay in layouts if lay.tensor_parallel == 1]
+    lines = [f"model size: {w.name} ({w.params / 1e9:.2f}B parameters), {ranks} GPUs of {device_gb:g} GB, "
+             f"{'mixed precision' if mixed else 'fp32'}, k={k}" +
+             ("" if shape else "; a custom workload has no layer shape: no activations, no tensor "
+                               "parallelism"),
+             f"{'layout':>13} {'GB/rank':>8} {'fits':>5} {'step ms':>9} {'efficiency':>10} "
+             f"{'extra comm ms':>14} {'samples/s':>11}"]
+    for lay in layouts:
+        if ranks % lay.tensor_parallel:
+            continue
+        p = project_layout(w, shape, ranks, net, lay, algorithm=algorithm, mixed=mixed, k=k)
+        fits = "yes" if p.memory_bytes <= dev else "no"
+        lines.append(f"{str(lay):>13} {p.memory_bytes / GB:>8.1f} {fits:>5} {p.step_s * 1e3:>9.1f} "
+                     f"{p.efficiency:>10.1%} {p.extra_comm_s * 1e3:>14.1f} {p.samples_per_s:>11,.0f}")
+    parts = []
+    for lay in layouts:
+        if ranks % lay.tensor_parallel:
+            continue
+        act = activation_bytes(shape, lay.tensor_parallel) if shape else 0.0
+        n = largest_model(lay, max(1, ranks // lay.tensor_parallel), dev, act, mixed)
+        parts.append(f"{lay}: {n / 1e9:.1f}B")
+    lines.append("largest model that fits (model state" + (" + these activations" if shape else "") +
+                 "): " + "; ".join(parts))
+    fit0 = largest_model(Layout(0), ranks, dev, activation_bytes(shape) if shape else 0.0, mixed)
+    fitting = [project_layout(w, shape, ranks, net, lay, algorithm=algorithm, mixed=mixed, k=k)
+               for lay in layouts if ranks % lay.tensor_parallel == 0]
+    fitting = [p for p in fitting if p.memory_bytes <= dev]
+    best = max(fitting, key=lambda p: p.samples_per_s) if fitting else None
+    need = ("no layout here fits it" if best is None
+            else f"the layout with the most samples/s that fits it is {best.layout}")
+    lines.append(f"{w.name}: {need}; ZeRO is needed from {fit0 / 1e9:.1f}B parameters on this cluster "
+                 f"(beyond stage 0's memory)")
+    return lines
+

@@ -1,0 +1,185 @@
+"""ZeRO stages 1 and 2 (``train.zero.stage``, hvd_bert/pt/zero.py) against stage 0 under real
+``horovodrun``, on 2 and 4 ranks: every optimizer with gradient accumulation gives stage 0's
+weights to fp32 round-off, an inf on one rank skips the same steps (fp32 and fp16 loss
+scaling), a stage-1/2 checkpoint holds stage 0's optimizer state in stage 0's format, and a run
+stopped at one stage and world size resumes at another on the same trajectory.
+
+The scenarios share launches (the engine contract's worker in batch mode): one 2-rank launch
+for the trainings and the stopped runs, one 4-rank launch for the trainings and the resumes
+on 4 ranks, one 2-rank launch for the resumes on 2."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
+from closeness import assert_close  # noqa: E402
+from conftest import launch_ranks  # noqa: E402
+
+OPTIMS = ["sgd", "lamb", "nvlamb", "lars", "adamw"]
+STAGES = [0, 1, 2]
+STEPS = 5
+# a bucket of 100 bytes: the toy model's 244 parameters go out in several buckets, several in flight
+SMALL_BUCKET = "zero.bucket_mb=0.0001"
+
+
+def sc(mode, optim, k, steps, *extra, ckpt=None, kill_at=0):
+    return dict(mode=mode, optim=optim, k=k, steps=steps, extra=list(extra), ckpt=ckpt, kill_at=kill_at)
+
+
+def launches(root: Path) -> list[tuple[int, dict]]:
+    def ck(name):
+        return str(root / name)
+    two = {f"train-{o}-{s}": sc("train", o, 3, STEPS, f"zero.stage={s}", SMALL_BUCKET)
+           for o in OPTIMS for s in STAGES}
+    for p in ("fp32", "fp16"):
+        two.update({f"inf-{p}-{s}": sc("inf", "lamb", 2, STEPS, f"zero.stage={s}", f"precision.mode={p}",
+                                       "precision.init_scale=1024") for s in STAGES})
+    two["fp16-compression-1"] = sc("train", "lamb", 2, STEPS, "zero.stage=1", "horovod.compression=fp16")
+    two["exact-1"] = sc("train", "lamb", 2, STEPS, "zero.stage=1")
+    # checkpoints after 4 steps at each stage (dropout on, fit's loop)
+    two.update({f"ckpt-{s}": sc("resume", "lamb", 2, 4, f"zero.stage={s}", ckpt=ck(f"run-{s}"))
+                for s in STAGES})
+    # stopped by SIGTERM after step 3 at stage 1 and at stage 0; one run of 6 steps at stage 0
+    two["stop-1"] = sc("resume", "lamb", 2, 6, "zero.stage=1", ckpt=ck("from-1"), kill_at=3)
+    two["stop-0"] = sc("resume", "lamb", 2, 6, "zero.stage=0", ckpt=ck("from-0"), kill_at=3)
+    two["whole"] = sc("resume", "lamb", 2, 6, "zero.stage=0", ckpt=ck("whole"))
+    four = {f"train-{o}-{s}": sc("train", o, 3, STEPS, f"zero.stage={s}", SMALL_BUCKET)
+            for o in OPTIMS for s in STAGES}
+    # the stage-1 run of 2 ranks x 2 micro-batches resumed on 4 ranks x 1 (the same global batch)
+    four.update({f"resized-{s}": sc("resume", "lamb", 1, 6, f"zero.stage={s}", "resume_resized=true",
+                                    ckpt=ck(f"resized-{s}")) for s in (0, 2)})
+    again = {"resume-2-from-1": sc("resume", "lamb", 2, 6, "zero.stage=2", ckpt=ck("from-1")),
+             "resume-1-from-0": sc("resume", "lamb", 2, 6, "zero.stage=1", ckpt=ck("from-0"))}
+    return [(2, two), (4, four), (2, again)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    import shutil
+    root = tmp_path_factory.mktemp("zero")
+    results = {}
+    for i, (np_, scenarios) in enumerate(launches(root)):
+        if i == 1:  # both resized runs start from the stopped stage-1 run's folder
+            for s in (0, 2):
+                shutil.copytree(root / "from-1", root / f"resized-{s}")
+        spec = root / f"scenarios-{i}.json"
+        spec.write_text(json.dumps(scenarios))
+        ranks = launch_ranks("engine_contract.py", ["pt", "batch", spec], root / f"out-{i}", np=np_,
+                             timeout=500)
+        for name in scenarios:
+            results[np_, name] = [r["scenarios"][name] for r in ranks]
+    return root, results
+
+
+def _params(runs, np_, name):
+    ranks = runs[1][np_, name]
+    assert all("error" not in r for r in ranks), ranks[0]
+    assert all(r["params"] == ranks[0]["params"] for r in ranks)  # every rank holds the same model
+    return ranks[0]["params"]
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+@pytest.mark.parametrize("optim", OPTIMS)
+@pytest.mark.parametrize("stage", [1, 2])
+def test_stage_gives_stage_0s_weights(runs, np_, optim, stage):
+    want = _params(runs, np_, f"train-{optim}-0")
+    got = _params(runs, np_, f"train-{optim}-{stage}")
+    assert_close(got, want, rtol=1e-5, atol=1e-6,
+                 site=f"parallel/zero::test_stage_gives_stage_0s_weights/{optim}")
+    steps = runs[1][np_, f"train-{optim}-{stage}"][0]["steps"]
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_a_rank_holds_1_over_n_of_the_optimizer_state_and_at_stage_2_of_the_gradients(runs, np_):
+    """The toy model's 244 parameters: every rank holds ceil(244 / N) of each state buffer."""
+    for optim, buffers in [("lamb", 2), ("adamw", 2), ("lars", 1), ("sgd", 1)]:
+        full = runs[1][np_, f"train-{optim}-0"]
+        assert all(r["memory"]["optimizer_state"] == 244 * 4 * buffers for r in full), optim
+        for stage in (1, 2):
+            for r in runs[1][np_, f"train-{optim}-{stage}"]:
+                m = r["memory"]
+                assert m["optimizer_state"] == -(-244 // np_) * 4 * buffers, (optim, stage)
+                assert m["gradients"] == (244 * 4 if stage == 1 else -(-244 // np_) * 4)
+                assert m["zero_stage"] == stage and m["world_size"] == np_ and m["parameters"] == 244 * 4
+
+
+def test_training_moved_the_weights(runs):
+    """The comparison above is of runs that trained: the first 4 steps changed every optimizer's
+    weights at every stage (the 5th has LR 0, the end of the decay: only LARS's momentum moves)."""
+    for np_ in (2, 4):
+        for optim in OPTIMS:
+            for stage in STAGES:
+                log = runs[1][np_, f"train-{optim}-{stage}"][0]["steps"]
+                assert [s["changed"] for s in log[:4]] == [True] * 4, (np_, optim, stage)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("stage", [1, 2])
+def test_an_inf_on_one_rank_skips_the_same_steps_on_every_rank(runs, precision, stage):
+    base = runs[1][2, f"inf-{precision}-0"]
+    got = runs[1][2, f"inf-{precision}-{stage}"]
+    for rank in got:
+        assert [(s["step"], s["skipped"], s["scale"]) for s in rank["steps"]] == \
+            [(s["step"], s["skipped"], s["scale"]) for s in base[0]["steps"]]
+    assert [s["skipped"] for s in got[0]["steps"]] == [False, False, True, False, False]
+    assert not got[0]["steps"][2]["changed"]
+    assert_close(_params(runs, 2, f"inf-{precision}-{stage}"), _params(runs, 2, f"inf-{precision}-0"),
+                 rtol=1e-5, atol=1e-6,
+                 site=f"parallel/zero::test_an_inf_on_one_rank_skips_the_same_steps/{precision}")
+
+
+def test_fp16_compression_of_the_reduce_scatter_stays_close(runs):
+    exact = np.array(_params(runs, 2, "exact-1"))
+    diff = np.abs(exact - np.array(_params(runs, 2, "fp16-compression-1")))
+    # fp16 keeps ~3 decimal digits of each gradient; LAMB normalises the update per layer
+    assert 0 < diff.max() < 5e-3
+
+
+def _checkpoint(folder: Path):
+    import torch
+    (path,) = sorted(folder.glob("ckpt-*.pt"))[-1:]
+    return torch.load(path, weights_only=True)
+
+
+def test_a_checkpoint_holds_stage_0s_optimizer_state_in_its_format(runs):
+    root = runs[0]
+    ref = _checkpoint(root / "run-0")
+    for stage in (1, 2):
+        got = _checkpoint(root / f"run-{stage}")
+        assert got.keys() == ref.keys()
+        opt, want = got["optimizer"], ref["optimizer"]
+        assert opt["param_groups"] == want["param_groups"]
+        assert sorted(opt["state"]) == sorted(want["state"])
+        for i, st in want["state"].items():
+            assert sorted(opt["state"][i]) == sorted(st)
+            for name, t in st.items():
+                assert opt["state"][i][name].shape == t.shape and opt["state"][i][name].dtype == t.dtype, name
+                assert_close(opt["state"][i][name].numpy(), t.numpy(), rtol=1e-5, atol=1e-9,
+                             site="parallel/zero::test_a_checkpoint_holds_stage_0s_optimizer_state")
+        for k, t in ref["model"].items():
+            assert_close(got["model"][k].numpy(), t.numpy(), rtol=1e-5, atol=1e-6,
+                         site="parallel/zero::test_a_checkpoint_holds_stage_0s_optimizer_state/model")
+
+
+@pytest.mark.parametrize("resumed,stopped", [("resume-2-from-1", "stop-1"), ("resume-1-from-0", "stop-0")])
+def test_a_run_stopped_at_one_stage_resumes_at_another_on_the_same_trajectory(runs, resumed, stopped):
+    first = runs[1][2, stopped][0]
+    assert first["stopped"] and first["steps"] == 3
+    got = runs[1][2, resumed][0]
+    assert got["steps"] == 6 and not got["stopped"]
+    assert_close(_params(runs, 2, resumed), _params(runs, 2, "whole"), rtol=1e-5, atol=1e-6,
+                 site="parallel/zero::test_a_run_stopped_at_one_stage_resumes_at_another")
+
+
+def test_a_stage_1_checkpoint_resumes_on_another_world_size_at_another_stage(runs):
+    """2 ranks x 2 micro-batches at stage 1, stopped after step 3, resumed on 4 ranks x 1: at stage
+    2 as at stage 0 (each rank gets its shard of the consolidated state)."""
+    for s in (0, 2):
+        assert runs[1][4, f"resized-{s}"][0]["steps"] == 6
+    assert_close(_params(runs, 4, "resized-2"), _params(runs, 4, "resized-0"), rtol=1e-5, atol=1e-6,
+                 site="parallel/zero::test_a_stage_1_checkpoint_resumes_on_another_world_size")
