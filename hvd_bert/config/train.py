@@ -270,11 +270,12 @@ class ZeroConfig:
     round-off, the same checkpoints (written consolidated, resumable at any stage and world size)."""
 
     stage: Literal[0, 1, 2] = doc(
-        0, "0: every rank holds all optimizer state; 1: each rank holds 1/N of it (gradients are "
-           "reduce-scattered, parameters allgathered after the update); 2: gradients 1/N too, reduced "
-           "after every micro-batch")
-    bucket_mb: float = doc(32.0, "MiB of gradients or parameters per reduce-scatter/allgather call (what "
-                             "a step holds beyond its shards); Horovod fuses the calls in flight")
+        0, "0: every rank holds all optimizer state; 1: each rank holds and updates 1/N of it (the "
+           "gradients allreduced as at 0, the updated weights allgathered); 2: the gradients too are "
+           "1/N, reduce-scattered after every micro-batch")
+    bucket_mb: float = doc(32.0, "MiB of gradients or weights per reduce-scatter/allgather call of a ZeRO "
+                                 "step (4 in flight, which Horovod fuses: about what a step holds beyond "
+                                 "its shards)")
 
     def __post_init__(self) -> None:
         require(self.stage in (0, 1, 2), f"train.zero.stage must be 0, 1 or 2, got {self.stage}")

@@ -40,10 +40,11 @@ import horovod.torch as hvd
 from hvd_bert.core.batch import is_sync_step
 from hvd_bert.files import atomic_write
 from hvd_bert.train.checkpoint import checkpoint_path, prune
-from hvd_bert.config import PrecisionConfig, TrainConfig
+from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, checkpoint_meta,
                                    engine_settings, host_rng_state, peak_host_bytes, resume_on_rank0,
                                    rng_for_rank, set_host_rng_state)
+from hvd_bert.train.elastic import launched_elastic
 from hvd_bert.train.loop import fit
 from hvd_bert.train.log import StopSignal
 from hvd_bert.core.schedules import Schedule
@@ -113,19 +114,26 @@ class Engine:
         self.last_metrics: dict = {}
 
         self.zero = None
-        if zero_stage:
-            # ZeRO: the optimizer keeps the hyperparameters; the state lives in shards.
+        if zero_stage and launched_elastic():
+            raise ConfigError("train.zero.stage > 0 does not run under Horovod elastic yet (a lost "
+                              "worker takes its optimizer shard with it): use train.zero.stage=0, or "
+                              "launch without --min-np/--max-np")
+        if zero_stage == 2:
+            # ZeRO stage 2: the gradients are reduce-scattered by pt.zero, not by Horovod's hooks
             self.optimizer = optimizer
-            self.zero = ShardedOptimizer(optimizer, stage=zero_stage, compression=compression,
-                                         bucket_mb=zero_bucket_mb)
         else:
             # Horovod: DistributedOptimizer builds a new optimizer of a subclass of
             # type(optimizer) from optimizer.param_groups; from here on use self.optimizer only.
+            # (ZeRO stage 1 keeps its allreduce, overlapped with the backward pass and fused.)
             self.optimizer = hvd.DistributedOptimizer(
                 optimizer, named_parameters=model.named_parameters(),
                 compression=hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none,
                 backward_passes_per_step=self.k, op=hvd.Average,
                 gradient_predivide_factor=gradient_predivide_factor)
+        if zero_stage:  # the optimizer keeps the hyperparameters; its state lives in shards
+            self.zero = ShardedOptimizer(self.optimizer, stage=zero_stage, compression=compression,
+                                         bucket_mb=zero_bucket_mb)
+        else:
             # Create the optimizer state before the broadcast: Horovod would otherwise create it
             # by taking a step with zero gradients (shifting LAMB's bias correction, one decay).
             init_state(self.optimizer)
@@ -205,7 +213,7 @@ class Engine:
         self.rank, self.world_size = hvd.rank(), hvd.size()
         if plan is not None:
             self.plan, self.k, self.schedule = plan, plan.backward_passes_per_step, schedule
-            if self.zero is None:
+            if self.zero is None or self.zero.stage == 1:
                 self.optimizer.set_backward_passes_per_step(self.k)  # Horovod:
 
     # ------------------------------------------------------------------ the step
@@ -274,7 +282,11 @@ class Engine:
             group["lr"] = lr
         scaling = self.scaler.is_enabled()
         inv_scale = 1.0 / float(self.scaler.get_scale()) if scaling else 1.0
+        if self.zero.stage == 1:
+            self.optimizer.synchronize()  # Horovod: every allreduce done; every rank the same .grad
         finite, grad_norm = self.zero.step(inv_scale=inv_scale, max_grad_norm=self.max_grad_norm)
+        if self.zero.stage == 1:
+            self.optimizer.zero_grad()
         if scaling:
             update_loss_scale(self.scaler, finite)
         if finite:

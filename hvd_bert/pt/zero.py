@@ -4,14 +4,15 @@ Every rank keeps the whole model; the optimizer state is split over the N data-p
 by :mod:`hvd_bert.core.zero`'s flat partition (the parameters flattened in order, padded to a
 multiple of N, rank r owning elements ``[r S, (r + 1) S)``):
 
-* **stage 1**: the k micro-batches accumulate into the parameters' ``.grad`` as without
-  Horovod; at the k-th, one reduce-scatter (an average) leaves each rank the reduced gradient
-  of its shard. **Stage 2** reduce-scatters after every micro-batch into a shard accumulator
-  and frees ``.grad``: between micro-batches a rank holds 1/N of the gradients, at k times the
-  reduce-scatters.
-* The reduce-scatter and the allgather of the updated parameters go out in buckets of
-  ``train.zero.bucket_mb`` (a bucket is a band of columns of the N x S layout, so each rank's
-  part of it is a piece of its own shard), several in flight so that Horovod fuses them.
+* **stage 1**: the gradients are allreduced by Horovod's ``DistributedOptimizer`` as at stage 0
+  (during the backward pass, fused); each rank then updates its shard of the weights from its
+  part of ``.grad`` and the updated shards are allgathered. **Stage 2** reduces after every
+  micro-batch, in buckets, into a shard accumulator and frees ``.grad``: between micro-batches a
+  rank holds 1/N of the gradients, at k reductions a step. On a GPU a bucket is NCCL's
+  reduce-scatter; on a CPU, where Horovod 0.28.1's reduce-scatter takes 2-2.5x an allreduce
+  (BENCHMARKS.md), an allreduce of which the rank keeps its part.
+* A bucket (``train.zero.bucket_mb``) is a band of columns of the N x S layout, so each rank's
+  part of it is a piece of its own shard; several go out at once, which Horovod fuses.
 * The step on the shard is :func:`hvd_bert.core.zero.sharded_step`'s: per-tensor partial sums
   of squares of the weights, and the total of the gradient's, completed by one small allreduce;
   LAMB's update norms by a second. A non-finite total on any rank is non-finite on every rank,
@@ -31,6 +32,7 @@ import torch
 import horovod.torch as hvd
 
 from hvd_bert.core import zero as Z
+from hvd_bert.pt.kernels import optim as fused_optim
 from hvd_bert.pt.optim import Lamb, Lars
 
 __all__ = ["ShardedOptimizer", "state_bytes", "update_loss_scale", "SUPPORTED"]
@@ -84,6 +86,10 @@ class ShardedOptimizer:
         self.pieces = self.part.pieces(self.rank)
         self.bucket = max(1, int(bucket_mb * (1 << 20)) // 4 // self.size)  # columns of the N x S layout
         like = self.params[0]
+        # Horovod 0.28.1's CPU reduce-scatter (Gloo and MPI) takes 2-2.5x an allreduce of the same
+        # tensor here (BENCHMARKS.md): on a CPU a bucket is allreduced and this rank keeps its row
+        # (the same sum; twice the bytes on the wire, bucket-sized). NCCL's reduce-scatter on a GPU.
+        self.native_reduce_scatter = like.device.type == "cuda"
         self.state = {n: torch.zeros(self.part.shard, dtype=like.dtype, device=like.device)
                       for n in self.buffers}
         self.step_count = 0
@@ -141,12 +147,14 @@ class ShardedOptimizer:
             for r in range(n):
                 self._read(grads, r * s + a, r * s + b, block[r])
             wire, ctx = self.compression.compress(block)
-            return ctx, hvd.reducescatter_async(wire, name=f"hvd_bert.zero.rs.{a}", op=hvd.Average,
-                                                process_set=self.process_set)
+            reduce = hvd.reducescatter_async if self.native_reduce_scatter else hvd.allreduce_async
+            return ctx, reduce(wire, name=f"hvd_bert.zero.rs.{a}", op=hvd.Average,
+                               process_set=self.process_set)
 
         def finish(cols, handle):
             ctx, h = handle
             part = self.compression.decompress(hvd.synchronize(h), ctx)
+            part = part if self.native_reduce_scatter else part[self.rank]
             self.grad_shard[cols[0]:cols[1]].add_(part.reshape(-1).to(self.grad_shard.dtype))
 
         self._pipelined(self._columns(), submit, finish)
@@ -159,148 +167,143 @@ class ShardedOptimizer:
             p.grad = None
 
     # ------------------------------------------------------------------ parameters
-    def _shard_of_params(self) -> torch.Tensor:
-        lo, hi = self.part.bounds(self.rank)
-        w = torch.empty(self.part.shard, dtype=self.params[0].dtype, device=self.params[0].device)
-        with torch.no_grad():
-            self._read([p.detach() for p in self.params], lo, hi, w)
-        return w
+    def _pieces(self):
+        """``(tensor, its piece of this rank's parameter, of its reduced gradient, offset in the
+        shard, length)``: views into the parameters, so that the step updates them in place, and
+        into ``.grad`` (stage 1: Horovod's allreduce left it whole) or the gradient shard (2)."""
+        for i, off, pos, n in self.pieces:
+            w = self.params[i].detach().view(-1)[off:off + n]
+            if self.stage == 1:
+                yield i, w, self.params[i].grad.view(-1)[off:off + n], pos, n
+            else:
+                yield i, w, self.grad_shard[pos:pos + n], pos, n
 
-    def allgather_params(self, w: torch.Tensor) -> None:
-        """Every rank's updated shard into every rank's parameters (a collective)."""
+    def allgather_params(self) -> None:
+        """Every rank's updated piece of the parameters into every rank's (a collective)."""
         s = self.part.shard
+        lo = self.rank * s
         targets = [p.detach() for p in self.params]
 
         def submit(cols):
             a, b = cols
-            return hvd.allgather_async(w[a:b].reshape(1, -1).contiguous(), name=f"hvd_bert.zero.ag.{a}",
-                                       process_set=self.process_set)
+            mine = torch.empty(1, b - a, dtype=targets[0].dtype, device=targets[0].device)
+            self._read(targets, lo + a, lo + b, mine[0])
+            return hvd.allgather_async(mine, name=f"hvd_bert.zero.ag.{a}", process_set=self.process_set)
 
         def finish(cols, handle):
             a, b = cols
             full = hvd.synchronize(handle)
             for r in range(self.size):
-                lo, hi = r * s + a, min(r * s + b, self.part.total)
-                if lo < hi:
-                    self._write(targets, lo, hi, full[r, :hi - lo])
+                start, stop = r * s + a, min(r * s + b, self.part.total)
+                if start < stop and r != self.rank:
+                    self._write(targets, start, stop, full[r, :stop - start])
 
         with torch.no_grad():
             self._pipelined(self._columns(), submit, finish)
 
     # ------------------------------------------------------------------ the step
-    def _piece_sq(self, flat: torch.Tensor) -> torch.Tensor:
-        """Per tensor, the sum of squares of this rank's piece of ``flat`` (float64)."""
-        out = torch.zeros(len(self.params), dtype=torch.float64)
-        for i, _, pos, n in self.pieces:
-            out[i] = torch.linalg.vector_norm(flat[pos:pos + n], dtype=torch.float64).item() ** 2
-        return out
-
-    def _allreduce(self, values: torch.Tensor, name: str) -> torch.Tensor:
-        return hvd.allreduce(values, op=hvd.Sum, name=name, process_set=self.process_set)
+    def _allreduce(self, values: list[float], name: str) -> torch.Tensor:
+        return hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Sum, name=name,
+                             process_set=self.process_set)
 
     def _group(self, i: int) -> dict:
         return self.optimizer.param_groups[self.group_of[i]]
 
     @torch.no_grad()
     def step(self, *, inv_scale: float = 1.0, max_grad_norm: float | None = None) -> tuple[bool, float]:
-        """Reduce-scatter what is left, then one step on this rank's shard and the allgather.
-        Returns ``(finite, gradient norm)``; on a non-finite norm nothing changes on any rank."""
-        if self.stage == 1 or any(p.grad is not None for p in self.params):
+        """One step on this rank's pieces of the parameters, tensor piece by piece (no
+        shard-sized temporary), then the allgather. Stage 1: after Horovod's allreduce of the
+        gradients (``.grad``); stage 2: on the reduce-scattered shard. Returns ``(finite, gradient
+        norm)``; on a non-finite norm nothing changes on any rank."""
+        if self.stage == 2 and any(p.grad is not None for p in self.params):
             self.reduce_scatter_grads()
-        g = self.grad_shard
-        self.grad_shard = None
-        if inv_scale != 1.0:
-            g.mul_(inv_scale)
-        w = self._shard_of_params()
+        if self.stage == 2 and self.grad_shard is None:
+            raise RuntimeError("ZeRO stage 2: step() with no gradients reduced")
         k = len(self.params)
-        needs_w = self.kind in ("lamb", "lars")
-        parts = [self._piece_sq(w)] if needs_w else []
-        if self.kind == "lars":
-            parts.append(self._piece_sq(g))
-        parts.append(torch.tensor([torch.dot(g.double(), g.double()).item()], dtype=torch.float64))
-        first = self._allreduce(torch.cat(parts), "hvd_bert.zero.norms")
-        gnorm = math.sqrt(first[-1].item()) if math.isfinite(first[-1].item()) else float("inf")
-        if not math.isfinite(gnorm):
-            return False, gnorm
-        group0 = self.optimizer.param_groups[0]
-        limit = group0.get("max_grad_norm") if self.kind == "lamb" else None
-        limit = limit if limit is not None else max_grad_norm
-        clip = max_grad_norm_factor(gnorm, limit)
+        wsq, gsq = [0.0] * k, [0.0] * k
+        for i, wp, gp, _, _ in self._pieces():
+            if inv_scale != 1.0:
+                gp.mul_(inv_scale)
+            gsq[i] = _sumsq(gp)
+            if self.kind in ("lamb", "lars"):
+                wsq[i] = _sumsq(wp)
+        first = self._allreduce(wsq + gsq + [sum(gsq)], "hvd_bert.zero.norms")
+        total = float(first[-1])
+        if not math.isfinite(total):
+            self.grad_shard = None
+            return False, float("inf")
+        gnorm = math.sqrt(total)
+        limit = self.optimizer.param_groups[0].get("max_grad_norm") if self.kind == "lamb" else None
+        clip = max_grad_norm_factor(gnorm, limit if limit is not None else max_grad_norm)
         if clip != 1.0:
-            g.mul_(clip)
+            for _, _, gp, _, _ in self._pieces():
+                gp.mul_(clip)
         self.step_count += 1
-        wn = first[:k].sqrt() if needs_w else None
-        if self.kind == "lamb":
-            self._lamb(w, g, wn)
-        elif self.kind == "lars":
-            self._lars(w, g, wn, first[k:2 * k].sqrt() * clip)
-        elif self.kind == "adamw":
-            self._adamw(w, g)
-        else:
-            self._sgd(w, g)
-        self.allgather_params(w)
+        wn, gn = first[:k].sqrt(), first[k:2 * k].sqrt() * clip
+        getattr(self, "_" + self.kind)(wn, gn)
+        self.grad_shard = None
+        self.allgather_params()
         return True, gnorm
 
-    def _views(self, flat: torch.Tensor):
-        return [(i, flat[pos:pos + n]) for i, _, pos, n in self.pieces]
-
-    def _lamb(self, w, g, wn) -> None:
+    def _lamb(self, wn, gn) -> None:
         opt, t = self.optimizer, self.step_count
         g0 = opt.param_groups[0]
         beta1, beta2 = g0["betas"]
         c1, c2 = (1.0 - beta1 ** t, 1.0 - beta2 ** t) if g0["bias_correction"] else (1.0, 1.0)
         m, v = self.state["exp_avg"], self.state["exp_avg_sq"]
-        m.lerp_(g, 1.0 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
-        u = torch.addcdiv(torch.zeros_like(w), m, v.sqrt().mul_(1.0 / math.sqrt(c2)).add_(g0["eps"]),
-                          value=1.0 / c1)
-        for (i, up), (_, wp) in zip(self._views(u), self._views(w)):
-            wd = self._group(i)["weight_decay"]
-            if wd:
-                up.add_(wp, alpha=wd)
-        un = self._allreduce(self._piece_sq(u), "hvd_bert.zero.update_norms").sqrt()
-        for (i, up), (_, wp) in zip(self._views(u), self._views(w)):
-            group = self._group(i)
-            ratio = 1.0
-            if opt._adapt(group) and wn[i] > 0 and un[i] > 0:
-                ratio = float(wn[i] / un[i])
-            wp.add_(up, alpha=-group["lr"] * ratio)
 
-    def _lars(self, w, g, wn, gn) -> None:
+        def update(i, wp, pos, n):  # u = (m / c1) / (sqrt(v / c2) + eps) + wd w, one piece
+            denom = v[pos:pos + n].sqrt().mul_(1.0 / math.sqrt(c2)).add_(g0["eps"])
+            u = torch.div(m[pos:pos + n], denom).mul_(1.0 / c1)
+            wd = self._group(i)["weight_decay"]
+            return u.add_(wp, alpha=wd) if wd else u
+
+        usq = [0.0] * len(self.params)
+        for i, wp, gp, pos, n in self._pieces():
+            m[pos:pos + n].lerp_(gp, 1.0 - beta1)
+            v[pos:pos + n].mul_(beta2).addcmul_(gp, gp, value=1.0 - beta2)
+            usq[i] = _sumsq(update(i, wp, pos, n))
+        un = self._allreduce(usq, "hvd_bert.zero.update_norms").sqrt()
+        for i, wp, _, pos, n in self._pieces():  # the update again: a piece at a time, as stage 0's kernel
+            group = self._group(i)
+            ratio = float(wn[i] / un[i]) if opt._adapt(group) and wn[i] > 0 and un[i] > 0 else 1.0
+            wp.add_(update(i, wp, pos, n), alpha=-group["lr"] * ratio)
+
+    def _lars(self, wn, gn) -> None:
         buf = self.state["momentum_buffer"]
-        for (i, gp), (_, wp), (_, vp) in zip(self._views(g), self._views(w), self._views(buf)):
+        for i, wp, gp, pos, n in self._pieces():
             group = self._group(i)
             lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
+            vp = buf[pos:pos + n]
             vp.mul_(mu)
             if group["adapt"]:
                 trust = 1.0
                 if wn[i] > 0 and gn[i] > 0:
-                    trust = float(group["eta"] * wn[i] / max(float(gn[i] + wd * wn[i] + group["eps"]), 1e-38))
+                    denom = max(float(gn[i] + wd * wn[i] + group["eps"]), 1e-38)
+                    trust = float(group["eta"] * wn[i] / denom)
                 vp.add_(gp.add(wp, alpha=wd) if wd else gp, alpha=lr * trust)
             else:
                 vp.add_(gp, alpha=lr)
             wp.sub_(vp)
 
-    def _adamw(self, w, g) -> None:
+    def _adamw(self, wn, gn) -> None:
         t = self.step_count
         m, v = self.state["exp_avg"], self.state["exp_avg_sq"]
-        for i, wp in self._views(w):
-            group = self._group(i)
-            wp.mul_(1.0 - group["lr"] * group["weight_decay"])
         g0 = self.optimizer.param_groups[0]
         beta1, beta2 = g0["betas"]
-        m.lerp_(g, 1.0 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
-        denom = v.sqrt().div_(math.sqrt(1.0 - beta2 ** t)).add_(g0["eps"])
-        for i, _, pos, n in self.pieces:
-            w[pos:pos + n].addcdiv_(m[pos:pos + n], denom[pos:pos + n],
-                                    value=-self._group(i)["lr"] / (1.0 - beta1 ** t))
-
-    def _sgd(self, w, g) -> None:
-        buf = self.state.get("momentum_buffer")
-        for i, _, pos, n in self.pieces:
+        for i, wp, gp, pos, n in self._pieces():
             group = self._group(i)
-            wp, d = w[pos:pos + n], g[pos:pos + n]
+            mp, vp = m[pos:pos + n], v[pos:pos + n]
+            wp.mul_(1.0 - group["lr"] * group["weight_decay"])
+            mp.lerp_(gp, 1.0 - beta1)
+            vp.mul_(beta2).addcmul_(gp, gp, value=1.0 - beta2)
+            denom = vp.sqrt().div_(math.sqrt(1.0 - beta2 ** t)).add_(g0["eps"])
+            wp.addcdiv_(mp, denom, value=-group["lr"] / (1.0 - beta1 ** t))
+
+    def _sgd(self, wn, gn) -> None:
+        buf = self.state.get("momentum_buffer")
+        for i, wp, d, pos, n in self._pieces():
+            group = self._group(i)
             if group["weight_decay"]:
                 d = d.add(wp, alpha=group["weight_decay"])
             if buf is not None and group["momentum"]:
@@ -367,6 +370,15 @@ class ShardedOptimizer:
         self.step_count = snap["step"]
         for n in self.buffers:
             self.state[n].copy_(snap[n])
+
+
+def _sumsq(x: torch.Tensor) -> float:
+    """The sum of squares of ``x``, in double (the C kernel on a CPU: no temporary)."""
+    if x.numel() == 0:
+        return 0.0
+    if fused_optim.usable([x]):
+        return fused_optim.sumsq([x])
+    return float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
 
 
 def max_grad_norm_factor(gnorm: float, limit: float | None) -> float:

@@ -34,7 +34,7 @@ import horovod.tensorflow as hvd
 from hvd_bert.core.batch import is_sync_step
 from hvd_bert.files import clear_path
 from hvd_bert.train.checkpoint import checkpoint_path, list_checkpoints
-from hvd_bert.config import PrecisionConfig, TrainConfig
+from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (CheckpointError, FitResult, StepResult, check_engine_args,
                                    checkpoint_meta, engine_settings, host_rng_state, peak_host_bytes,
                                    resume_on_rank0, rng_for_rank, set_host_rng_state)
@@ -89,8 +89,8 @@ class Engine:
                  max_grad_norm: float | None = None, jit_compile: bool = False, resume_resized: bool = False,
                  sync: bool = True, zero_stage: int = 0, zero_bucket_mb: float = 32.0):
         if zero_stage:
-            raise ValueError("train.zero.stage > 0 is not in the TensorFlow engine yet: use "
-                             "framework=pytorch, or train.zero.stage=0")
+            raise ConfigError("train.zero.stage > 0 is not in the TensorFlow engine yet: use "
+                              "--framework pt, or train.zero.stage=0")
         init_horovod()  # the one path (hvd_bert.cluster.horovod.init_horovod); once per process
         pcfg = check_engine_args(backward_passes_per_step, compression, precision)
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn

@@ -265,9 +265,8 @@ def memory_line(m: dict) -> str:
     def gib(n):
         return f"{n / 2 ** 30:.3f} GiB"
     stage, n = m.get("zero_stage", 0), m.get("world_size", 1)
-    held = {0: "", 1: f" (ZeRO stage 1: 1/{n})", 2: f" (ZeRO stage 2: 1/{n}, and 1/{n} of the gradients "
-                                                     f"between backward passes)"}[stage]
-    return (f"memory per rank: parameters {gib(m['parameters'])}, gradients {gib(m['gradients'])}, "
-            f"optimizer state {gib(m['optimizer_state'])}{held}; peak so far {gib(m['peak'])} "
-            f"({m.get('peak_of', 'host')})")
-
+    grads = f" (1/{n}, between backward passes)" if stage == 2 else ""
+    state = f" (1/{n}: ZeRO stage {stage})" if stage else ""
+    return (f"memory per rank: parameters {gib(m['parameters'])}, gradients {gib(m['gradients'])}{grads}, "
+            f"optimizer state {gib(m['optimizer_state'])}{state}; peak so far {gib(m['peak'])} "
+            f"({m.get('peak_of', 'host resident')})")

@@ -1,0 +1,148 @@
+"""Memory per rank and step time of ZeRO stages 0, 1 and 2 (``train.zero.stage``) on 2 ranks:
+a BERT-Large-sized layer stack (24 layers, hidden 1024, 16 heads, intermediate 4096: 302M
+parameters, no embeddings) trained with LAMB in fp32 by hvd_bert's PyTorch engine, each stage
+its own ``horovodrun -np 2 --gloo`` job, in the same run. Stage 0 is the peer.
+
+    .venv/bin/python benchmarks/zero_memory.py [--steps 3] [--k 2] [--layers 24] [--json out.json]
+    .venv/bin/python benchmarks/zero_memory.py --collectives     # Horovod's CPU collectives, 100 MB
+
+Per rank: the optimizer state the engine holds (its own count of the state tensors' bytes),
+the peak resident memory of the process (``ru_maxrss``, after the steps) and the median time
+of a step (k micro-batches of 2 x 32 tokens, the reduce, the LAMB step, the allgather).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HIDDEN, HEADS, INTER, LOCAL_B, SEQ = 1024, 16, 4096, 2, 32
+
+
+def worker(stage: int, k: int, steps: int, layers: int) -> None:
+    import resource
+
+    import torch
+
+    from hvd_bert.config.bert import BertConfig
+    from hvd_bert.core.schedules import Constant
+    from hvd_bert.config import OptimConfig
+    from hvd_bert.pt.engine import Engine
+    from hvd_bert.pt.models.bert import BertLayer
+    from hvd_bert.pt.optim import build_optimizer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    c = BertConfig(hidden_size=HIDDEN, num_layers=layers, num_heads=HEADS, intermediate_size=INTER,
+                   hidden_dropout=0.0, attention_dropout=0.0)
+    model = torch.nn.ModuleList(BertLayer(c) for _ in range(layers))
+    x = torch.randn(LOCAL_B, SEQ, HIDDEN)
+    bias = torch.zeros(LOCAL_B, 1, 1, SEQ)
+
+    def loss_fn(m, batch):
+        h = batch
+        for layer in m:
+            h = layer(h, bias)
+        return (h.float() ** 2).mean()
+
+    opt = build_optimizer(model.named_parameters(), OptimConfig(name="lamb", lr=1e-4))
+    engine = Engine(model, opt, schedule=Constant(1e-4), backward_passes_per_step=k, loss_fn=loss_fn,
+                    zero_stage=stage)
+    times = []
+    for i in range(steps + 1):
+        t0 = time.perf_counter()
+        for _ in range(k):
+            res = engine.train_micro_batch(x)
+        assert res is not None and not res.skipped
+        if i:  # the first step (allocations, the first collectives) is not timed
+            times.append(time.perf_counter() - t0)
+    mem = engine.memory()
+    print("RESULT " + json.dumps(dict(
+        stage=stage, rank=engine.rank, params=sum(p.numel() for p in model.parameters()),
+        state_bytes=mem["optimizer_state"], grad_bytes=mem["gradients"],
+        peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        median_s=statistics.median(times))), flush=True)
+
+
+def collectives() -> None:
+    """Horovod's allreduce, reduce-scatter and allgather of the same 100 MB on this rank's CPU
+    (best of 3 after one warm-up): what stage 2's reduction is built on."""
+    import torch
+    import horovod.torch as hvd
+    hvd.init()
+    n = 25_000_000
+    x = torch.randn(n)
+
+    def best(f):
+        f()
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+    got = dict(allreduce=best(lambda: hvd.allreduce(x, op=hvd.Average, name="ar")),
+               reducescatter=best(lambda: hvd.reducescatter(x, op=hvd.Average, name="rs")),
+               allgather=best(lambda: hvd.allgather(x[: n // hvd.size()].reshape(1, -1), name="ag")))
+    if hvd.rank() == 0:
+        print("COLLECTIVES " + json.dumps(got), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--k", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--json")
+    ap.add_argument("--collectives", action="store_true", help="time Horovod's CPU collectives instead")
+    ap.add_argument("--worker", nargs=4, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--collectives-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(*args.worker)
+        return
+    if args.collectives_worker:
+        collectives()
+        return
+    from hvd_bert.cluster import launch
+    if args.collectives:
+        print("| launcher | allreduce s | reduce-scatter s | vs allreduce | allgather (1/2 each) s |")
+        print("|---|---:|---:|---:|---:|")
+        for launcher in ("gloo", "mpi"):
+            res = launch.run([__file__, "--collectives-worker"], np=2, launcher=launcher, timeout=600,
+                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+            line = next(ln for ln in res.stdout.splitlines() if "COLLECTIVES " in ln)
+            t = json.loads(line.split("COLLECTIVES ", 1)[1])
+            print(f"| {launcher} | {t['allreduce']:.3f} | {t['reducescatter']:.3f} | "
+                  f"{t['reducescatter'] / t['allreduce']:.2f}x | {t['allgather']:.3f} |")
+        return
+    rows = []
+    for stage in args.stages:
+        res = launch.run([__file__, "--worker", str(stage), str(args.k), str(args.steps), str(args.layers)],
+                         np=2, launcher="gloo", timeout=1500, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if not res.ok:
+            sys.exit(res.explain())
+        got = [json.loads(ln.split("RESULT ", 1)[1]) for ln in res.stdout.splitlines() if "RESULT " in ln]
+        rows += sorted(got, key=lambda r: r["rank"])
+    base = {r["rank"]: r for r in rows if r["stage"] == 0}
+    gib = 2 ** 30
+    print(f"{rows[0]['params'] / 1e6:.1f}M parameters, 2 ranks, k={args.k}, LAMB fp32")
+    print("| stage | rank | optimizer state GiB | vs stage 0 | gradients held GiB | peak RSS GiB | vs stage 0 "
+          "| step s | vs stage 0 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        b = base.get(r["rank"])
+        rel = (lambda key: f"{r[key] / b[key]:.2f}x") if b else (lambda key: "-")
+        print(f"| {r['stage']} | {r['rank']} | {r['state_bytes'] / gib:.3f} | {rel('state_bytes')} | "
+              f"{r['grad_bytes'] / gib:.3f} | {r['peak_rss'] / gib:.2f} | {rel('peak_rss')} | "
+              f"{r['median_s']:.2f} | {rel('median_s')} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
