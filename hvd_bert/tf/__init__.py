@@ -3,6 +3,7 @@
     backend      what the jobs call (the train.backend.Backend protocol, in TensorFlow)
     engine       Horovod's DistributedGradientTape, accumulation, mixed precision, checkpoints
     optim        LAMB, NVLAMB, LARS as Keras optimizers (checked against core.optim)
+    zero         ZeRO stages 1 and 2: the optimizer state (and gradients) split over the ranks
     callbacks    Keras fit() callbacks: the schedule, Horovod's broadcast and metric average
     data         the tf.data reader (the core's reading order)
     kernels      XLA-fused GELU

@@ -38,11 +38,13 @@ from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (CheckpointError, FitResult, StepResult, check_engine_args,
                                    checkpoint_meta, engine_settings, host_rng_state, peak_host_bytes,
                                    resume_on_rank0, rng_for_rank, set_host_rng_state)
+from hvd_bert.train.elastic import launched_elastic
 from hvd_bert.train.loop import fit
 from hvd_bert.train.log import StopSignal
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.tf import check_keras, init_horovod
 from hvd_bert.tf.optim import build_optimizer
+from hvd_bert.tf.zero import ShardedState
 
 check_keras()  # hvd_bert.tf also switched Keras to generator-based dropout (saved in checkpoints)
 
@@ -81,6 +83,9 @@ class Engine:
         precision, max_grad_norm: as in ``hvd_bert.pt.engine.Engine``.
         jit_compile: compile the micro-batch step with XLA.
         resume_resized: accept a checkpoint written by another number of ranks.
+        zero_stage: 0, or 1 / 2 (:mod:`hvd_bert.tf.zero`: the optimizer state, and at 2 the
+            gradients, split over the ranks; the step runs eagerly). ``zero_bucket_mb`` is
+            PyTorch's (TensorFlow reduces and gathers the whole shard at once).
     """
 
     def __init__(self, model: tf.keras.Model, optimizer, loss_fn: Callable[[tf.keras.Model, Any], tf.Tensor],
@@ -88,9 +93,10 @@ class Engine:
                  gradient_predivide_factor: float = 1.0, precision: str | PrecisionConfig = "fp32",
                  max_grad_norm: float | None = None, jit_compile: bool = False, resume_resized: bool = False,
                  sync: bool = True, zero_stage: int = 0, zero_bucket_mb: float = 32.0):
-        if zero_stage:
-            raise ConfigError("train.zero.stage > 0 is not in the TensorFlow engine yet: use "
-                              "--framework pt, or train.zero.stage=0")
+        if zero_stage and launched_elastic():
+            raise ConfigError("train.zero.stage > 0 does not run under Horovod elastic yet (a lost "
+                              "worker takes its optimizer shard with it): use train.zero.stage=0, or "
+                              "launch without --min-np/--max-np")
         init_horovod()  # the one path (hvd_bert.cluster.horovod.init_horovod); once per process
         pcfg = check_engine_args(backward_passes_per_step, compression, precision)
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
@@ -111,9 +117,15 @@ class Engine:
         self.variables = list(model.trainable_variables)
         if not self.variables:
             raise ValueError("the model has no trainable variables: build it (call it on a batch) first")
-        # Create the optimizer state explicitly (no fake step), then broadcast everything.
-        optimizer.build(self.variables)
-        self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
+        self.zero = None
+        if zero_stage:  # (tf.zero: the optimizer gives the hyperparameters; its state lives in shards)
+            self.zero = ShardedState(optimizer, self.variables, stage=zero_stage,
+                                     compression=self.compression)
+        else:  # Create the optimizer state explicitly (no fake step), then broadcast everything.
+            optimizer.build(self.variables)
+        # (ZeRO stage 2 reduces every micro-batch's gradients into its shard: no accumulators)
+        self.accumulators = [] if zero_stage == 2 else [tf.Variable(tf.zeros_like(v), trainable=False)
+                                                         for v in self.variables]
         self.loss_scale = tf.Variable(pcfg.init_scale if pcfg.mode == "fp16" else 1.0, dtype=tf.float32,
                                       trainable=False)
         self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -143,16 +155,19 @@ class Engine:
         rng = {id(g.state) for g in rng_generators(self.model)}
         weights = [v for v in self.model.variables if id(v) not in rng]
         hvd.broadcast_variables(weights, root_rank=0)  # Horovod:
-        hvd.broadcast_variables(self.optimizer.variables(), root_rank=0)  # Horovod:
+        if self.zero is None:  # (ZeRO: each rank's shard is its own; a resume sends it)
+            hvd.broadcast_variables(self.optimizer.variables(), root_rank=0)  # Horovod:
         hvd.broadcast_variables([self.loss_scale, self.good_steps], root_rank=0)  # Horovod:
 
     def memory(self) -> dict:
         """What this rank holds, in bytes, and its peak so far (``train.engine.memory_line``)."""
         def nbytes(variables):
             return sum(int(np.prod(v.shape)) * v.dtype.size for v in variables)
-        return {"parameters": nbytes(self.model.weights), "gradients": nbytes(self.accumulators),
-                "optimizer_state": nbytes(v for v in self.optimizer.variables() if len(v.shape)),
-                "peak": peak_host_bytes(), "peak_of": "host resident", "zero_stage": 0,
+        z = self.zero
+        state = z.state_bytes() if z else nbytes(v for v in self.optimizer.variables() if len(v.shape))
+        grads = z.part.shard * 4 if z and z.stage == 2 else nbytes(self.accumulators)
+        return {"parameters": nbytes(self.model.weights), "gradients": grads, "optimizer_state": state,
+                "peak": peak_host_bytes(), "peak_of": "host resident", "zero_stage": z.stage if z else 0,
                 "world_size": self.world_size}
 
     # ------------------------------------------------------------------ elastic (train.elastic)
@@ -196,7 +211,10 @@ class Engine:
             if g is not None:
                 acc.assign_add(tf.cast(tf.convert_to_tensor(g), acc.dtype))
         self._window_loss.assign_add(loss / self.k)
-        return loss, metrics
+        if self.zero is not None and self.zero.stage == 2:
+            return loss, metrics, [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                                   for g, v in zip(grads, self.variables)]
+        return loss, metrics, []
 
     def _apply_impl(self, lr):
         # Horovod: one grouped allreduce of the accumulated gradients of this window.
@@ -220,6 +238,10 @@ class Engine:
             return tf.constant(True)
 
         tf.cond(finite, apply, lambda: tf.constant(False))
+        return self._after_apply(finite, norm)
+
+    def _after_apply(self, finite, norm):
+        """The loss scale's update (fp16), and a new accumulation window."""
         if self.precision.mode == "fp16":
             p = self.precision
             grow = tf.logical_and(finite, self.good_steps + 1 >= p.growth_interval)
@@ -234,18 +256,35 @@ class Engine:
         self._window_loss.assign(0.0)
         return finite, norm, self.loss_scale.read_value(), window_loss
 
+    def _zero_apply(self, lr: float):
+        """The step with the state in shards (tf.zero), eager: the same reduction (stage 1), LR,
+        clipping, skips and loss scale as :meth:`_apply_impl`."""
+        self.optimizer.learning_rate.assign(lr)  # (what a checkpoint records, as at stage 0)
+        grads = None
+        if self.zero.stage == 1:
+            grads = hvd.grouped_allreduce([a.read_value() for a in self.accumulators], op=hvd.Average,
+                                          compression=self.compression)
+        finite, norm = self.zero.step(grads, lr=lr, inv_scale=1.0 / float(self.loss_scale.numpy()),
+                                      max_grad_norm=self.max_grad_norm)
+        return self._after_apply(tf.constant(finite), tf.constant(norm, tf.float32))
+
     def train_micro_batch(self, batch) -> StepResult | None:
         """Back-propagate one micro-batch; on the k-th, reduce and apply (returns the result).
         The micro-batch's loss and the metrics ``loss_fn`` returned (when it returns
         ``(loss, metrics)``) are in ``last_metrics`` as tensors."""
-        loss, metrics = self._micro(batch)
+        loss, metrics, grads = self._micro(batch)
+        if grads:
+            self.zero.reduce_micro(grads)
         self.last_metrics = {"loss": loss, **metrics}
         sync = is_sync_step(self.micro_step, self.k)
         self.micro_step += 1
         if not sync:
             return None
         lr = float(self.schedule(self.step_count + 1))
-        finite, norm, scale, _ = self._apply(tf.constant(lr, tf.float32))
+        if self.zero is not None:
+            finite, norm, scale, _ = self._zero_apply(lr)
+        else:
+            finite, norm, scale, _ = self._apply(tf.constant(lr, tf.float32))
         finite = bool(finite)
         if finite:
             self.step_count += 1
@@ -287,9 +326,12 @@ class Engine:
         ``train.engine.checkpoint_meta`` (every rank's RNG included) in ``meta.json``
         (a collective)."""
         rng = hvd.allgather_object(self._rng_state(), name="hvd_bert.rng")  # Horovod:
+        trackables = self._trackables()
+        if self.zero is not None:  # stage 0's format: rank 0 gathers the shards into a fresh optimizer
+            trackables["optimizer"] = self.zero.consolidated_optimizer()
         path = None
         if self.rank == 0:
-            path = save_checkpoint(folder, self.step_count, self._trackables(), keep,
+            path = save_checkpoint(folder, self.step_count, trackables, keep,
                                    meta=checkpoint_meta(self, data_state, rng))
         # Horovod: a barrier (TF has none): nobody goes on before rank 0 has written.
         hvd.allreduce(tf.constant(0.0), name="hvd_bert.barrier.save")
@@ -298,13 +340,22 @@ class Engine:
     def resume(self, folder: str | Path | None) -> Any:
         """Restore the newest checkpoint on rank 0 and broadcast it (a collective); an
         unreadable checkpoint raises on every rank."""
-        meta = resume_on_rank0(self, folder, CKPT_SUFFIX, read_meta=read_checkpoint_meta,
-                               load=lambda path: restore_checkpoint(path, self._trackables()),
+        restored = {}
+
+        def load(path):
+            trackables = self._trackables()
+            if self.zero is not None:  # (rank 0 holds the whole state until the shards are sent)
+                trackables["optimizer"] = restored["optimizer"] = self.zero.fresh_optimizer()
+            restore_checkpoint(path, trackables)
+
+        meta = resume_on_rank0(self, folder, CKPT_SUFFIX, read_meta=read_checkpoint_meta, load=load,
                                broadcast_object=lambda o, n: hvd.broadcast_object(o, root_rank=0, name=n),
                                allow_resized=self.resume_resized)
         if meta is None:
             return None
         self.broadcast()
+        if self.zero is not None:
+            self.zero.load_sharded(restored.pop("optimizer", None))
         rng = rng_for_rank(meta, self.rank, self.world_size)
         if rng is not None:
             self._set_rng_state(rng)

@@ -80,6 +80,8 @@ class TensorFlow:
                                if w.dtype != np.int64]).astype(np.float64).tolist()
 
     def local_grad(self, engine):
+        if not engine.accumulators:  # (ZeRO stage 2: reduced after every micro-batch)
+            return None
         return engine.accumulators[0].numpy().reshape(-1)[:8].tolist()
 
     def reference(self, cfg, world, local_b, k, steps):

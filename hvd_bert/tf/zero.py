@@ -1,0 +1,226 @@
+"""ZeRO stages 1 and 2 over Horovod for the TensorFlow engine (``train.zero.stage``), as
+:mod:`hvd_bert.pt.zero` for PyTorch: the same flat partition (:mod:`hvd_bert.core.zero`), the
+same step on a rank's shard, the same consolidated checkpoints.
+
+* **stage 1**: the engine's accumulators and its one grouped allreduce stay; each rank then
+  updates its shard of the weights from its part of the reduced gradients, and the updated
+  shards are allgathered into every rank's variables.
+* **stage 2**: no accumulators: every micro-batch's gradients are reduced at once (NCCL's
+  reduce-scatter on a GPU; on a CPU an allreduce of which the rank keeps its part, Horovod
+  0.28.1's CPU reduce-scatter being 2-3x slower) into a shard accumulator.
+* The optimizer (hvd_bert's tf-keras Lamb, NVLamb, AdamW, Lars or SGD) gives the
+  hyperparameters and, per variable, the weight-decay and trust-ratio exclusions; its slots are
+  never built. A checkpoint holds a freshly built optimizer of the same configuration with the
+  consolidated state in its slots: stage 0's format, written by rank 0, resumable at any stage
+  and world size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+from hvd_bert.core import zero as Z
+from hvd_bert.tf.optim import Lamb, Lars, SGD, AdamW
+
+__all__ = ["ShardedState"]
+
+
+def _kind(opt) -> tuple[str, tuple[str, ...]]:
+    if isinstance(opt, (Lamb, AdamW)):  # (NVLamb and AdamW are Lambs: AdamW without the trust ratio)
+        return "lamb", ("m", "v")
+    if isinstance(opt, Lars):
+        return "lars", ("momentum",)
+    if isinstance(opt, SGD):
+        return "sgd", ("momentum",)
+    raise ValueError(f"train.zero.stage > 0 supports hvd_bert's Lamb, NVLamb, AdamW, Lars and SGD, not "
+                     f"{type(opt).__name__}")
+
+
+def _slots(opt, name: str) -> list:
+    return {"m": lambda: opt._m, "v": lambda: opt._v, "momentum": lambda: opt._buf}[name]()
+
+
+class ShardedState:
+    """This rank's shard of the optimizer state and the collectives of a ZeRO step."""
+
+    def __init__(self, optimizer, variables: list, *, stage: int, compression=hvd.Compression.none):
+        self.optimizer, self.variables, self.stage = optimizer, variables, stage
+        self.kind, self.buffers = _kind(optimizer)
+        self.compression = compression
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.part = Z.partition([int(tf.size(v)) for v in variables], self.size)
+        self.pieces = self.part.pieces(self.rank)
+        self.starts = [0]
+        for v in variables:
+            self.starts.append(self.starts[-1] + int(tf.size(v)))
+        self.decays = [optimizer._decays(v) for v in variables]
+        self.adapts = [optimizer._adapts(v) for v in variables]
+        self.state = {n: tf.Variable(tf.zeros([self.part.shard], tf.float32), trainable=False)
+                      for n in self.buffers}
+        self.step_count = 0
+        self.grad_shard = tf.Variable(tf.zeros([self.part.shard], tf.float32), trainable=False) \
+            if stage == 2 else None
+        self.native_reduce_scatter = bool(tf.config.list_physical_devices("GPU"))
+
+    def state_bytes(self) -> int:
+        return sum(int(tf.size(t)) * 4 for t in self.state.values())
+
+    # ------------------------------------------------------------------ shards
+    def _shard(self, tensors) -> tf.Tensor:
+        """This rank's shard of whole tensors (float32, zeros in the padding)."""
+        parts = [tf.reshape(tf.cast(tensors[i], tf.float32), [-1])[off:off + n]
+                 for i, off, _, n in self.pieces]
+        covered = sum(n for *_, n in self.pieces)
+        parts.append(tf.zeros([self.part.shard - covered], tf.float32))
+        return tf.concat(parts, 0)
+
+    def _flat(self, tensors) -> tf.Tensor:
+        flat = tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], 0)
+        return tf.concat([flat, tf.zeros([self.part.shard * self.size - self.part.total], tf.float32)], 0)
+
+    def reduce_micro(self, grads: list) -> None:
+        """Stage 2: add this rank's shard of the average over ranks of one micro-batch's
+        gradients to the shard accumulator (a collective)."""
+        block = tf.reshape(self._flat(grads), [self.size, self.part.shard])
+        if self.native_reduce_scatter:
+            mine = hvd.reducescatter(block, op=hvd.Average, name="hvd_bert.zero.rs")[0]
+        else:
+            mine = hvd.allreduce(block, op=hvd.Average, name="hvd_bert.zero.rs",
+                                 compression=self.compression)[self.rank]
+        self.grad_shard.assign_add(mine)
+
+    def _per_element(self, values, fill=0.0) -> tf.Tensor:
+        parts = [tf.fill([n], tf.constant(float(values[i]), tf.float32)) for i, _, _, n in self.pieces]
+        covered = sum(n for *_, n in self.pieces)
+        parts.append(tf.fill([self.part.shard - covered], tf.constant(fill, tf.float32)))
+        return tf.concat(parts, 0)
+
+    def _sums(self, x: tf.Tensor) -> list[float]:
+        """Per variable, the sum of squares of this rank's piece of the shard ``x``."""
+        out = [0.0] * len(self.variables)
+        for i, _, pos, n in self.pieces:
+            piece = tf.cast(x[pos:pos + n], tf.float64)
+            out[i] = float(tf.reduce_sum(piece * piece))
+        return out
+
+    @staticmethod
+    def _allreduce(values: list[float], name: str) -> list[float]:
+        return hvd.allreduce(tf.constant(values, tf.float64), op=hvd.Sum, name=name).numpy().tolist()
+
+    # ------------------------------------------------------------------ the step
+    def step(self, grads: list | None, *, lr: float, inv_scale: float, max_grad_norm: float | None
+             ) -> tuple[bool, float]:
+        """One step on this rank's shard (stage 1: of the reduced ``grads``; 2: of the shard
+        accumulator), then the allgather into the variables. ``(finite, gradient norm)``; a
+        non-finite norm changes nothing on any rank."""
+        if self.stage == 2:
+            g = self.grad_shard.read_value()
+            self.grad_shard.assign(tf.zeros_like(self.grad_shard))
+        else:
+            g = self._shard(grads)
+        g = g * inv_scale
+        w = self._shard(self.variables)
+        k = len(self.variables)
+        wsq = self._sums(w) if self.kind != "sgd" else [0.0] * k
+        gsq = self._sums(g)
+        first = self._allreduce(wsq + gsq + [sum(gsq)], "hvd_bert.zero.norms")
+        if not math.isfinite(first[-1]):
+            return False, float("inf")
+        gnorm = math.sqrt(first[-1])
+        limit = getattr(self.optimizer, "max_grad_norm", None) if self.kind == "lamb" else None
+        limit = limit if limit is not None else max_grad_norm
+        clip = limit / gnorm if limit is not None and gnorm > limit else 1.0
+        g = g * clip
+        self.step_count += 1
+        wn = [math.sqrt(x) for x in first[:k]]
+        gn = [math.sqrt(x) * clip for x in first[k:2 * k]]
+        w = getattr(self, "_" + self.kind)(w, g, wn, gn, lr)
+        self._allgather(w)
+        return True, gnorm
+
+    def _lamb(self, w, g, wn, gn, lr):
+        o, t = self.optimizer, self.step_count
+        m = o.beta_1 * self.state["m"] + (1.0 - o.beta_1) * g
+        v = o.beta_2 * self.state["v"] + (1.0 - o.beta_2) * g * g
+        self.state["m"].assign(m)
+        self.state["v"].assign(v)
+        if o.bias_correction:
+            m, v = m / (1.0 - o.beta_1 ** t), v / (1.0 - o.beta_2 ** t)
+        u = m / (tf.sqrt(v) + o.epsilon)
+        u = u + o.decay_rate * self._per_element([1.0 if d else 0.0 for d in self.decays]) * w
+        un = [math.sqrt(x) for x in self._allreduce(self._sums(u), "hvd_bert.zero.update_norms")]
+        ratio = [wn[i] / un[i] if self.adapts[i] and wn[i] > 0 and un[i] > 0 else 1.0 for i in range(len(un))]
+        return w - lr * self._per_element(ratio, 1.0) * u
+
+    def _lars(self, w, g, wn, gn, lr):
+        o = self.optimizer
+        wd = o.decay_rate
+        trust = []
+        for i in range(len(wn)):
+            ok = self.adapts[i] and wn[i] > 0 and gn[i] > 0
+            trust.append(o.eta * wn[i] / (gn[i] + wd * wn[i] + o.epsilon) if ok else 1.0)
+        on = self._per_element([1.0 if a else 0.0 for a in self.adapts])
+        d = tf.where(on > 0, self._per_element(trust) * (g + wd * w), g)
+        buf = o.momentum * self.state["momentum"] + lr * d
+        self.state["momentum"].assign(buf)
+        return w - buf
+
+    def _sgd(self, w, g, wn, gn, lr):
+        o = self.optimizer
+        d = g + o.decay_rate * self._per_element([1.0 if x else 0.0 for x in self.decays]) * w
+        buf = o.momentum * self.state["momentum"] + d
+        self.state["momentum"].assign(buf)
+        return w - lr * (d + o.momentum * buf if o.nesterov else buf)
+
+    def _allgather(self, w: tf.Tensor) -> None:
+        full = tf.reshape(hvd.allgather(w[None], name="hvd_bert.zero.ag"), [-1])
+        for i, v in enumerate(self.variables):
+            v.assign(tf.cast(tf.reshape(full[self.starts[i]:self.starts[i + 1]], v.shape), v.dtype))
+
+    # ------------------------------------------------------------------ checkpoints
+    def fresh_optimizer(self):
+        """An optimizer of the same configuration with its slots built (what a checkpoint
+        holds; rank 0 only, for as long as a save or a resume takes)."""
+        o = type(self.optimizer).from_config(self.optimizer.get_config())
+        o.build(self.variables)
+        return o
+
+    def consolidated_optimizer(self):
+        """Rank 0: a fresh optimizer holding every rank's shard of the state, received buffer by
+        buffer, shard by shard (None elsewhere; a collective)."""
+        fresh = self.fresh_optimizer() if self.rank == 0 else None
+        for name in self.buffers:
+            flat = []
+            for r in range(self.size):
+                got = hvd.broadcast(self.state[name].read_value(), root_rank=r,
+                                    name=f"hvd_bert.zero.save.{name}.{r}")
+                if fresh is not None:
+                    flat.append(got)
+            if fresh is not None:
+                full = tf.concat(flat, 0)
+                for i, slot in enumerate(_slots(fresh, name)):
+                    slot.assign(tf.reshape(full[self.starts[i]:self.starts[i + 1]], slot.shape))
+        if fresh is not None:
+            fresh._applied.assign(self.step_count)
+            fresh.iterations.assign(self.step_count)
+            fresh.learning_rate.assign(self.optimizer.learning_rate)
+        return fresh
+
+    def load_sharded(self, fresh) -> None:
+        """This rank's shard of the state a restored optimizer holds on rank 0 (a collective)."""
+        step = int(fresh._applied.numpy()) if fresh is not None else 0
+        self.step_count = hvd.broadcast_object(step, root_rank=0, name="hvd_bert.zero.load.step")
+        for name in self.buffers:
+            full = self._flat(_slots(fresh, name)) if fresh is not None else None
+            for r in range(self.size):
+                shard = tf.zeros([self.part.shard], tf.float32)
+                if full is not None:
+                    lo, hi = self.part.bounds(r)
+                    shard = full[lo:hi]
+                got = hvd.broadcast(shard, root_rank=0, name=f"hvd_bert.zero.load.{name}.{r}")
+                if r == self.rank:
+                    self.state[name].assign(got)
