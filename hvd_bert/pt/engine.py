@@ -238,7 +238,7 @@ class Engine:
         sync = is_sync_step(self.micro_step, self.k)
         self.micro_step += 1
         if self.zero is not None and self.zero.stage == 2:
-            self.zero.reduce_scatter_grads()  # (the shard accumulates; .grad is freed)
+            self.zero.finish_backward()  # (its hooks reduced the gradients into the shard as they came)
         return sync
 
     def step(self) -> StepResult:

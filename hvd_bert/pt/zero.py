@@ -6,13 +6,17 @@ multiple of N, rank r owning elements ``[r S, (r + 1) S)``):
 
 * **stage 1**: the gradients are allreduced by Horovod's ``DistributedOptimizer`` as at stage 0
   (during the backward pass, fused); each rank then updates its shard of the weights from its
-  part of ``.grad`` and the updated shards are allgathered. **Stage 2** reduces after every
-  micro-batch, in buckets, into a shard accumulator and frees ``.grad``: between micro-batches a
-  rank holds 1/N of the gradients, at k reductions a step. On a GPU a bucket is NCCL's
-  reduce-scatter; on a CPU, where Horovod 0.28.1's reduce-scatter takes 2-2.5x an allreduce
-  (BENCHMARKS.md), an allreduce of which the rank keeps its part.
-* A bucket (``train.zero.bucket_mb``) is a band of columns of the N x S layout, so each rank's
-  part of it is a piece of its own shard; several go out at once, which Horovod fuses.
+  part of ``.grad`` and the updated shards are allgathered.
+* **stage 2**: the flat gradient is cut into contiguous buckets (``train.zero.bucket_mb``); a
+  hook on every parameter sends a bucket as soon as the backward pass has produced all of it
+  and frees each ``.grad`` once its buckets are on the wire, so the whole gradient never exists
+  at once; each rank adds its part of each reduced bucket to its shard accumulator. A bucket is
+  allreduced, not reduce-scattered: Horovod's reduce-scatter cuts a tensor into equal parts,
+  which a contiguous bucket's parts of the shards are not (and under Gloo Horovod 0.28.1's CPU
+  reduce-scatter takes 1.6x an allreduce, BENCHMARKS.md). It costs an allreduce's bytes per
+  micro-batch.
+* The allgather of the updated weights goes out in bands of columns of the N x S layout (each
+  rank's part of a band is a piece of its own shard), several at once, which Horovod fuses.
 * The step on the shard is :func:`hvd_bert.core.zero.sharded_step`'s: per-tensor partial sums
   of squares of the weights, and the total of the gradient's, completed by one small allreduce;
   LAMB's update norms by a second. A non-finite total on any rank is non-finite on every rank,
@@ -86,14 +90,12 @@ class ShardedOptimizer:
         self.pieces = self.part.pieces(self.rank)
         self.bucket = max(1, int(bucket_mb * (1 << 20)) // 4 // self.size)  # columns of the N x S layout
         like = self.params[0]
-        # Horovod 0.28.1's CPU reduce-scatter (Gloo and MPI) takes 2-2.5x an allreduce of the same
-        # tensor here (BENCHMARKS.md): on a CPU a bucket is allreduced and this rank keeps its row
-        # (the same sum; twice the bytes on the wire, bucket-sized). NCCL's reduce-scatter on a GPU.
-        self.native_reduce_scatter = like.device.type == "cuda"
         self.state = {n: torch.zeros(self.part.shard, dtype=like.dtype, device=like.device)
                       for n in self.buffers}
         self.step_count = 0
         self.grad_shard: torch.Tensor | None = None
+        if stage == 2:
+            self._setup_reduction(max(1, int(bucket_mb * (1 << 20)) // 4))
 
     # ------------------------------------------------------------------ sizes
     def state_bytes(self) -> int:
@@ -132,36 +134,80 @@ class ShardedOptimizer:
         while queue:
             finish(*queue.popleft())
 
-    # ------------------------------------------------------------------ gradients
-    def reduce_scatter_grads(self) -> None:
-        """Add this rank's shard of the average over ranks of the parameters' ``.grad`` to the
-        shard accumulator, and free ``.grad`` (a collective)."""
-        s, n = self.part.shard, self.size
-        grads = [p.grad for p in self.params]
+    # ------------------------------------------------------------------ gradients (stage 2)
+    def _setup_reduction(self, bucket_elements: int) -> None:
+        """Stage 2: contiguous buckets of the flat gradient, each reduced as soon as the backward
+        pass has produced every gradient it covers (a hook per parameter), so the whole gradient
+        never exists at once: a parameter's ``.grad`` is freed once its buckets are on the wire."""
+        total = self.part.total
+        self.buckets = [(lo, min(lo + bucket_elements, total)) for lo in range(0, total, bucket_elements)]
+        self.bucket_params = [[i for i, *_ in self._spans(lo, hi)] for lo, hi in self.buckets]
+        self.param_buckets = [[] for _ in self.params]
+        for j, members in enumerate(self.bucket_params):
+            for i in members:
+                self.param_buckets[i].append(j)
+        self._reset_pending()
+        self.in_flight = collections.deque()
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(lambda _p, i=i: self._ready(i))
+
+    def _reset_pending(self) -> None:
+        self.pending = [len(m) for m in self.bucket_params]
+        self.unsent = [len(b) for b in self.param_buckets]
+        self.launched = [False] * len(self.buckets)
+
+    def _ready(self, i: int) -> None:
+        for j in self.param_buckets[i]:
+            self.pending[j] -= 1
+            if self.pending[j] == 0:
+                self._launch(j)
+        self._retire(wait=False)
+
+    def _launch(self, j: int) -> None:
+        lo, hi = self.buckets[j]
+        buf = torch.empty(hi - lo, dtype=self.params[0].dtype, device=self.params[0].device)
+        self._read([p.grad for p in self.params], lo, hi, buf)
+        wire, ctx = self.compression.compress(buf)
+        handle = hvd.allreduce_async_(wire, name=f"hvd_bert.zero.grad.{j}", op=hvd.Average,
+                                      process_set=self.process_set)
+        self.in_flight.append((j, wire, ctx, handle))
+        self.launched[j] = True
+        for i in self.bucket_params[j]:
+            self.unsent[i] -= 1
+            if self.unsent[i] == 0:
+                self.params[i].grad = None  # (every bucket it touches is on the wire)
+
+    def _retire(self, wait: bool) -> None:
+        """Add this rank's part of each reduced bucket (in order; ``wait``: all of them) to the
+        shard accumulator and let the bucket go."""
         if self.grad_shard is None:
-            self.grad_shard = torch.zeros(s, dtype=self.params[0].dtype, device=self.params[0].device)
+            self.grad_shard = torch.zeros(self.part.shard, dtype=self.params[0].dtype,
+                                          device=self.params[0].device)
+        mine_lo, mine_hi = self.part.bounds(self.rank)
+        while self.in_flight and (wait or hvd.poll(self.in_flight[0][3])):
+            j, wire, ctx, handle = self.in_flight.popleft()
+            reduced = self.compression.decompress(hvd.synchronize(handle), ctx)
+            lo, hi = self.buckets[j]
+            a, b = max(lo, mine_lo), min(hi, mine_hi)
+            if a < b:
+                part = reduced[a - lo:b - lo].to(self.grad_shard.dtype)
+                self.grad_shard[a - mine_lo:b - mine_lo].add_(part)
 
-        def submit(cols):
-            a, b = cols
-            block = torch.empty(n, b - a, dtype=self.grad_shard.dtype, device=self.grad_shard.device)
-            for r in range(n):
-                self._read(grads, r * s + a, r * s + b, block[r])
-            wire, ctx = self.compression.compress(block)
-            reduce = hvd.reducescatter_async if self.native_reduce_scatter else hvd.allreduce_async
-            return ctx, reduce(wire, name=f"hvd_bert.zero.rs.{a}", op=hvd.Average,
-                               process_set=self.process_set)
-
-        def finish(cols, handle):
-            ctx, h = handle
-            part = self.compression.decompress(hvd.synchronize(h), ctx)
-            part = part if self.native_reduce_scatter else part[self.rank]
-            self.grad_shard[cols[0]:cols[1]].add_(part.reshape(-1).to(self.grad_shard.dtype))
-
-        self._pipelined(self._columns(), submit, finish)
+    def finish_backward(self) -> None:
+        """After a backward pass (stage 2): send the buckets still waiting (a parameter without
+        a gradient counts as zeros), take this rank's part of every one, free ``.grad``."""
+        for j in range(len(self.buckets)):
+            if not self.launched[j]:
+                self._launch(j)
+        self._retire(wait=True)
         for p in self.params:
             p.grad = None
+        self._reset_pending()
 
     def discard_grads(self) -> None:
+        if self.stage == 2:
+            self._retire(wait=True)
+            self._reset_pending()
         self.grad_shard = None
         for p in self.params:
             p.grad = None
@@ -215,8 +261,6 @@ class ShardedOptimizer:
         shard-sized temporary), then the allgather. Stage 1: after Horovod's allreduce of the
         gradients (``.grad``); stage 2: on the reduce-scattered shard. Returns ``(finite, gradient
         norm)``; on a non-finite norm nothing changes on any rank."""
-        if self.stage == 2 and any(p.grad is not None for p in self.params):
-            self.reduce_scatter_grads()
         if self.stage == 2 and self.grad_shard is None:
             raise RuntimeError("ZeRO stage 2: step() with no gradients reduced")
         k = len(self.params)

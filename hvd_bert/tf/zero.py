@@ -5,9 +5,9 @@ same step on a rank's shard, the same consolidated checkpoints.
 * **stage 1**: the engine's accumulators and its one grouped allreduce stay; each rank then
   updates its shard of the weights from its part of the reduced gradients, and the updated
   shards are allgathered into every rank's variables.
-* **stage 2**: no accumulators: every micro-batch's gradients are reduced at once (NCCL's
-  reduce-scatter on a GPU; on a CPU an allreduce of which the rank keeps its part, Horovod
-  0.28.1's CPU reduce-scatter being 2-3x slower) into a shard accumulator.
+* **stage 2**: no accumulators: every micro-batch's gradients are reduced at once into a shard
+  accumulator (NCCL's reduce-scatter on a GPU; on a CPU an allreduce of which the rank keeps its
+  part: under Gloo Horovod 0.28.1's CPU reduce-scatter takes 1.6x an allreduce).
 * The optimizer (hvd_bert's tf-keras Lamb, NVLamb, AdamW, Lars or SGD) gives the
   hyperparameters and, per variable, the weight-decay and trust-ratio exclusions; its slots are
   never built. A checkpoint holds a freshly built optimizer of the same configuration with the
