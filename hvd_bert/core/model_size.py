@@ -10,7 +10,8 @@ ranks and a tensor-parallel group of T (the layer stack split T ways):
     stage 0   (W + G + O) / T          one allreduce of the gradients, overlapped with backward
     stage 1   (W + G + O/N) / T        a reduce-scatter (half an allreduce) overlapped, then an
                                        allgather of the updated weights after the step, exposed
-    stage 2   (W + G/N + O/N) / T      k reduce-scatters (one per micro-batch) and the allgather
+    stage 2   (W + G/N + O/N) / T      k allreduces (one per micro-batch, bucket by bucket during
+                                       the backward pass: hvd_bert's stage 2) and the allgather
 
 Tensor parallelism divides the compute by T and adds, per layer and micro-batch, two
 allreduces of the activations (batch x seq x hidden, 2 bytes) in the forward pass and two in
@@ -109,7 +110,7 @@ def project_layout(w: Workload, shape: Shape | None, ranks: int, net: Interconne
         exposed = max(half - backward, 0.0) + half
         base = max(ar - backward, 0.0)
     else:
-        exposed = k * max(half - backward, 0.0) + half
+        exposed = k * max(ar - backward, 0.0) + half
         base = max(ar - backward, 0.0)
     tp_comm = 0.0
     if tp > 1 and shape is not None:
