@@ -170,11 +170,14 @@ def apply_horovod_env(hcfg, cpu: bool = False) -> dict[str, str]:
     return extra
 
 
-def init_horovod(hvd, horovod_cfg=None) -> None:
+def init_horovod(hvd, horovod_cfg=None, process_sets: bool = False) -> None:
     """``hvd.init()`` once for a framework's Horovod module (``horovod.torch`` or
     ``horovod.tensorflow``), after the launch check and with the ``horovod.*`` settings in the
-    environment (Horovod reads them at init)."""
+    environment (Horovod reads them at init); ``process_sets``: allow process sets to be added
+    after init (tensor parallelism's groups)."""
     if not hvd.is_initialized():
+        if process_sets:
+            os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
         check_launch()  # plain `srun` without --mpi=pmix: say so before MPI aborts
         apply_horovod_env(horovod_cfg, cpu=not hvd.nccl_built())
         check_cpu_operations(horovod_cfg)

@@ -4,6 +4,7 @@
     engine      Horovod's DistributedOptimizer, accumulation, AMP, checkpoints (train.engine.Engine)
     optim       LAMB, NVLAMB, LARS as torch optimizers (checked against core.optim)
     zero        ZeRO stages 1 and 2: the optimizer state (and gradients) split over the ranks
+    tensor_parallel  BERT's layers split over a group of ranks (Megatron-style), process sets
     data        the TFRecord reader (the core's reading order)
     checkpoint  reading checkpoint files without unpickling code
     models      BERT and NeuMF
@@ -11,10 +12,10 @@
 """
 
 
-def init_horovod(horovod_cfg=None) -> None:
+def init_horovod(horovod_cfg=None, process_sets: bool = False) -> None:
     """``hvd.init()`` once, with the ``horovod.*`` settings (``hvd_bert.cluster.horovod.init_horovod``)."""
     import horovod.torch as hvd
 
     from hvd_bert.cluster import horovod as cluster
 
-    cluster.init_horovod(hvd, horovod_cfg)
+    cluster.init_horovod(hvd, horovod_cfg, process_sets)
