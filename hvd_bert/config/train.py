@@ -299,6 +299,10 @@ class TrainConfig:
     horovod: HorovodConfig = doc(HorovodConfig(), "")
     elastic: ElasticConfig = doc(ElasticConfig(), "")
     zero: ZeroConfig = doc(ZeroConfig(), "")
+    tensor_parallel: int = doc(1, "ranks (of one node) that split each BERT layer's heads and MLP between "
+                                  "them, Megatron-style (PyTorch); 1 = none. It divides the world size, "
+                                  "the heads and the intermediate size; the global batch is over world "
+                                  "size / tensor_parallel replicas")
     seed: int = doc(0, "random seed (model init, data order, masking)")
     log_every: int = doc(10, "log every this many optimizer steps (rank 0)")
     checkpoint_every: int = doc(0, "checkpoint every this many optimizer steps (0 = at the end only)")
@@ -314,6 +318,7 @@ class TrainConfig:
             "gradients (a diverged run: lower train.optim.lr, or use fp32)")
 
     def __post_init__(self) -> None:
+        require(self.tensor_parallel >= 1, f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
         require(self.max_skipped_steps > 0, f"max_skipped_steps must be > 0, got {self.max_skipped_steps}")
         require(self.log_every > 0, f"log_every must be > 0, got {self.log_every}")
         require(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")

@@ -28,7 +28,7 @@ class PyTorchBackend(ModelFunctions):
     # ------------------------------------------------------------------ process
     def init(self, train: TrainConfig) -> tuple[int, int]:
         """Horovod (with the ``horovod.*`` settings) and one share of the cores per local rank."""
-        init_horovod(train.horovod)
+        init_horovod(train.horovod, process_sets=train.tensor_parallel > 1)
         if torch.cuda.is_available():
             # Horovod: one GPU per process, chosen by its local rank
             torch.cuda.set_device(hvd.local_rank())

@@ -52,6 +52,7 @@ from hvd_bert.pt import init_horovod
 from hvd_bert.pt.kernels import optim as fused_optim
 from hvd_bert.pt.checkpoint import load_checkpoint_file
 from hvd_bert.pt.optim import build_optimizer, init_state
+from hvd_bert.pt import tensor_parallel as TP
 from hvd_bert.pt.zero import ShardedOptimizer, state_bytes, update_loss_scale
 
 __all__ = ["Engine", "StepResult", "fit", "FitResult", "load_checkpoint_file"]
@@ -87,6 +88,8 @@ class Engine:
         zero_stage: 0 (Horovod's DistributedOptimizer), 1 or 2 (:mod:`hvd_bert.pt.zero`: the
             optimizer state, and at 2 the gradients, split over the ranks).
         zero_bucket_mb: MiB per reduce-scatter/allgather call of a ZeRO step.
+        tp_groups: the tensor-parallel groups of a model already split
+            (:func:`hvd_bert.pt.tensor_parallel.setup`; ``from_config`` does both).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
@@ -95,7 +98,7 @@ class Engine:
                  precision: str | PrecisionConfig = "fp32", max_grad_norm: float | None = None,
                  device: torch.device | str | None = None,
                  loss_fn: Callable[[torch.nn.Module, Any], Any] | None = None, resume_resized: bool = False,
-                 sync: bool = True, zero_stage: int = 0, zero_bucket_mb: float = 32.0):
+                 sync: bool = True, zero_stage: int = 0, zero_bucket_mb: float = 32.0, tp_groups=None):
         init_horovod()  # the one path (hvd_bert.cluster.horovod.init_horovod); once per process
         pcfg = check_engine_args(backward_passes_per_step, compression, precision)
         self.model = model
@@ -113,11 +116,15 @@ class Engine:
         self.target_global_batch = None  # set by an elastic run (train.elastic)
         self.last_metrics: dict = {}
 
-        self.zero = None
-        if zero_stage and launched_elastic():
-            raise ConfigError("train.zero.stage > 0 does not run under Horovod elastic yet (a lost "
-                              "worker takes its optimizer shard with it): use train.zero.stage=0, or "
-                              "launch without --min-np/--max-np")
+        self.zero, self.tp = None, tp_groups
+        # the data this rank reads: its data-parallel replica's (a tensor-parallel group reads one)
+        self.data_rank, self.data_size = (tp_groups.dp_rank, tp_groups.dp_size) if tp_groups else \
+            (self.rank, self.world_size)
+        if (zero_stage or tp_groups) and launched_elastic():
+            raise ConfigError("train.zero.stage > 0 and train.tensor_parallel > 1 do not run under Horovod "
+                              "elastic yet (a lost worker takes its share of the state with it): set them "
+                              "to 0 and 1, or launch without --min-np/--max-np")
+        dp_set = tp_groups.dp_set if tp_groups else hvd.global_process_set
         if zero_stage == 2:
             # ZeRO stage 2: the gradients are reduce-scattered by pt.zero, not by Horovod's hooks
             self.optimizer = optimizer
@@ -129,10 +136,12 @@ class Engine:
                 optimizer, named_parameters=model.named_parameters(),
                 compression=hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none,
                 backward_passes_per_step=self.k, op=hvd.Average,
-                gradient_predivide_factor=gradient_predivide_factor)
-        if zero_stage:  # the optimizer keeps the hyperparameters; its state lives in shards
-            self.zero = ShardedOptimizer(self.optimizer, stage=zero_stage, compression=compression,
-                                         bucket_mb=zero_bucket_mb)
+                gradient_predivide_factor=gradient_predivide_factor, process_set=dp_set)
+        if zero_stage or tp_groups:  # the optimizer keeps the hyperparameters; its state lives in shards
+            self.zero = ShardedOptimizer(
+                self.optimizer, stage=zero_stage, compression=compression, bucket_mb=zero_bucket_mb,
+                process_set=dp_set, norm_set=hvd.global_process_set if tp_groups else None,
+                norm_weights=TP.norm_weights(self._names(), tp_groups, zero_stage > 0) if tp_groups else None)
         else:
             # Create the optimizer state before the broadcast: Horovod would otherwise create it
             # by taking a step with zero gradients (shifting LAMB's bias correction, one decay).
@@ -152,16 +161,26 @@ class Engine:
                     loss_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
                     sync: bool = True) -> Engine:
         """Optimizer, schedule (peak LR scaled to the global batch), accumulation, compression
-        and precision from one :class:`TrainConfig`."""
-        init_horovod(cfg.horovod)
-        plan, peak, kwargs = engine_settings(cfg, hvd.size())
+        and precision from one :class:`TrainConfig`; with ``train.tensor_parallel`` > 1 the
+        model's layers are split over the groups first."""
+        tp = cfg.tensor_parallel
+        init_horovod(cfg.horovod, process_sets=tp > 1)
+        groups = TP.setup(model, tp) if tp > 1 else None
+        plan, peak, kwargs = engine_settings(cfg, hvd.size() // tp)
         opt = build_optimizer(model.named_parameters(), cfg.optim, lr=peak)
-        engine = cls(model, opt, device=device, loss_fn=loss_fn, sync=sync, **kwargs)
+        engine = cls(model, opt, device=device, loss_fn=loss_fn, sync=sync, tp_groups=groups, **kwargs)
         engine.plan, engine.config = plan, cfg  # (fit writes the config beside its checkpoints)
         return engine
 
+    def _names(self) -> list[str]:
+        return [n for g in self.optimizer.param_groups for n in g["names"]]
+
     def broadcast(self) -> None:
-        """Make every rank hold rank 0's parameters and optimizer state."""
+        """Make every rank hold rank 0's parameters and optimizer state (tensor parallelism: its
+        data-parallel group's first member's share)."""
+        if self.tp is not None:
+            TP.broadcast_in_group(list(self.model.state_dict().values()), self.tp)
+            return
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)  # Horovod:
         if self.zero is None:  # (ZeRO: each rank's shard is its own; resume sends it)
             hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)  # Horovod:
@@ -213,7 +232,7 @@ class Engine:
         self.rank, self.world_size = hvd.rank(), hvd.size()
         if plan is not None:
             self.plan, self.k, self.schedule = plan, plan.backward_passes_per_step, schedule
-            if self.zero is None or self.zero.stage == 1:
+            if self.zero is None or self.zero.stage < 2:
                 self.optimizer.set_backward_passes_per_step(self.k)  # Horovod:
 
     # ------------------------------------------------------------------ the step
@@ -282,10 +301,10 @@ class Engine:
             group["lr"] = lr
         scaling = self.scaler.is_enabled()
         inv_scale = 1.0 / float(self.scaler.get_scale()) if scaling else 1.0
-        if self.zero.stage == 1:
+        if self.zero.stage < 2:
             self.optimizer.synchronize()  # Horovod: every allreduce done; every rank the same .grad
         finite, grad_norm = self.zero.step(inv_scale=inv_scale, max_grad_norm=self.max_grad_norm)
-        if self.zero.stage == 1:
+        if self.zero.stage < 2:
             self.optimizer.zero_grad()
         if scaling:
             update_loss_scale(self.scaler, finite)
@@ -337,9 +356,13 @@ class Engine:
         rng = hvd.allgather_object(_rng_state(), name="hvd_bert.rng")  # Horovod:
         optimizer = (self.zero.consolidated_state_dict() if self.zero is not None
                      else self.optimizer.state_dict() if self.rank == 0 else None)
+        model = self.model.state_dict()
+        if self.tp is not None and self.tp.dp_rank == 0:  # the first group makes every tensor whole
+            model = TP.gather_state_dict(self.model, self.tp)
+            optimizer = TP.gather_optimizer_state(optimizer, self._names(), self.tp)
         path = None
         if self.rank == 0:
-            state = {"model": self.model.state_dict(), "optimizer": optimizer,
+            state = {"model": model, "optimizer": optimizer,
                      "scaler": self.scaler.state_dict(),
                      "meta": json.dumps(checkpoint_meta(self, data_state, rng))}
             path = checkpoint_path(folder, self.step_count, CKPT_SUFFIX)
@@ -359,6 +382,9 @@ class Engine:
 
         def load(path):
             ckpt = loaded.pop("ckpt")
+            if self.tp is not None:  # (whole tensors: every rank gets its share below)
+                loaded["whole"] = ckpt
+                return
             self.model.load_state_dict(ckpt["model"])
             if self.zero is not None:  # (rank 0 holds it until the shards are sent)
                 loaded["optimizer"] = ckpt["optimizer"]
@@ -371,8 +397,13 @@ class Engine:
                                allow_resized=self.resume_resized)
         if meta is None:
             return None
-        self.broadcast()  # Horovod: parameters and optimizer state from rank 0
-        if self.zero is not None:
+        if self.tp is not None:
+            whole = loaded.pop("whole", None)
+            self.zero.load_local(TP.scatter_from_rank0(whole, self.model, self._names(), self.tp))
+            loaded["scaler"] = whole["scaler"] if whole is not None else None
+        else:
+            self.broadcast()  # Horovod: parameters and optimizer state from rank 0
+        if self.zero is not None and self.tp is None:
             self.zero.load_sharded(loaded.pop("optimizer", None))
         scaler = hvd.broadcast_object(loaded.get("scaler"), root_rank=0, name="hvd_bert.resume.scaler")
         self.scaler.load_state_dict(scaler)

@@ -1,8 +1,10 @@
 """Tensor (Megatron-style) parallelism for BERT's layers over Horovod process sets (Shoeybi et
 al. 2019, REFERENCE section 9). The layers, their groups and the gathering of their shares are
-here and tested against the dense model; the training engine does not use them yet (no
-``train.tensor_parallel`` setting): the gradient average over the data-parallel groups, LAMB's
-trust ratios over a split tensor, each group's data and the checkpoints are still to come.
+here; ``hvd_bert.pt.engine`` uses them with ``train.tensor_parallel`` > 1: the gradients
+averaged over the data-parallel group (Horovod's process set), every trust ratio and the global
+gradient norm over whole tensors (``pt.zero``'s per-tensor sums, weighted by :func:`norm_weights`),
+one batch per group, checkpoints in the dense format (gathered by the first group, sent to every
+rank tensor by tensor on a resume).
 
 N ranks form N/T tensor-parallel groups of T consecutive ranks (one node's GPUs) and T
 data-parallel groups of the ranks with the same place in their group:
@@ -39,7 +41,8 @@ import horovod.torch as hvd
 from hvd_bert.pt.kernels.dropout import dropout_add
 from hvd_bert.pt.kernels.gelu import bias_gelu
 
-__all__ = ["Groups", "make_groups", "split_layers", "gather", "gather_state_dict", "split_dim", "TPBertLayer"]
+__all__ = ["Groups", "make_groups", "split_layers", "gather", "gather_state_dict", "split_dim", "TPBertLayer",
+           "setup", "norm_weights", "broadcast_in_group", "gather_optimizer_state", "scatter_from_rank0"]
 
 # the layer tensors that are split, and along which dimension (0: output features, 1: input)
 _SPLIT = {"query.weight": 0, "query.bias": 0, "key.weight": 0, "key.bias": 0, "value.weight": 0,
@@ -71,9 +74,14 @@ def make_groups(tp: int) -> Groups:
     n, r = hvd.size(), hvd.rank()
     if tp < 1 or n % tp:
         raise ValueError(f"a tensor-parallel group of {tp} does not divide the {n} ranks")
-    tp_sets = [hvd.add_process_set(list(range(g * tp, (g + 1) * tp))) for g in range(n // tp)]
-    dp_sets = [hvd.add_process_set(list(range(t, n, tp))) for t in range(tp)]
-    return Groups(tp, r % tp, r // tp, n // tp, tp_sets[r // tp], dp_sets[r % tp])
+    if (n, tp) not in _GROUPS:  # (a process set is registered once: a second engine reuses it)
+        tp_sets = [hvd.add_process_set(list(range(g * tp, (g + 1) * tp))) for g in range(n // tp)]
+        dp_sets = [hvd.add_process_set(list(range(t, n, tp))) for t in range(tp)]
+        _GROUPS[n, tp] = Groups(tp, r % tp, r // tp, n // tp, tp_sets[r // tp], dp_sets[r % tp])
+    return _GROUPS[n, tp]
+
+
+_GROUPS: dict = {}
 
 
 class _Copy(torch.autograd.Function):
@@ -185,3 +193,95 @@ def gather_state_dict(model: nn.Module, groups: Groups) -> dict:
     """The dense model's ``state_dict``: every split tensor gathered over the tensor-parallel
     group (a collective of the group; every rank of it gets the whole)."""
     return {name: gather(name, t, groups) for name, t in model.state_dict().items()}
+
+
+# ---------------------------------------------------------------------- the engine's side
+def setup(model: nn.Module, tp: int) -> Groups:
+    """Split ``model``'s layers over groups of ``tp`` ranks (a collective): the groups' process
+    sets, one dense model (rank 0's) before the split, and one dropout stream per group."""
+    from hvd_bert.config import ConfigError
+
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not all(hasattr(m, "c") for m in layers):
+        raise ConfigError(f"train.tensor_parallel={tp} splits hvd_bert's BERT layers; this model "
+                          f"({type(model).__name__}) has none: use train.tensor_parallel=1")
+    groups = make_groups(tp)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    split_layers(model, groups)
+    same_rng_in_group(groups)
+    return groups
+
+
+def norm_weights(names: list[str], groups: Groups, sharded: bool) -> list[float]:
+    """What each rank's sum of squares of a tensor counts in the allreduce over every rank that
+    completes the tensor's norm: a tensor whole on the T ranks of a group counts 1/T on each,
+    and one whole on every data-parallel replica (its state not split, ZeRO stage 0) 1/replicas."""
+    return [(1.0 if split_dim(n) is not None else 1.0 / groups.size) *
+            (1.0 if sharded else 1.0 / groups.dp_size) for n in names]
+
+
+def broadcast_in_group(tensors, groups: Groups) -> None:
+    """Every data-parallel replica takes the first replica's tensors (this rank's place in the
+    group keeps its own share: a broadcast in the data-parallel process set)."""
+    root = groups.rank  # (the global rank of the data-parallel group's first member)
+    handles = [hvd.broadcast_async_(t, root_rank=root, name=f"hvd_bert.tp.bcast.{i}",
+                                    process_set=groups.dp_set) for i, t in enumerate(tensors)]
+    for h in handles:
+        hvd.synchronize(h)
+
+
+def same_rng_in_group(groups: Groups) -> None:
+    """The group's ranks draw the same dropout masks (their activations outside the split layers
+    are one and the same): the first member's torch RNG state on every member."""
+    state = hvd.broadcast(torch.get_rng_state(), root_rank=groups.dp_rank * groups.size,
+                          name="hvd_bert.tp.rng", process_set=groups.tp_set)
+    torch.set_rng_state(state)
+
+
+def gather_optimizer_state(sd: dict, names: list[str], groups: Groups) -> dict:
+    """A state_dict of the optimizer over this rank's shares, its split tensors made whole (a
+    collective of the group)."""
+    state = {i: {k: gather(names[i], t, groups) if t.dim() else t for k, t in st.items()}
+             for i, st in sd["state"].items()}
+    return {**sd, "state": state}
+
+
+def share_of(name: str, full: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """This rank's share of the whole tensor ``name``."""
+    dim = split_dim(name)
+    return full if dim is None else _share(full, dim, groups)
+
+
+def whole_shape(name: str, shape, groups: Groups) -> list[int]:
+    dim = split_dim(name)
+    out = list(shape)
+    if dim is not None:
+        out[dim] *= groups.size
+    return out
+
+
+def scatter_from_rank0(ckpt: dict | None, model: nn.Module, names: list[str], groups: Groups) -> dict:
+    """Rank 0's whole checkpoint (model and optimizer state) to every rank, tensor by tensor, each
+    keeping its share (a collective; a rank holds one whole tensor at a time). Returns the
+    optimizer's state_dict over this rank's shares."""
+    params = dict(model.named_parameters())
+    state = model.state_dict()
+    for name, t in state.items():
+        full = ckpt["model"][name].contiguous() if hvd.rank() == 0 else \
+            torch.empty(whole_shape(name, t.shape, groups), dtype=t.dtype)
+        full = hvd.broadcast(full, root_rank=0, name=f"hvd_bert.tp.load.{name}")
+        t.copy_(share_of(name, full, groups))
+    meta = hvd.broadcast_object(None if hvd.rank() else {i: {k: (list(v.shape), str(v.dtype).split(".")[-1])
+                                                                for k, v in st.items()}
+                                                            for i, st in ckpt["optimizer"]["state"].items()},
+                                root_rank=0, name="hvd_bert.tp.load.layout")
+    opt_state = {}
+    for i, entries in meta.items():
+        opt_state[i] = {}
+        for k, (shape, dtype) in entries.items():
+            full = ckpt["optimizer"]["state"][i][k].contiguous() if hvd.rank() == 0 else \
+                torch.empty(shape, dtype=getattr(torch, dtype))
+            full = hvd.broadcast(full, root_rank=0, name=f"hvd_bert.tp.load.opt.{i}.{k}")
+            opt_state[i][k] = share_of(names[i], full, groups) if full.dim() else full
+    del params
+    return {"state": opt_state}

@@ -72,12 +72,18 @@ class ShardedOptimizer:
     resume, on rank 0, for as long as the shards take to go out."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, stage: int, compression: str = "none",
-                 bucket_mb: float = 32.0, process_set=None):
+                 bucket_mb: float = 32.0, process_set=None, norm_set=None, norm_weights=None):
         self.optimizer = optimizer
         self.stage = stage
         self.kind, self.buffers, self.has_step = _kind(optimizer)
+        # process_set: the data-parallel ranks the state is split over (stage 0, under tensor
+        # parallelism only: not split); norm_set and norm_weights: the ranks whose per-tensor sums
+        # of squares make each whole tensor's, and what each rank's counts (a tensor held whole
+        # by T ranks of a tensor-parallel group counts 1/T on each)
         self.process_set = process_set if process_set is not None else hvd.global_process_set
-        self.rank, self.size = self.process_set.rank(), self.process_set.size()
+        self.norm_set = norm_set if norm_set is not None else self.process_set
+        self.roots = self.process_set.ranks or list(range(self.process_set.size()))
+        self.rank, self.size = (self.process_set.rank(), self.process_set.size()) if stage else (0, 1)
         self.compression = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         self.params, self.group_of = [], []
         for gi, group in enumerate(optimizer.param_groups):
@@ -90,6 +96,7 @@ class ShardedOptimizer:
         self.pieces = self.part.pieces(self.rank)
         self.bucket = max(1, int(bucket_mb * (1 << 20)) // 4 // self.size)  # columns of the N x S layout
         like = self.params[0]
+        self.weights = list(norm_weights) if norm_weights is not None else [1.0] * len(self.params)
         self.state = {n: torch.zeros(self.part.shard, dtype=like.dtype, device=like.device)
                       for n in self.buffers}
         self.step_count = 0
@@ -219,7 +226,7 @@ class ShardedOptimizer:
         into ``.grad`` (stage 1: Horovod's allreduce left it whole) or the gradient shard (2)."""
         for i, off, pos, n in self.pieces:
             w = self.params[i].detach().view(-1)[off:off + n]
-            if self.stage == 1:
+            if self.stage < 2:
                 yield i, w, self.params[i].grad.view(-1)[off:off + n], pos, n
             else:
                 yield i, w, self.grad_shard[pos:pos + n], pos, n
@@ -250,7 +257,7 @@ class ShardedOptimizer:
     # ------------------------------------------------------------------ the step
     def _allreduce(self, values: list[float], name: str) -> torch.Tensor:
         return hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Sum, name=name,
-                             process_set=self.process_set)
+                             process_set=self.norm_set)
 
     def _group(self, i: int) -> dict:
         return self.optimizer.param_groups[self.group_of[i]]
@@ -268,9 +275,9 @@ class ShardedOptimizer:
         for i, wp, gp, _, _ in self._pieces():
             if inv_scale != 1.0:
                 gp.mul_(inv_scale)
-            gsq[i] = _sumsq(gp)
+            gsq[i] = _sumsq(gp) * self.weights[i]
             if self.kind in ("lamb", "lars"):
-                wsq[i] = _sumsq(wp)
+                wsq[i] = _sumsq(wp) * self.weights[i]
         first = self._allreduce(wsq + gsq + [sum(gsq)], "hvd_bert.zero.norms")
         total = float(first[-1])
         if not math.isfinite(total):
@@ -286,7 +293,8 @@ class ShardedOptimizer:
         wn, gn = first[:k].sqrt(), first[k:2 * k].sqrt() * clip
         getattr(self, "_" + self.kind)(wn, gn)
         self.grad_shard = None
-        self.allgather_params()
+        if self.size > 1:
+            self.allgather_params()
         return True, gnorm
 
     def _lamb(self, wn, gn) -> None:
@@ -306,7 +314,7 @@ class ShardedOptimizer:
         for i, wp, gp, pos, n in self._pieces():
             m[pos:pos + n].lerp_(gp, 1.0 - beta1)
             v[pos:pos + n].mul_(beta2).addcmul_(gp, gp, value=1.0 - beta2)
-            usq[i] = _sumsq(update(i, wp, pos, n))
+            usq[i] = _sumsq(update(i, wp, pos, n)) * self.weights[i]
         un = self._allreduce(usq, "hvd_bert.zero.update_norms").sqrt()
         for i, wp, _, pos, n in self._pieces():  # the update again: a piece at a time, as stage 0's kernel
             group = self._group(i)
@@ -367,8 +375,9 @@ class ShardedOptimizer:
                 flat = torch.empty(self.part.shard * self.size, dtype=self.state[name].dtype)
             for r in range(self.size):
                 shard = self.state[name] if r == self.rank else torch.empty_like(self.state[name])
-                got = hvd.broadcast(shard, root_rank=r, name=f"hvd_bert.zero.save.{name}.{r}",
-                                    process_set=self.process_set)
+                got = shard if self.size == 1 else hvd.broadcast(
+                    shard, root_rank=self.roots[r], name=f"hvd_bert.zero.save.{name}.{r}",
+                    process_set=self.process_set)
                 if flat is not None:
                     lo, hi = self.part.bounds(r)
                     flat[lo:hi].copy_(got.cpu())
@@ -394,7 +403,7 @@ class ShardedOptimizer:
         if self.rank == 0:
             states = [state_dict["state"].get(i, {}) for i in range(len(self.params))]
             step = int(float(states[0]["step"])) if self.has_step and states and "step" in states[0] else 0
-        self.step_count = hvd.broadcast_object(step, root_rank=0, name="hvd_bert.zero.load.step",
+        self.step_count = hvd.broadcast_object(step, root_rank=self.roots[0], name="hvd_bert.zero.load.step",
                                                process_set=self.process_set)
         for name in self.buffers:
             for r in range(self.size):
@@ -402,10 +411,20 @@ class ShardedOptimizer:
                 if self.rank == 0:
                     lo, hi = self.part.bounds(r)
                     self._read([s.get(name) for s in states], lo, hi, shard)
-                got = hvd.broadcast(shard, root_rank=0, name=f"hvd_bert.zero.load.{name}.{r}",
+                got = hvd.broadcast(shard, root_rank=self.roots[0], name=f"hvd_bert.zero.load.{name}.{r}",
                                     process_set=self.process_set)
                 if r == self.rank:
                     self.state[name].copy_(got)
+
+    def load_local(self, state_dict: dict) -> None:
+        """This rank's shard of a stage-0-format optimizer state that every rank holds (no
+        collective: under tensor parallelism each rank was sent its share whole)."""
+        states = [state_dict["state"].get(i, {}) for i in range(len(self.params))]
+        first = states[0] if states else {}
+        self.step_count = int(float(first["step"])) if self.has_step and "step" in first else 0
+        lo, hi = self.part.bounds(self.rank)
+        for name in self.buffers:
+            self._read([st.get(name) for st in states], lo, hi, self.state[name])
 
     def local_state(self) -> dict:
         return {"step": self.step_count, **{n: t.detach().clone() for n, t in self.state.items()}}

@@ -133,6 +133,8 @@ def checkpoint_meta(engine: Engine, data_state: Any, rng_of_ranks: list) -> dict
     plan = engine.plan
     return {"format": META_FORMAT, "step": engine.step_count, "micro_step": engine.micro_step,
             "skipped_steps": engine.skipped_steps, "data": data_state, "world_size": engine.world_size,
+            # the data-parallel replicas (world size / train.tensor_parallel): what reads the data
+            "data_parallel_size": getattr(engine, "data_size", engine.world_size),
             "backward_passes_per_step": engine.k,
             "local_batch_size": plan.local_batch_size if plan else None,
             "global_batch_size": plan.global_batch_size if plan else None,
@@ -170,8 +172,9 @@ def check_resume(meta: dict, path: str | Path, *, world_size: int, plan: BatchPl
                           f"{optimizer}: its state cannot be taken over; --set "
                           f"train.optim.name={meta['optimizer']}, or start a new run in another "
                           f"train.output_dir")
-    if meta["world_size"] != world_size and not allow_resized:
-        raise ResumeError(f"{path} was written by {meta['world_size']} ranks "
+    old = meta.get("data_parallel_size", meta["world_size"])
+    if old != world_size and not allow_resized:
+        raise ResumeError(f"{path} was written by {old} ranks "
                           f"(k={meta['backward_passes_per_step']}), "
                           f"this run has {world_size}: the global batch is the same, but every rank's "
                           f"data share and RNG stream change; to go on anyway --set "
@@ -196,8 +199,8 @@ def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str, *,
         if path is not None:
             try:
                 meta = read_meta(path)
-                check_resume(meta, path, world_size=engine.world_size, plan=engine.plan,
-                             allow_resized=allow_resized, target=engine.target_global_batch,
+                check_resume(meta, path, world_size=getattr(engine, "data_size", engine.world_size),
+                             plan=engine.plan, allow_resized=allow_resized, target=engine.target_global_batch,
                              optimizer=_optimizer_name(engine))
                 load(path)
                 out = {"meta": meta}

@@ -1,10 +1,18 @@
-"""One rank of tests/parallel/test_tensor_parallel.py: a small BERT for pretraining, dense on
-every rank and split over tensor-parallel groups of T ranks (``hvd_bert.pt.tensor_parallel``),
-both from the same weights, forward and backward on the batch of this rank's data-parallel
-replica; writes both losses and, per parameter, the largest difference between the dense
-gradient and the gathered tensor-parallel one (and its scale).
+"""One rank of tests/parallel/test_tensor_parallel.py.
 
-    python tensor_parallel.py T OUT_DIR
+    python tensor_parallel.py batch SCENARIOS.json OUT_DIR
+
+SCENARIOS.json: ``{name: ["layers", T] or ["train", T, ZERO_STAGE, OPTIM, STEPS, CKPT_DIR]}``, run in
+order in one launch; ``OUT_DIR/rank<r>.json`` holds each one's result by name.
+
+``layers``: a small BERT for pretraining, dense on every rank and split over tensor-parallel
+groups of T ranks (``hvd_bert.pt.tensor_parallel``), both from the same weights, forward and
+backward on the batch of this rank's data-parallel replica; writes both losses and, per
+parameter, the largest difference between the dense gradient and the gathered one.
+
+``train``: the engine (``Engine.from_config`` with ``train.tensor_parallel=T``) trains the same
+small BERT to step STEPS (resuming from CKPT_DIR when it holds a checkpoint; each replica on
+its own batches, 2 micro-batches a step), saves a checkpoint there and writes the whole weights.
 """
 
 import copy
@@ -35,13 +43,52 @@ def batch(seed: int, c: BertConfig, b: int = 4, s: int = 16, p: int = 3) -> dict
             "next_sentence_labels": torch.randint(0, 2, (b,), generator=g)}
 
 
+CONFIG = BertConfig(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                    max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0)
+
+
+def train(tp: int, stage: int, optim: str, steps: int, ckpt: str) -> dict:
+    from hvd_bert.config import TrainConfig, apply_overrides
+    from hvd_bert.pt.tensor_parallel import gather_state_dict as whole
+    from hvd_bert.train.backend import get_backend
+
+    cfg = apply_overrides(TrainConfig(), [
+        f"optim.name={optim}", "optim.lr=0.02", "batch.local_batch_size=4",
+        "batch.backward_passes_per_step=2", "schedule.name=constant", "schedule.total_steps=100",
+        f"tensor_parallel={tp}", f"zero.stage={stage}"])
+    backend = get_backend("pt")
+    r, _ = backend.init(cfg)
+    torch.manual_seed(SHIFT + 7 * r)  # different on every rank: the engine takes rank 0's
+    model = BertForPreTraining(CONFIG)
+    engine = backend.engine(model, pretraining_loss, cfg)
+    engine.resume(ckpt)
+    losses = []
+    while engine.step_count < steps:
+        data = batch(1000 + SHIFT + 100 * engine.data_rank + engine.micro_step, CONFIG)
+        res = engine.train_micro_batch(data)
+        if res is not None:
+            losses.append(float(engine.average(float(engine.last_metrics["loss"]), "loss")))
+    engine.save(ckpt)
+    weights = whole(model, engine.tp) if engine.tp is not None else model.state_dict()
+    hvd.barrier()
+    return {"losses": losses, "step": engine.step_count, "memory": engine.memory(),
+            "weights": {k: t.reshape(-1).tolist() for k, t in weights.items()}}
+
+
 def main():
-    tp, out = int(sys.argv[1]), sys.argv[2]
+    spec, out = sys.argv[2:]
     init_horovod(process_sets=True)  # (Horovod's dynamic process sets: the groups are added after init)
-    r = hvd.rank()
+    results = {}
+    with open(spec) as f:
+        for name, (mode, *args) in json.load(f).items():
+            results[name] = layers(*args) if mode == "layers" else train(*args)
+    with open(os.path.join(out, f"rank{hvd.rank()}.json"), "w") as f:
+        json.dump({"rank": hvd.rank(), **results}, f)
+
+
+def layers(tp: int) -> dict:
     groups = make_groups(tp)
-    c = BertConfig(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
-                   max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0)
+    c = CONFIG
     torch.manual_seed(SHIFT)
     dense = BertForPreTraining(c)  # the same weights on every rank
     split = split_layers(copy.deepcopy(dense), groups)
@@ -60,9 +107,8 @@ def main():
                        split_dim(name)]
     same = all(torch.equal(t, dense.state_dict()[k]) for k, t in gather_state_dict(split, groups).items())
     hvd.barrier()  # (Horovod shuts down when a rank exits: the other group may still be gathering)
-    with open(os.path.join(out, f"rank{r}.json"), "w") as f:
-        json.dump({"rank": r, "tp_rank": groups.rank, "dp_rank": groups.dp_rank, "losses": losses,
-                   "grad_diffs": diffs, "shapes": shapes, "gathered_equals_dense": same}, f)
+    return {"tp_rank": groups.rank, "dp_rank": groups.dp_rank, "losses": losses, "grad_diffs": diffs,
+            "shapes": shapes, "gathered_equals_dense": same}
 
 
 if __name__ == "__main__":
