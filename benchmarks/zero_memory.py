@@ -1,9 +1,11 @@
-"""Memory per rank and step time of ZeRO stages 0, 1 and 2 (``train.zero.stage``) on 2 ranks:
-a BERT-Large-sized layer stack (24 layers, hidden 1024, 16 heads, intermediate 4096: 302M
-parameters, no embeddings) trained with LAMB in fp32 by hvd_bert's PyTorch engine, each stage
-its own ``horovodrun -np 2 --gloo`` job, in the same run. Stage 0 is the peer.
+"""Memory per rank and step time of ZeRO stages 0, 1 and 2 (``train.zero.stage``) and of tensor
+parallelism (``train.tensor_parallel``) on 2 ranks: a BERT-Large-sized layer stack (24 layers,
+hidden 1024, 16 heads, intermediate 4096: 302M parameters, no embeddings) trained with LAMB in
+fp32 by hvd_bert's PyTorch engine, each layout its own ``horovodrun -np 2 --gloo`` job, in the
+same run. Stage 0 without tensor parallelism is the peer; with ``--tp 2`` both ranks form one
+group (one data-parallel replica: half the global batch).
 
-    .venv/bin/python benchmarks/zero_memory.py [--steps 3] [--k 2] [--layers 24] [--json out.json]
+    .venv/bin/python benchmarks/zero_memory.py [--steps 3] [--k 2] [--layers 24] [--tp 2] [--json out.json]
     .venv/bin/python benchmarks/zero_memory.py --collectives     # Horovod's CPU collectives, 100 MB
 
 Per rank: the optimizer state the engine holds (its own count of the state tensors' bytes),
@@ -21,35 +23,35 @@ import time
 HIDDEN, HEADS, INTER, LOCAL_B, SEQ = 1024, 16, 4096, 2, 32
 
 
-def worker(stage: int, k: int, steps: int, layers: int) -> None:
+def worker(stage: int, k: int, steps: int, layers: int, tp: int = 1) -> None:
     import resource
 
     import torch
 
     from hvd_bert.config.bert import BertConfig
-    from hvd_bert.core.schedules import Constant
-    from hvd_bert.config import OptimConfig
+    from hvd_bert.config import TrainConfig, apply_overrides
     from hvd_bert.pt.engine import Engine
     from hvd_bert.pt.models.bert import BertLayer
-    from hvd_bert.pt.optim import build_optimizer
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     c = BertConfig(hidden_size=HIDDEN, num_layers=layers, num_heads=HEADS, intermediate_size=INTER,
                    hidden_dropout=0.0, attention_dropout=0.0)
-    model = torch.nn.ModuleList(BertLayer(c) for _ in range(layers))
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList(BertLayer(c) for _ in range(layers))
     x = torch.randn(LOCAL_B, SEQ, HIDDEN)
     bias = torch.zeros(LOCAL_B, 1, 1, SEQ)
 
     def loss_fn(m, batch):
         h = batch
-        for layer in m:
+        for layer in m.layers:
             h = layer(h, bias)
         return (h.float() ** 2).mean()
 
-    opt = build_optimizer(model.named_parameters(), OptimConfig(name="lamb", lr=1e-4))
-    engine = Engine(model, opt, schedule=Constant(1e-4), backward_passes_per_step=k, loss_fn=loss_fn,
-                    zero_stage=stage)
+    cfg = apply_overrides(TrainConfig(), [
+        "optim.name=lamb", "optim.lr=1e-4", "schedule.name=constant", f"batch.local_batch_size={LOCAL_B}",
+        f"batch.backward_passes_per_step={k}", f"zero.stage={stage}", f"tensor_parallel={tp}"])
+    engine = Engine.from_config(model, cfg, loss_fn=loss_fn)
     times = []
     for i in range(steps + 1):
         t0 = time.perf_counter()
@@ -60,7 +62,7 @@ def worker(stage: int, k: int, steps: int, layers: int) -> None:
             times.append(time.perf_counter() - t0)
     mem = engine.memory()
     print("RESULT " + json.dumps(dict(
-        stage=stage, rank=engine.rank, params=sum(p.numel() for p in model.parameters()),
+        stage=stage, tp=tp, rank=engine.rank, params=sum(p.numel() for p in model.parameters()),
         state_bytes=mem["optimizer_state"], grad_bytes=mem["gradients"],
         peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         median_s=statistics.median(times))), flush=True)
@@ -98,7 +100,9 @@ def main():
     ap.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--json")
     ap.add_argument("--collectives", action="store_true", help="time Horovod's CPU collectives instead")
-    ap.add_argument("--worker", nargs=4, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--tp", type=int, nargs="+", default=[1],
+                    help="tensor-parallel group sizes to run at stage 0 besides (2: both ranks in one group)")
+    ap.add_argument("--worker", nargs=5, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--collectives-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -120,23 +124,25 @@ def main():
                   f"{t['reducescatter'] / t['allreduce']:.2f}x | {t['allgather']:.3f} |")
         return
     rows = []
-    for stage in args.stages:
-        res = launch.run([__file__, "--worker", str(stage), str(args.k), str(args.steps), str(args.layers)],
+    runs = [(stage, 1) for stage in args.stages] + [(0, t) for t in args.tp if t > 1]
+    for stage, tp in runs:
+        res = launch.run([__file__, "--worker", str(stage), str(args.k), str(args.steps), str(args.layers), str(tp)],
                          np=2, launcher="gloo", timeout=1500, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if not res.ok:
             sys.exit(res.explain())
         got = [json.loads(ln.split("RESULT ", 1)[1]) for ln in res.stdout.splitlines() if "RESULT " in ln]
         rows += sorted(got, key=lambda r: r["rank"])
-    base = {r["rank"]: r for r in rows if r["stage"] == 0}
+    base = {r["rank"]: r for r in rows if r["stage"] == 0 and r["tp"] == 1}
     gib = 2 ** 30
     print(f"{rows[0]['params'] / 1e6:.1f}M parameters, 2 ranks, k={args.k}, LAMB fp32")
-    print("| stage | rank | optimizer state GiB | vs stage 0 | gradients held GiB | peak RSS GiB | vs stage 0 "
-          "| step s | vs stage 0 |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| stage | TP | rank | parameters held | optimizer state GiB | vs stage 0 | gradients held GiB | "
+          "peak RSS GiB | vs stage 0 | step s | vs stage 0 |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         b = base.get(r["rank"])
         rel = (lambda key: f"{r[key] / b[key]:.2f}x") if b else (lambda key: "-")
-        print(f"| {r['stage']} | {r['rank']} | {r['state_bytes'] / gib:.3f} | {rel('state_bytes')} | "
+        print(f"| {r['stage']} | {r['tp']} | {r['rank']} | {r['params'] / 1e6:.1f}M | "
+              f"{r['state_bytes'] / gib:.3f} | {rel('state_bytes')} | "
               f"{r['grad_bytes'] / gib:.3f} | {r['peak_rss'] / gib:.2f} | {rel('peak_rss')} | "
               f"{r['median_s']:.2f} | {rel('median_s')} |")
     if args.json:

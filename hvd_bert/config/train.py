@@ -300,9 +300,9 @@ class TrainConfig:
     elastic: ElasticConfig = doc(ElasticConfig(), "")
     zero: ZeroConfig = doc(ZeroConfig(), "")
     tensor_parallel: int = doc(1, "ranks (of one node) that split each BERT layer's heads and MLP between "
-                                  "them, Megatron-style (PyTorch); 1 = none. It divides the world size, "
-                                  "the heads and the intermediate size; the global batch is over world "
-                                  "size / tensor_parallel replicas")
+                                  "them, Megatron-style (PyTorch pretraining); 1 = none. It divides the "
+                                  "world size, the heads and the intermediate size; the global batch is "
+                                  "over world size / tensor_parallel replicas")
     seed: int = doc(0, "random seed (model init, data order, masking)")
     log_every: int = doc(10, "log every this many optimizer steps (rank 0)")
     checkpoint_every: int = doc(0, "checkpoint every this many optimizer steps (0 = at the end only)")

@@ -38,6 +38,9 @@ __all__ = ["run"]
 
 
 def run(cfg: FinetuneConfig, backend) -> dict:
+    if cfg.train.tensor_parallel > 1:
+        raise ConfigError("train.tensor_parallel > 1 is for pretraining (hvd-bert pretrain) so far; "
+                          "fine-tune with train.tensor_parallel=1")
     if cfg.do_train:
         cfg = with_run_folder(cfg, "finetune")
     else:  # runs/predict-<framework>-<eval data name>

@@ -66,10 +66,11 @@ def run(cfg: PretrainConfig, backend) -> dict:
         raise WeightsError(error)
     train = launch.layout(cfg.train, size)  # (elastic: the global batch laid out on this world)
     engine = backend.engine(model, backend.pretraining_loss, train, sync=launch.syncs_at_start)
-    striding = cfg.record_striding or len(meta["shards"]) < engine.world_size
+    # (a tensor-parallel group reads one batch: the data is split over the data-parallel replicas)
+    striding = cfg.record_striding or len(meta["shards"]) < engine.data_size
     # an epoch has at least one batch on every rank (a ShardingError before the run folder is touched)
     epoch_batches([s["file"] for s in meta["shards"]], [s["records"] for s in meta["shards"]],
-                  engine.world_size, engine.plan.local_batch_size, 0, cfg.train.seed, striding)
+                  engine.data_size, engine.plan.local_batch_size, 0, cfg.train.seed, striding)
 
     total = cfg.train.schedule.total_steps
     log = open_run(cfg, backend, rank, total_steps=total, bert=bert, launch=launch,
@@ -80,20 +81,22 @@ def run(cfg: PretrainConfig, backend) -> dict:
               f"{len(meta['shards'])} shards)")
 
     def batches_from(micro_step):  # (an elastic run changes the engine's rank, size and plan)
-        return backend.record_batches(cfg.data, "bert-pretraining", engine.rank, engine.world_size,
+        return backend.record_batches(cfg.data, "bert-pretraining", engine.data_rank, engine.data_size,
                                       engine.plan.local_batch_size,
                                       seed=cfg.train.seed, shuffle_buffer=cfg.shuffle_buffer,
                                       record_striding=(cfg.record_striding
-                                                       or len(meta["shards"]) < engine.world_size),
+                                                       or len(meta["shards"]) < engine.data_size),
                                       start=micro_step)
 
     score = backend.pretraining_scorer(model, cfg.train.precision.mode)
 
     def heldout(step: int) -> dict:
         """Every held-out sequence scored once across the ranks (a collective)."""
-        batches = eval_batches(cfg.eval_data, eval_meta, engine.rank, engine.world_size, cfg.eval_batch_size)
+        batches = eval_batches(cfg.eval_data, eval_meta, engine.data_rank, engine.data_size,
+                               cfg.eval_batch_size)
+        tp = cfg.train.tensor_parallel  # (the T ranks of a group score the same sequences: counted once)
         res = evaluate_pretraining(score, batches,
-                                   lambda sums: backend.allreduce_sum(sums, "hvd_bert.pretrain.eval"))
+                                   lambda sums: backend.allreduce_sum(sums, "hvd_bert.pretrain.eval") / tp)
         log.print(f"eval at step {step}: masked-LM accuracy {res['eval_mlm_accuracy']:.4f} (loss "
                   f"{res['eval_mlm_loss']:.4f}), next-sentence accuracy {res['eval_nsp_accuracy']:.4f} on "
                   f"{res['eval_examples']} held-out sequences")

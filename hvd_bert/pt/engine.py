@@ -193,7 +193,8 @@ class Engine:
         return {"parameters": params, "gradients": grads, "optimizer_state": self.optimizer_state_bytes(),
                 "peak": torch.cuda.max_memory_allocated(self.device) if cuda else peak_host_bytes(),
                 "peak_of": "CUDA allocations" if cuda else "host resident",
-                "zero_stage": self.zero.stage if self.zero is not None else 0, "world_size": self.world_size}
+                "zero_stage": self.zero.stage if self.zero is not None else 0, "world_size": self.data_size,
+                "tensor_parallel": self.tp.size if self.tp is not None else 1}
 
     def optimizer_state_bytes(self) -> int:
         """The bytes of this rank's optimizer state (ZeRO: its shard)."""
@@ -230,6 +231,7 @@ class Engine:
         """Take this world's rank and size from Horovod and, given a plan, its layout: k is
         Horovod's ``backward_passes_per_step`` from here on, and the LR comes from ``schedule``."""
         self.rank, self.world_size = hvd.rank(), hvd.size()
+        self.data_rank, self.data_size = self.rank, self.world_size  # (no tensor parallelism here)
         if plan is not None:
             self.plan, self.k, self.schedule = plan, plan.backward_passes_per_step, schedule
             if self.zero is None or self.zero.stage < 2:

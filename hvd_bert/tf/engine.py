@@ -105,6 +105,7 @@ class Engine:
         self.compression = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
         self.predivide = float(gradient_predivide_factor)
         self.rank, self.world_size = hvd.rank(), hvd.size()
+        self.data_rank, self.data_size = self.rank, self.world_size  # (the data this rank reads)
         self.stop_signal = StopSignal()
         self.last_metrics: dict = {}
         self.plan, self.config = None, None  # (from_config sets both)
@@ -142,6 +143,9 @@ class Engine:
     @classmethod
     def from_config(cls, model, loss_fn, cfg: TrainConfig, jit_compile: bool = False,
                     sync: bool = True) -> Engine:
+        if cfg.tensor_parallel > 1:
+            raise ConfigError("train.tensor_parallel > 1 is PyTorch's (--framework pt); TensorFlow trains "
+                              "with train.tensor_parallel=1")
         init_horovod(cfg.horovod)
         plan, peak, kwargs = engine_settings(cfg, hvd.size())
         engine = cls(model, build_optimizer(cfg.optim, lr=peak), loss_fn, jit_compile=jit_compile, sync=sync,
@@ -194,6 +198,7 @@ class Engine:
         """Take this world's rank and size from Horovod and, given a plan, its layout (the
         step functions are traced again: k and the world size are constants in them)."""
         self.rank, self.world_size = hvd.rank(), hvd.size()
+        self.data_rank, self.data_size = self.rank, self.world_size
         if plan is not None:
             self.plan, self.k, self.schedule = plan, plan.backward_passes_per_step, schedule
         self._trace()

@@ -269,7 +269,10 @@ def memory_line(m: dict) -> str:
         return f"{n / 2 ** 30:.3f} GiB"
     stage, n = m.get("zero_stage", 0), m.get("world_size", 1)
     grads = f" (1/{n}, between backward passes)" if stage == 2 else ""
-    state = f" (1/{n}: ZeRO stage {stage})" if stage else ""
-    return (f"memory per rank: parameters {gib(m['parameters'])}, gradients {gib(m['gradients'])}{grads}, "
+    state = f" (1/{n} replicas: ZeRO stage {stage})" if stage else ""
+    t = m.get("tensor_parallel", 1)
+    tp = f" (this rank's share of layers split {t} ways)" if t > 1 else ""
+    return (f"memory per rank: parameters {gib(m['parameters'])}{tp}, "
+            f"gradients {gib(m['gradients'])}{grads}, "
             f"optimizer state {gib(m['optimizer_state'])}{state}; peak so far {gib(m['peak'])} "
             f"({m.get('peak_of', 'host resident')})")

@@ -82,7 +82,10 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
         book.t0 = time.perf_counter()
         log.set_step(engine.step_count)
         if book.plan is not None:
-            log.print(f"batch: {book.plan.describe()}")  # printed once
+            tp = getattr(getattr(engine, "tp", None), "size", 1)
+            groups = (f" ({book.plan.world_size} data-parallel replicas, each a group of {tp} "
+                      f"tensor-parallel ranks)") if tp > 1 else ""
+            log.print(f"batch: {book.plan.describe()}{groups}")  # printed once
         if hasattr(engine, "memory"):
             log.print(memory_line(engine.memory()))
         if engine.step_count and output_dir is not None:
