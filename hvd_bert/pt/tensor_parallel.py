@@ -75,8 +75,10 @@ def make_groups(tp: int) -> Groups:
     if tp < 1 or n % tp:
         raise ValueError(f"a tensor-parallel group of {tp} does not divide the {n} ranks")
     if (n, tp) not in _GROUPS:  # (a process set is registered once: a second engine reuses it)
-        tp_sets = [hvd.add_process_set(list(range(g * tp, (g + 1) * tp))) for g in range(n // tp)]
-        dp_sets = [hvd.add_process_set(list(range(t, n, tp))) for t in range(tp)]
+        def pset(ranks):  # (Horovod refuses a second set of every rank: that one is the global set)
+            return hvd.global_process_set if ranks == list(range(n)) else hvd.add_process_set(ranks)
+        tp_sets = [pset(list(range(g * tp, (g + 1) * tp))) for g in range(n // tp)]
+        dp_sets = [pset(list(range(t, n, tp))) for t in range(tp)]
         _GROUPS[n, tp] = Groups(tp, r % tp, r // tp, n // tp, tp_sets[r // tp], dp_sets[r % tp])
     return _GROUPS[n, tp]
 
