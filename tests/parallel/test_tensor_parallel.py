@@ -96,7 +96,10 @@ def _compare(got: dict, want: dict, site: str) -> None:
             continue
         w, g = np.array(w), np.array(got[name])
         assert g.shape == w.shape, name
-        ratio = float(np.abs(g - w).max() / (1e-5 * np.abs(w).max() + 1e-8))
+        # 1e-5 of each tensor's largest element was exceeded (1.2x) at 2 of 4 seed shifts: 3 steps of
+        # LAMB carry the round-off of sums taken in another order; worst over 4 shifts at this bound:
+        # tests/bounds/MEASURED.md
+        ratio = float(np.abs(g - w).max() / (1e-4 * np.abs(w).max() + 1e-8))
         record(f"parallel/tensor_parallel::{site}", ratio)
         assert ratio < 1, (name, ratio)
 
