@@ -64,6 +64,8 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
     errors_seen: set[str] = set()
     in_error: set[str] = set()  # ranks whose error message goes on over more lines
     codes: list[int] = []
+    import psutil  # noqa: F401  (here, not in the handler: a second signal during the import
+    # would find psutil half-imported, the handler would raise, and the job would never hear)
     forward = lambda sig, _frame: _stop(proc, sig)  # noqa: E731  (the job saves and stops: status 3)
     before = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -103,12 +105,13 @@ def _stop(proc: subprocess.Popen, sig: int) -> None:
     checkpoint is written. Ranks only on other hosts: the launcher passes it on."""
     import psutil
 
-    try:
+    ranks = []
+    try:  # (a handler must not raise: the exception would end the launcher's reading of the job)
         job = [p for p in psutil.Process(proc.pid).children(recursive=True) if _is_rank(p)]
+        pids = {p.pid for p in job}
+        ranks = [p for p in job if p.ppid() not in pids]  # (a rank's forked workers: the rank's to stop)
     except psutil.Error:
-        job = []
-    pids = {p.pid for p in job}
-    ranks = [p for p in job if p.ppid() not in pids]  # (a rank's own forked workers: the rank's to stop)
+        pass
     for p in ranks:
         try:
             p.send_signal(sig)
