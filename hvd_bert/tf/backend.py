@@ -120,7 +120,7 @@ class TensorFlowBackend(ModelFunctions):
         """``score(batch of numpy arrays)`` -> the model's outputs as numpy (logits, or SQuAD's
         start and end logits; the Keras policy sets the precision)."""
 
-        @tf.function(reduce_retracing=True)  # batches may be short or trimmed
+        @tf.function(reduce_retracing=True, autograph=False)  # batches may be short or trimmed
         def outputs(batch):
             return model(batch, training=False)
 
@@ -134,7 +134,7 @@ class TensorFlowBackend(ModelFunctions):
         """``score(batch) -> (mlm_logits, nsp_logits)`` as numpy (the Keras policy sets the
         precision)."""
 
-        @tf.function(reduce_retracing=True)
+        @tf.function(reduce_retracing=True, autograph=False)
         def logits(batch):
             return model(batch, training=False)
 
@@ -145,7 +145,7 @@ class TensorFlowBackend(ModelFunctions):
 
     def ncf_scorer(self, model):
         score = tf.function(lambda u, i: model({"users": u, "items": i}, training=False),
-                            reduce_retracing=True)
+                            reduce_retracing=True, autograph=False)
         return lambda users, items: score(tf.constant(users.astype(np.int32)),
                                           tf.constant(items.astype(np.int32))).numpy()
 

@@ -136,9 +136,12 @@ class Engine:
             self.broadcast()
 
     def _trace(self) -> None:
-        # reduce_retracing: batches padded to their longest sequence share one traced step
-        self._micro = tf.function(self._micro_impl, jit_compile=self.jit_compile, reduce_retracing=True)
-        self._apply = tf.function(self._apply_impl)  # (k and the world size are constants in it)
+        # reduce_retracing: batches padded to their longest sequence share one traced step.
+        # autograph=False: the steps and the models have no Python control flow on tensors, and
+        # AutoGraph's rewriting of every function they call cost about 4 s of start-up per rank
+        self._micro = tf.function(self._micro_impl, jit_compile=self.jit_compile, reduce_retracing=True,
+                                  autograph=False)
+        self._apply = tf.function(self._apply_impl, autograph=False)  # (k, world size: constants in it)
 
     @classmethod
     def from_config(cls, model, loss_fn, cfg: TrainConfig, jit_compile: bool = False,
