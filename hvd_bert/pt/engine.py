@@ -117,13 +117,14 @@ class Engine:
         self.last_metrics: dict = {}
 
         self.zero, self.tp = None, tp_groups
+        self._zero_full = None  # ZeRO under elastic: the whole optimizer state of the last commit
         # the data this rank reads: its data-parallel replica's (a tensor-parallel group reads one)
         self.data_rank, self.data_size = (tp_groups.dp_rank, tp_groups.dp_size) if tp_groups else \
             (self.rank, self.world_size)
-        if (zero_stage or tp_groups) and launched_elastic():
-            raise ConfigError("train.zero.stage > 0 and train.tensor_parallel > 1 do not run under Horovod "
-                              "elastic yet (a lost worker takes its share of the state with it): set them "
-                              "to 0 and 1, or launch without --min-np/--max-np")
+        if tp_groups and launched_elastic():
+            raise ConfigError("train.tensor_parallel > 1 does not run under Horovod elastic yet (a lost "
+                              "worker breaks its group's layers): set it to 1, or launch without "
+                              "--min-np/--max-np")
         dp_set = tp_groups.dp_set if tp_groups else hvd.global_process_set
         if zero_stage == 2:
             # ZeRO stage 2: the gradients are reduce-scattered by pt.zero, not by Horovod's hooks
@@ -202,19 +203,25 @@ class Engine:
 
     # ------------------------------------------------------------------ elastic (train.elastic)
     def snapshot(self) -> dict:
-        """The training state in host memory (what an elastic commit keeps)."""
-        optimizer = self.zero.local_state() if self.zero is not None else self.optimizer.state_dict()
+        """The training state in host memory (what an elastic commit keeps; a collective under
+        ZeRO: every rank keeps the whole optimizer state, so that a lost rank's shard survives)."""
+        if self.zero is not None:
+            optimizer = self._zero_full = self.zero.full_state()
+        else:
+            optimizer = _to_cpu(self.optimizer.state_dict())
         return {"model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
-                "optimizer": _to_cpu(optimizer),
-                "scaler": self.scaler.state_dict()}
+                "optimizer": optimizer, "scaler": self.scaler.state_dict()}
 
     def restore_snapshot(self, snap: dict) -> None:
         """Back to a :meth:`snapshot`, with no gradients pending (Horovod's load_state_dict
-        drops the handles of an allreduce that failed)."""
+        drops the handles of an allreduce that failed). ZeRO: the shards are cut in
+        :meth:`sync`, once the new world is known."""
         self.model.load_state_dict(snap["model"])
         if self.zero is not None:
-            self.zero.set_local_state(snap["optimizer"])
-            self.zero.discard_grads()
+            self._zero_full = snap["optimizer"]
+            self.zero.drop_gradients()
+            if self.zero.stage < 2:  # (Horovod's optimizer: its handles dropped; it holds no state)
+                self.optimizer.load_state_dict(self.optimizer.state_dict())
         else:
             self.optimizer.load_state_dict(copy.deepcopy(snap["optimizer"]))  # (it may alias tensors)
         self.scaler.load_state_dict(snap["scaler"])
@@ -222,8 +229,12 @@ class Engine:
             p.grad = None
 
     def sync(self) -> None:
-        """Rank 0's parameters, optimizer state and loss scale on every rank (a collective)."""
+        """Rank 0's parameters, optimizer state and loss scale on every rank (a collective).
+        ZeRO: the state is split over this world's ranks, each taking its shard of rank 0's
+        last commit (every rank receives it whole, as stage 0's broadcast sends it)."""
         self.broadcast()
+        if self.zero is not None:
+            self._zero_full = self.zero.sync(self._zero_full)
         self.scaler.load_state_dict(hvd.broadcast_object(self.scaler.state_dict(), root_rank=0,
                                                          name="hvd_bert.elastic.scaler"))
 

@@ -36,8 +36,8 @@ import torch
 import horovod.torch as hvd
 
 from hvd_bert.core import zero as Z
-from hvd_bert.pt.kernels import optim as fused_optim
 from hvd_bert.pt.optim import Lamb, Lars
+from hvd_bert.pt.zero_rules import UpdateRules, _sumsq
 
 __all__ = ["ShardedOptimizer", "state_bytes", "update_loss_scale", "SUPPORTED"]
 
@@ -64,7 +64,7 @@ def _kind(opt: torch.optim.Optimizer) -> tuple[str, tuple[str, ...], bool]:
                      f"not {type(opt).__name__} with these options")
 
 
-class ShardedOptimizer:
+class ShardedOptimizer(UpdateRules):
     """The optimizer state of this rank's shard, and the collectives of a ZeRO step.
 
     ``optimizer`` is the unsharded optimizer over the model's parameters: its parameter groups
@@ -82,27 +82,34 @@ class ShardedOptimizer:
         # by T ranks of a tensor-parallel group counts 1/T on each)
         self.process_set = process_set if process_set is not None else hvd.global_process_set
         self.norm_set = norm_set if norm_set is not None else self.process_set
-        self.roots = self.process_set.ranks or list(range(self.process_set.size()))
-        self.rank, self.size = (self.process_set.rank(), self.process_set.size()) if stage else (0, 1)
         self.compression = hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
+        self.bucket_mb = bucket_mb
         self.params, self.group_of = [], []
         for gi, group in enumerate(optimizer.param_groups):
             self.params += list(group["params"])
             self.group_of += [gi] * len(group["params"])
-        self.part = Z.partition([p.numel() for p in self.params], self.size)
         self.starts = [0]
         for p in self.params:
             self.starts.append(self.starts[-1] + p.numel())
-        self.pieces = self.part.pieces(self.rank)
-        self.bucket = max(1, int(bucket_mb * (1 << 20)) // 4 // self.size)  # columns of the N x S layout
-        like = self.params[0]
         self.weights = list(norm_weights) if norm_weights is not None else [1.0] * len(self.params)
-        self.state = {n: torch.zeros(self.part.shard, dtype=like.dtype, device=like.device)
-                      for n in self.buffers}
         self.step_count = 0
         self.grad_shard: torch.Tensor | None = None
+        self.repartition()
         if stage == 2:
             self._setup_reduction(max(1, int(bucket_mb * (1 << 20)) // 4))
+
+    def repartition(self) -> None:
+        """Split the state over the process set's ranks as they are now (at start, and after
+        Horovod elastic changed the world: :meth:`load_full` then fills the new shards)."""
+        self.roots = self.process_set.ranks or list(range(self.process_set.size()))
+        self.rank, self.size = (self.process_set.rank(), self.process_set.size()) if self.stage else (0, 1)
+        self.part = Z.partition([p.numel() for p in self.params], self.size)
+        self.pieces = self.part.pieces(self.rank)
+        self.bucket = max(1, int(self.bucket_mb * (1 << 20)) // 4 // self.size)  # columns of N x S
+        like = self.params[0]
+        self.state = {n: torch.zeros(self.part.shard, dtype=like.dtype, device=like.device)
+                      for n in self.buffers}
+        self.grad_shard = None
 
     # ------------------------------------------------------------------ sizes
     def state_bytes(self) -> int:
@@ -211,14 +218,6 @@ class ShardedOptimizer:
             p.grad = None
         self._reset_pending()
 
-    def discard_grads(self) -> None:
-        if self.stage == 2:
-            self._retire(wait=True)
-            self._reset_pending()
-        self.grad_shard = None
-        for p in self.params:
-            p.grad = None
-
     # ------------------------------------------------------------------ parameters
     def _pieces(self):
         """``(tensor, its piece of this rank's parameter, of its reduced gradient, offset in the
@@ -297,73 +296,6 @@ class ShardedOptimizer:
             self.allgather_params()
         return True, gnorm
 
-    def _lamb(self, wn, gn) -> None:
-        opt, t = self.optimizer, self.step_count
-        g0 = opt.param_groups[0]
-        beta1, beta2 = g0["betas"]
-        c1, c2 = (1.0 - beta1 ** t, 1.0 - beta2 ** t) if g0["bias_correction"] else (1.0, 1.0)
-        m, v = self.state["exp_avg"], self.state["exp_avg_sq"]
-
-        def update(i, wp, pos, n):  # u = (m / c1) / (sqrt(v / c2) + eps) + wd w, one piece
-            denom = v[pos:pos + n].sqrt().mul_(1.0 / math.sqrt(c2)).add_(g0["eps"])
-            u = torch.div(m[pos:pos + n], denom).mul_(1.0 / c1)
-            wd = self._group(i)["weight_decay"]
-            return u.add_(wp, alpha=wd) if wd else u
-
-        usq = [0.0] * len(self.params)
-        for i, wp, gp, pos, n in self._pieces():
-            m[pos:pos + n].lerp_(gp, 1.0 - beta1)
-            v[pos:pos + n].mul_(beta2).addcmul_(gp, gp, value=1.0 - beta2)
-            usq[i] = _sumsq(update(i, wp, pos, n)) * self.weights[i]
-        un = self._allreduce(usq, "hvd_bert.zero.update_norms").sqrt()
-        for i, wp, _, pos, n in self._pieces():  # the update again: a piece at a time, as stage 0's kernel
-            group = self._group(i)
-            ratio = float(wn[i] / un[i]) if opt._adapt(group) and wn[i] > 0 and un[i] > 0 else 1.0
-            wp.add_(update(i, wp, pos, n), alpha=-group["lr"] * ratio)
-
-    def _lars(self, wn, gn) -> None:
-        buf = self.state["momentum_buffer"]
-        for i, wp, gp, pos, n in self._pieces():
-            group = self._group(i)
-            lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
-            vp = buf[pos:pos + n]
-            vp.mul_(mu)
-            if group["adapt"]:
-                trust = 1.0
-                if wn[i] > 0 and gn[i] > 0:
-                    denom = max(float(gn[i] + wd * wn[i] + group["eps"]), 1e-38)
-                    trust = float(group["eta"] * wn[i] / denom)
-                vp.add_(gp.add(wp, alpha=wd) if wd else gp, alpha=lr * trust)
-            else:
-                vp.add_(gp, alpha=lr)
-            wp.sub_(vp)
-
-    def _adamw(self, wn, gn) -> None:
-        t = self.step_count
-        m, v = self.state["exp_avg"], self.state["exp_avg_sq"]
-        g0 = self.optimizer.param_groups[0]
-        beta1, beta2 = g0["betas"]
-        for i, wp, gp, pos, n in self._pieces():
-            group = self._group(i)
-            mp, vp = m[pos:pos + n], v[pos:pos + n]
-            wp.mul_(1.0 - group["lr"] * group["weight_decay"])
-            mp.lerp_(gp, 1.0 - beta1)
-            vp.mul_(beta2).addcmul_(gp, gp, value=1.0 - beta2)
-            denom = vp.sqrt().div_(math.sqrt(1.0 - beta2 ** t)).add_(g0["eps"])
-            wp.addcdiv_(mp, denom, value=-group["lr"] / (1.0 - beta1 ** t))
-
-    def _sgd(self, wn, gn) -> None:
-        buf = self.state.get("momentum_buffer")
-        for i, wp, d, pos, n in self._pieces():
-            group = self._group(i)
-            if group["weight_decay"]:
-                d = d.add(wp, alpha=group["weight_decay"])
-            if buf is not None and group["momentum"]:
-                bp = buf[pos:pos + n]
-                bp.mul_(group["momentum"]).add_(d)
-                d = d.add(bp, alpha=group["momentum"]) if group["nesterov"] else bp
-            wp.add_(d, alpha=-group["lr"])
-
     # ------------------------------------------------------------------ checkpoints
     def consolidated_state_dict(self) -> dict | None:
         """The unsharded optimizer's ``state_dict`` on rank 0 (None elsewhere), received buffer
@@ -426,22 +358,51 @@ class ShardedOptimizer:
         for name in self.buffers:
             self._read([st.get(name) for st in states], lo, hi, self.state[name])
 
-    def local_state(self) -> dict:
-        return {"step": self.step_count, **{n: t.detach().clone() for n, t in self.state.items()}}
+    # ------------------------------------------------------------------ elastic
+    def full_state(self) -> dict:
+        """Every buffer whole (flat, in host memory) and the step count, on every rank: what an
+        elastic commit keeps, so that a lost rank's shard survives it (a collective)."""
+        full = {"step": self.step_count}
+        for name in self.buffers:
+            got = self.state[name][None] if self.size == 1 else hvd.allgather(
+                self.state[name][None], name=f"hvd_bert.zero.commit.{name}", process_set=self.process_set)
+            full[name] = got.reshape(-1)[:self.part.total].to("cpu", copy=True)
+        return full
 
-    def set_local_state(self, snap: dict) -> None:
-        self.step_count = snap["step"]
-        for n in self.buffers:
-            self.state[n].copy_(snap[n])
+    def load_full(self, full: dict) -> None:
+        """This rank's shard of a :meth:`full_state` (no collective)."""
+        self.step_count = int(full["step"])
+        lo, hi = self.part.bounds(self.rank)
+        for name in self.buffers:
+            piece = full[name][lo:min(hi, self.part.total)]
+            self.state[name].zero_()
+            self.state[name][:piece.numel()].copy_(piece)
 
+    def sync(self, full: dict | None) -> dict | None:
+        """Split the state over this world's ranks, each taking its shard of rank 0's ``full``
+        (every rank receives it whole, as stage 0's broadcast sends it; a collective). Returns
+        what every rank now holds whole (None: rank 0 had committed nothing, the state is fresh)."""
+        self.repartition()
+        step = hvd.broadcast_object(full["step"] if full is not None else None, root_rank=0,
+                                    name="hvd_bert.elastic.zero.step")
+        if step is None:
+            return None
+        got = {"step": step}
+        for name in self.buffers:
+            t = full[name] if hvd.rank() == 0 else torch.empty(self.part.total, dtype=self.state[name].dtype)
+            got[name] = hvd.broadcast(t, root_rank=0, name=f"hvd_bert.elastic.zero.{name}")
+        self.load_full(got)
+        return got
 
-def _sumsq(x: torch.Tensor) -> float:
-    """The sum of squares of ``x``, in double (the C kernel on a CPU: no temporary)."""
-    if x.numel() == 0:
-        return 0.0
-    if fused_optim.usable([x]):
-        return fused_optim.sumsq([x])
-    return float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
+    def drop_gradients(self) -> None:
+        """Forget every gradient and reduction in flight without waiting for it (after Horovod
+        reported a lost rank, its handles never complete)."""
+        if self.stage == 2:
+            self.in_flight.clear()
+            self._reset_pending()
+        self.grad_shard = None
+        for p in self.params:
+            p.grad = None
 
 
 def max_grad_norm_factor(gnorm: float, limit: float | None) -> float:

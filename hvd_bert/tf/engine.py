@@ -38,7 +38,6 @@ from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (CheckpointError, FitResult, StepResult, check_engine_args,
                                    checkpoint_meta, engine_settings, host_rng_state, peak_host_bytes,
                                    resume_on_rank0, rng_for_rank, set_host_rng_state)
-from hvd_bert.train.elastic import launched_elastic
 from hvd_bert.train.loop import fit
 from hvd_bert.train.log import StopSignal
 from hvd_bert.core.schedules import Schedule
@@ -93,10 +92,6 @@ class Engine:
                  gradient_predivide_factor: float = 1.0, precision: str | PrecisionConfig = "fp32",
                  max_grad_norm: float | None = None, jit_compile: bool = False, resume_resized: bool = False,
                  sync: bool = True, zero_stage: int = 0, zero_bucket_mb: float = 32.0):
-        if zero_stage and launched_elastic():
-            raise ConfigError("train.zero.stage > 0 does not run under Horovod elastic yet (a lost "
-                              "worker takes its optimizer shard with it): use train.zero.stage=0, or "
-                              "launch without --min-np/--max-np")
         init_horovod()  # the one path (hvd_bert.cluster.horovod.init_horovod); once per process
         pcfg = check_engine_args(backward_passes_per_step, compression, precision)
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
@@ -118,7 +113,7 @@ class Engine:
         self.variables = list(model.trainable_variables)
         if not self.variables:
             raise ValueError("the model has no trainable variables: build it (call it on a batch) first")
-        self.zero = None
+        self.zero, self._zero_full = None, None  # (_zero_full: ZeRO's last elastic commit, whole)
         if zero_stage:  # (tf.zero: the optimizer gives the hyperparameters; its state lives in shards)
             self.zero = ShardedState(optimizer, self.variables, stage=zero_stage,
                                      compression=self.compression)
@@ -181,21 +176,33 @@ class Engine:
     def _state_variables(self) -> list:
         return [*self.model.variables, *self.optimizer.variables(), self.loss_scale, self.good_steps]
 
-    def snapshot(self) -> list:
-        """The training state in host memory (what an elastic commit keeps)."""
-        return [v.numpy() for v in self._state_variables()]
+    def snapshot(self) -> dict:
+        """The training state in host memory (what an elastic commit keeps; a collective under
+        ZeRO: every rank keeps the whole optimizer state, so that a lost rank's shard survives)."""
+        if self.zero is not None:
+            self._zero_full = self.zero.full_state()
+        return {"variables": [v.numpy() for v in self._state_variables()], "zero": self._zero_full}
 
-    def restore_snapshot(self, snap: list) -> None:
-        """Back to a :meth:`snapshot`, with nothing accumulated."""
-        for v, value in zip(self._state_variables(), snap):
+    def restore_snapshot(self, snap: dict) -> None:
+        """Back to a :meth:`snapshot`, with nothing accumulated. ZeRO: the shards are cut in
+        :meth:`sync`, once the new world is known."""
+        for v, value in zip(self._state_variables(), snap["variables"]):
             v.assign(value)
         for a in self.accumulators:
             a.assign(tf.zeros_like(a))
         self._window_loss.assign(0.0)
+        if self.zero is not None:
+            self._zero_full = snap["zero"]
+            self.zero.drop_gradients()
 
     def sync(self) -> None:
-        """Rank 0's variables on every rank (a collective)."""
+        """Rank 0's variables on every rank (a collective). ZeRO: the state is split over this
+        world's ranks, each taking its shard of rank 0's last commit (every rank receives it
+        whole, as stage 0's broadcast sends it)."""
         self.broadcast()
+        if self.zero is None:
+            return
+        self._zero_full = self.zero.sync(self._zero_full)
 
     def resize(self, plan, schedule) -> None:
         """Take this world's rank and size from Horovod and, given a plan, its layout (the

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
 import horovod.tensorflow as hvd
@@ -51,20 +53,25 @@ class ShardedState:
         self.optimizer, self.variables, self.stage = optimizer, variables, stage
         self.kind, self.buffers = _kind(optimizer)
         self.compression = compression
-        self.rank, self.size = hvd.rank(), hvd.size()
-        self.part = Z.partition([int(tf.size(v)) for v in variables], self.size)
-        self.pieces = self.part.pieces(self.rank)
         self.starts = [0]
         for v in variables:
             self.starts.append(self.starts[-1] + int(tf.size(v)))
         self.decays = [optimizer._decays(v) for v in variables]
         self.adapts = [optimizer._adapts(v) for v in variables]
+        self.step_count = 0
+        self.native_reduce_scatter = bool(tf.config.list_physical_devices("GPU"))
+        self.repartition()
+
+    def repartition(self) -> None:
+        """Split the state over the ranks as they are now (at start, and after Horovod elastic
+        changed the world: :meth:`load_full` then fills the new shards)."""
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.part = Z.partition([int(tf.size(v)) for v in self.variables], self.size)
+        self.pieces = self.part.pieces(self.rank)
         self.state = {n: tf.Variable(tf.zeros([self.part.shard], tf.float32), trainable=False)
                       for n in self.buffers}
-        self.step_count = 0
         self.grad_shard = tf.Variable(tf.zeros([self.part.shard], tf.float32), trainable=False) \
-            if stage == 2 else None
-        self.native_reduce_scatter = bool(tf.config.list_physical_devices("GPU"))
+            if self.stage == 2 else None
 
     def state_bytes(self) -> int:
         return sum(int(tf.size(t)) * 4 for t in self.state.values())
@@ -224,3 +231,44 @@ class ShardedState:
                 got = hvd.broadcast(shard, root_rank=0, name=f"hvd_bert.zero.load.{name}.{r}")
                 if r == self.rank:
                     self.state[name].assign(got)
+
+    # ------------------------------------------------------------------ elastic
+    def full_state(self) -> dict:
+        """Every buffer whole (flat numpy) and the step count, on every rank: what an elastic
+        commit keeps, so that a lost rank's shard survives it (a collective)."""
+        full = {"step": self.step_count}
+        for name in self.buffers:
+            got = hvd.allgather(self.state[name].read_value()[None], name=f"hvd_bert.zero.commit.{name}")
+            full[name] = tf.reshape(got, [-1])[:self.part.total].numpy()
+        return full
+
+    def load_full(self, full: dict) -> None:
+        """This rank's shard of a :meth:`full_state` (no collective)."""
+        self.step_count = int(full["step"])
+        lo, hi = self.part.bounds(self.rank)
+        for name in self.buffers:
+            shard = np.zeros(self.part.shard, np.float32)
+            piece = full[name][lo:min(hi, self.part.total)]
+            shard[:len(piece)] = piece
+            self.state[name].assign(shard)
+
+    def sync(self, full: dict | None) -> dict | None:
+        """Split the state over this world's ranks, each taking its shard of rank 0's ``full``
+        (every rank receives it whole, as stage 0's broadcast sends it; a collective). Returns
+        what every rank now holds whole (None: rank 0 had committed nothing, the state is fresh)."""
+        self.repartition()
+        step = hvd.broadcast_object(full["step"] if full is not None else None, root_rank=0,
+                                    name="hvd_bert.elastic.zero.step")
+        if step is None:
+            return None
+        got = {"step": step}
+        for name in self.buffers:
+            t = full[name] if hvd.rank() == 0 else np.zeros(self.part.total, np.float32)
+            got[name] = hvd.broadcast(tf.constant(t), root_rank=0,
+                                      name=f"hvd_bert.elastic.zero.{name}").numpy()
+        self.load_full(got)
+        return got
+
+    def drop_gradients(self) -> None:
+        if self.grad_shard is not None:
+            self.grad_shard.assign(tf.zeros_like(self.grad_shard))

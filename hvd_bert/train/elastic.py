@@ -109,7 +109,9 @@ def _state_class():
         def __init__(self, engine, values: dict, bcast_object, get_rank):
             self.engine, self.values = engine, values
             super().__init__(bcast_object=bcast_object, get_rank=get_rank)
-            self.save()
+            # nothing saved until the first entry's commit: a snapshot can be a collective (ZeRO),
+            # which a worker that joins later must not start alone; sync gives it rank 0's state
+            self._saved = None
 
         def _counters(self) -> tuple:
             e = self.engine
@@ -125,6 +127,8 @@ def _state_class():
             self._saved = (self.engine.snapshot(), self._counters())
 
         def restore(self) -> None:
+            if self._saved is None:  # (lost before its first commit: sync brings rank 0's state)
+                return
             snap, counters = self._saved
             self.engine.restore_snapshot(snap)
             self._set_counters(counters)
@@ -198,6 +202,9 @@ class ElasticHook:
             book.logged_step = min(book.logged_step, engine.step_count - unposted)
             log.print(f"elastic: {layout.describe(engine.world_size, self.cfg.uneven)}; "
                       f"from step {engine.step_count}")
+            if getattr(engine, "zero", None) is not None:  # (the shards are this world's)
+                from hvd_bert.train.engine import memory_line
+                log.print(memory_line(engine.memory()))
             self.on_world()
             if layout.plan is None:
                 while True:  # until Horovod reports new or lost hosts (HostsUpdatedInterrupt)

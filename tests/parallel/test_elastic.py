@@ -212,11 +212,13 @@ def check_loss_goes_on(records, text):
 
 @retried_on_upstream_abort
 def test_a_killed_worker_and_its_return_keep_the_global_batch_and_the_schedule(cluster3, bert_data, tmp_path):
-    """PyTorch; TensorFlow's kill, shrink and return are the `nearest` test's (the layout
-    arithmetic is the framework-free core's, the same for both)."""
+    """PyTorch at ZeRO stage 2 (the optimizer state split over 3, then 2, then 3 ranks: every
+    commit keeps it whole on every rank, and each world takes its shards of rank 0's);
+    TensorFlow's kill, shrink and return are the `nearest` test's, at stage 1 (the layout
+    arithmetic is the framework-free core's, the same for both); stage 0 is the `wait` test's."""
     framework = "pt"
     job = ElasticJob(cluster3, bert_data, tmp_path, framework,
-                     "--set", f"train.batch.global_batch_size={GLOBAL}")
+                     "--set", f"train.batch.global_batch_size={GLOBAL}", "--set", "train.zero.stage=2")
     rank0, killed_at, t_kill = job.kill_rank0()
     job.set_hosts(*(h for h in ("node1", "node2", "node3") if h != rank0))  # its host is gone
     job.wait_for(lambda: len(LAYOUT.findall(job.text())) >= 2, 120, "layout for 2 ranks")
@@ -230,6 +232,10 @@ def test_a_killed_worker_and_its_return_keep_the_global_batch_and_the_schedule(c
     layouts = [tuple(map(int, m)) for m in LAYOUT.findall(text)]
     assert layouts == [(3, GLOBAL, LOCAL, 2), (2, GLOBAL, LOCAL, 3), (3, GLOBAL, LOCAL, 2)], layouts
     assert rank0 in PLACEMENT.findall(text)[-1]  # the host came back
+    # each world's ranks hold their share of the optimizer state: ceil(P / 3), ceil(P / 2), ceil(P / 3)
+    shares = re.findall(r"optimizer state ([\d.]+) GiB \(1/(\d) replicas: ZeRO stage 2\)", text)
+    assert [n for _, n in shares] == ["3", "2", "3"], shares
+    assert float(shares[1][0]) > float(shares[0][0]) == float(shares[2][0]), shares
     # the configured LR schedule at every step, peak LR of the configured global batch
     schedule, records = schedule_of(GLOBAL), metrics_of(job.out)
     for r in records:
@@ -261,7 +267,8 @@ def test_uneven_nearest_trains_on_the_nearest_global_batch_with_a_rescaled_lr(cl
     """2 ranks cannot make 45: 44 (2 x 11 x 2 ranks), the peak LR scaled by sqrt(44/45) for
     those steps only; back on 3 ranks, 45 and its LR again."""
     job = ElasticJob(cluster3, bert_data, tmp_path, "tf", "--set", "train.batch.global_batch_size=45",
-                     "--set", "train.optim.lr_scaling=sqrt", "--set", "train.optim.base_batch_size=45")
+                     "--set", "train.optim.lr_scaling=sqrt", "--set", "train.optim.base_batch_size=45",
+                     "--set", "train.zero.stage=1")
     rank0, killed_at, _ = job.kill_rank0()
     job.set_hosts(*(h for h in ("node1", "node2", "node3") if h != rank0))
     job.wait_for(lambda: job.steps() and job.steps()[-1] >= killed_at + 4, 300, "4 steps on 2 ranks")

@@ -45,6 +45,8 @@ def launches(root: Path, framework: str) -> list[tuple[int, dict]]:
     for p in ("fp32", "fp16"):
         two.update({f"inf-{p}-{s}": sc("inf", "lamb", 2, STEPS, f"zero.stage={s}", f"precision.mode={p}",
                                        "precision.init_scale=1024") for s in STAGES})
+    two.update({f"rollback-{s}": sc("rollback", "lamb", 3, STEPS, f"zero.stage={s}", SMALL_BUCKET)
+                for s in STAGES})
     two["fp16-compression-1"] = sc("train", "lamb", 2, STEPS, "zero.stage=1", "horovod.compression=fp16")
     two["exact-1"] = sc("train", "lamb", 2, STEPS, "zero.stage=1")
     # checkpoints after 4 steps at each stage (dropout on, fit's loop)
@@ -155,6 +157,17 @@ def test_an_inf_on_one_rank_skips_the_same_steps_on_every_rank(runs, precision, 
     assert_close(_params(runs, 2, f"inf-{precision}-{stage}"), _params(runs, 2, f"inf-{precision}-0"),
                  rtol=1e-5, atol=1e-6,
                  site=f"parallel/zero::test_an_inf_on_one_rank_skips_the_same_steps/{runs[2]}-{precision}")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_an_elastic_rollback_to_a_commit_continues_the_same_trajectory(runs, stage):
+    """What Horovod elastic does after a lost rank: the state committed after step 2 (ZeRO: every
+    rank keeps the whole optimizer state), steps 3 and 4, back to the commit, sync (ZeRO: the
+    state split again over the world, each rank taking its shard of rank 0's), steps 3 to 5:
+    the run without the detour, to round-off."""
+    assert_close(_params(runs, 2, f"rollback-{stage}"), _params(runs, 2, f"train-lamb-{stage}"),
+                 rtol=1e-5, atol=1e-6,
+                 site=f"parallel/zero::test_an_elastic_rollback_to_a_commit/{runs[2]}")
 
 
 def test_fp16_compression_of_the_reduce_scatter_stays_close(runs):

@@ -7,7 +7,8 @@ the engine's ``train_micro_batch`` and the shared ``train.engine.fit`` loop.
 MODE: train (2 ranks x k),
 inf (rank 1's loss is inf at step 2), diverge (every step after the first skips, through fit),
 resume (fit() with checkpoints in HVD_BERT_TEST_CKPT,
-dropout on; rank 0 gets SIGTERM after the step HVD_BERT_TEST_KILL_AT, if set).
+dropout on; rank 0 gets SIGTERM after the step HVD_BERT_TEST_KILL_AT, if set), rollback (what
+Horovod elastic does after a lost rank: back to a snapshot taken after step 2, then sync).
 
 ``batch`` runs several scenarios one after the other in one launch (one Horovod init, a fresh
 model and engine each), so that a test module pays the 2-rank start-up once: SCENARIOS.json is
@@ -68,6 +69,20 @@ def scenario(toy, backend, r, n, mode, optim, k, steps, extra=(), ckpt=None, kil
                  checkpoint_every=2, log_every=1, progress=False, on_step=on_step)
         result.update(steps=fr.steps, stopped=fr.stopped_by_signal, params=toy.flat(model),
                       history=fr.history)
+    elif mode == "rollback":  # an elastic commit after step 2, steps 3-4, back to the commit, on to the end
+        model = toy.make_model()
+        engine = backend.engine(model, toy.loss, cfg)
+        batches, snap, rolled = batches_from(0), None, False
+        while engine.step_count < steps:
+            if engine.step_count == 2 and snap is None:
+                snap = engine.snapshot(), (engine.step_count, engine.micro_step, engine.skipped_steps)
+            if engine.step_count == 4 and not rolled:
+                engine.restore_snapshot(snap[0])
+                engine.step_count, engine.micro_step, engine.skipped_steps = snap[1]
+                engine.sync()
+                batches, rolled = batches_from(engine.micro_step), True
+            engine.train_micro_batch(next(batches))
+        result.update(params=toy.flat(model))
     else:
         model = toy.make_model()
         engine = backend.engine(model, toy.loss, cfg)
