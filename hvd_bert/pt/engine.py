@@ -44,7 +44,7 @@ from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, checkpoint_meta,
                                    engine_settings, host_rng_state, peak_host_bytes, resume_on_rank0,
                                    rng_for_rank, set_host_rng_state)
-from hvd_bert.train.elastic import launched_elastic
+from hvd_bert.train.elastic import launched_elastic, sync_shards
 from hvd_bert.train.loop import fit
 from hvd_bert.train.log import StopSignal
 from hvd_bert.core.schedules import Schedule
@@ -234,7 +234,11 @@ class Engine:
         last commit (every rank receives it whole, as stage 0's broadcast sends it)."""
         self.broadcast()
         if self.zero is not None:
-            self._zero_full = self.zero.sync(self._zero_full)
+            self._zero_full = sync_shards(
+                self.zero, self._zero_full,
+                lambda obj, name: hvd.broadcast_object(obj, root_rank=0, name=name),  # Horovod:
+                lambda flat, n, name: hvd.broadcast(flat if flat is not None else torch.zeros(n),
+                                                    root_rank=0, name=name))
         self.scaler.load_state_dict(hvd.broadcast_object(self.scaler.state_dict(), root_rank=0,
                                                          name="hvd_bert.elastic.scaler"))
 

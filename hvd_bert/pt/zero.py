@@ -378,22 +378,6 @@ class ShardedOptimizer(UpdateRules):
             self.state[name].zero_()
             self.state[name][:piece.numel()].copy_(piece)
 
-    def sync(self, full: dict | None) -> dict | None:
-        """Split the state over this world's ranks, each taking its shard of rank 0's ``full``
-        (every rank receives it whole, as stage 0's broadcast sends it; a collective). Returns
-        what every rank now holds whole (None: rank 0 had committed nothing, the state is fresh)."""
-        self.repartition()
-        step = hvd.broadcast_object(full["step"] if full is not None else None, root_rank=0,
-                                    name="hvd_bert.elastic.zero.step")
-        if step is None:
-            return None
-        got = {"step": step}
-        for name in self.buffers:
-            t = full[name] if hvd.rank() == 0 else torch.empty(self.part.total, dtype=self.state[name].dtype)
-            got[name] = hvd.broadcast(t, root_rank=0, name=f"hvd_bert.elastic.zero.{name}")
-        self.load_full(got)
-        return got
-
     def drop_gradients(self) -> None:
         """Forget every gradient and reduction in flight without waiting for it (after Horovod
         reported a lost rank, its handles never complete)."""

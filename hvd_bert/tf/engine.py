@@ -34,6 +34,7 @@ import horovod.tensorflow as hvd
 from hvd_bert.core.batch import is_sync_step
 from hvd_bert.files import clear_path
 from hvd_bert.train.checkpoint import checkpoint_path, list_checkpoints
+from hvd_bert.train.elastic import sync_shards
 from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (CheckpointError, FitResult, StepResult, check_engine_args,
                                    checkpoint_meta, engine_settings, host_rng_state, peak_host_bytes,
@@ -202,7 +203,11 @@ class Engine:
         self.broadcast()
         if self.zero is None:
             return
-        self._zero_full = self.zero.sync(self._zero_full)
+        self._zero_full = sync_shards(
+            self.zero, self._zero_full,
+            lambda obj, name: hvd.broadcast_object(obj, root_rank=0, name=name),  # Horovod:
+            lambda flat, n, name: hvd.broadcast(tf.constant(np.zeros(n, "float32") if flat is None else flat),
+                                                root_rank=0, name=name).numpy())
 
     def resize(self, plan, schedule) -> None:
         """Take this world's rank and size from Horovod and, given a plan, its layout (the

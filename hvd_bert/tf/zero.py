@@ -252,23 +252,6 @@ class ShardedState:
             shard[:len(piece)] = piece
             self.state[name].assign(shard)
 
-    def sync(self, full: dict | None) -> dict | None:
-        """Split the state over this world's ranks, each taking its shard of rank 0's ``full``
-        (every rank receives it whole, as stage 0's broadcast sends it; a collective). Returns
-        what every rank now holds whole (None: rank 0 had committed nothing, the state is fresh)."""
-        self.repartition()
-        step = hvd.broadcast_object(full["step"] if full is not None else None, root_rank=0,
-                                    name="hvd_bert.elastic.zero.step")
-        if step is None:
-            return None
-        got = {"step": step}
-        for name in self.buffers:
-            t = full[name] if hvd.rank() == 0 else np.zeros(self.part.total, np.float32)
-            got[name] = hvd.broadcast(tf.constant(t), root_rank=0,
-                                      name=f"hvd_bert.elastic.zero.{name}").numpy()
-        self.load_full(got)
-        return got
-
     def drop_gradients(self) -> None:
         if self.grad_shard is not None:
             self.grad_shard.assign(tf.zeros_like(self.grad_shard))
