@@ -58,11 +58,21 @@ def test_a_link_planted_in_the_run_folder_is_never_written_through(name, danglin
     assert sorted(p.name for p in run.iterdir()) == [name]  # and nothing in it: the check came first
 
 
-@pytest.fixture
-def finished_run(bert_data, tmp_path):
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def _finished_template(bert_data, tmp_path_factory):
+    run = tmp_path_factory.mktemp("finished") / "run"
     res = pretrain(bert_data, run)
     assert res.returncode == 0, res.stderr
+    return run
+
+
+@pytest.fixture
+def finished_run(_finished_template, tmp_path):
+    """A finished 2-step run, a copy of its own for each test (one run for the module)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(_finished_template, run, symlinks=True)
     return run
 
 
