@@ -5,6 +5,7 @@ PyTorch. The jobs are written once against this surface (``hvd_bert.train.backen
 
 from __future__ import annotations
 
+import sys
 from typing import Iterator
 
 import numpy as np
@@ -19,6 +20,21 @@ from hvd_bert.pt import init_horovod
 __all__ = ["BACKEND", "PyTorchBackend"]
 
 
+def _optimizers_without_dynamo() -> None:
+    """``torch.optim.Optimizer``'s methods import TorchDynamo on their first call (1.1 s of CPU,
+    a quarter of a small job's start-up per rank), only to keep themselves out of
+    ``torch.compile``'s tracing. The jobs compile no optimizer code, so they call the methods as
+    they are: torch's ``_disable_dynamo`` wrapper takes the function it caches in
+    ``__dynamo_disable``. Without that attribute (another torch), or with TorchDynamo already
+    imported, nothing changes."""
+    if "torch._dynamo" in sys.modules:
+        return
+    for name in ("__init__", "zero_grad", "state_dict", "load_state_dict", "add_param_group"):
+        fn = getattr(getattr(torch.optim.Optimizer, name), "__wrapped__", None)
+        if fn is not None and not hasattr(fn, "__dynamo_disable"):
+            setattr(fn, "__dynamo_disable", fn)
+
+
 class PyTorchBackend(ModelFunctions):
     models = "hvd_bert.pt.models"
     horovod = "horovod.torch"
@@ -29,6 +45,7 @@ class PyTorchBackend(ModelFunctions):
     def init(self, train: TrainConfig) -> tuple[int, int]:
         """Horovod (with the ``horovod.*`` settings) and one share of the cores per local rank."""
         init_horovod(train.horovod, process_sets=train.tensor_parallel > 1)
+        _optimizers_without_dynamo()
         if torch.cuda.is_available():
             # Horovod: one GPU per process, chosen by its local rank
             torch.cuda.set_device(hvd.local_rank())

@@ -37,7 +37,7 @@ import horovod.torch as hvd
 
 from hvd_bert.core import zero as Z
 from hvd_bert.pt.optim import Lamb, Lars
-from hvd_bert.pt.zero_rules import UpdateRules, _sumsq
+from hvd_bert.pt.zero_rules import UpdateRules, sumsq
 
 __all__ = ["ShardedOptimizer", "state_bytes", "update_loss_scale", "SUPPORTED"]
 
@@ -274,9 +274,9 @@ class ShardedOptimizer(UpdateRules):
         for i, wp, gp, _, _ in self._pieces():
             if inv_scale != 1.0:
                 gp.mul_(inv_scale)
-            gsq[i] = _sumsq(gp) * self.weights[i]
+            gsq[i] = sumsq(gp) * self.weights[i]
             if self.kind in ("lamb", "lars"):
-                wsq[i] = _sumsq(wp) * self.weights[i]
+                wsq[i] = sumsq(wp) * self.weights[i]
         first = self._allreduce(wsq + gsq + [sum(gsq)], "hvd_bert.zero.norms")
         total = float(first[-1])
         if not math.isfinite(total):

@@ -11,7 +11,7 @@ import torch
 
 from hvd_bert.pt.kernels import optim as fused_optim
 
-__all__ = ["UpdateRules"]
+__all__ = ["UpdateRules", "sumsq"]
 
 
 class UpdateRules:
@@ -36,7 +36,7 @@ class UpdateRules:
         for i, wp, gp, pos, n in self._pieces():
             m[pos:pos + n].lerp_(gp, 1.0 - beta1)
             v[pos:pos + n].mul_(beta2).addcmul_(gp, gp, value=1.0 - beta2)
-            usq[i] = _sumsq(update(i, wp, pos, n)) * self.weights[i]
+            usq[i] = sumsq(update(i, wp, pos, n)) * self.weights[i]
         un = self._allreduce(usq, "hvd_bert.zero.update_norms").sqrt()
         for i, wp, _, pos, n in self._pieces():  # the update again: a piece at a time, as stage 0's kernel
             group = self._group(i)
@@ -87,7 +87,7 @@ class UpdateRules:
             wp.add_(d, alpha=-group["lr"])
 
 
-def _sumsq(x: torch.Tensor) -> float:
+def sumsq(x: torch.Tensor) -> float:
     """The sum of squares of ``x``, in double (the C kernel on a CPU: no temporary)."""
     if x.numel() == 0:
         return 0.0

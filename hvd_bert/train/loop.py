@@ -83,7 +83,8 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
         log.set_step(engine.step_count)
         if book.plan is not None:
             tp = getattr(getattr(engine, "tp", None), "size", 1)
-            groups = (f" ({book.plan.world_size} data-parallel replicas, each a group of {tp} "
+            n = book.plan.world_size
+            groups = (f" ({n} data-parallel replica{'s' if n != 1 else ''}, each a group of {tp} "
                       f"tensor-parallel ranks)") if tp > 1 else ""
             log.print(f"batch: {book.plan.describe()}{groups}")  # printed once
         if hasattr(engine, "memory"):
