@@ -28,7 +28,8 @@ PEER = {
            "def _with_autograph(*a, **k):\n    k['autograph'] = True\n    return _f(*a, **k)\n"
            "tf.function = _with_autograph\n"),
 }
-RUN = "import runpy, sys\nsys.argv = ['hvd_bert'] + sys.argv[1:]\nrunpy.run_module('hvd_bert', run_name='__main__')\n"
+RUN = ("import runpy, sys\nsys.argv = ['hvd_bert'] + sys.argv[1:]\n"
+       "runpy.run_module('hvd_bert', run_name='__main__')\n")
 
 
 def once(framework: str, peer: bool, data: str, out: str) -> tuple[float, float]:
