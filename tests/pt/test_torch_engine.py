@@ -176,3 +176,29 @@ def test_fit_of_a_scripts_own_model_writes_the_run_folder_and_refuses_other_sett
     res = fit(engine, lambda start: iter(lambda: (torch.ones(4, 3), torch.zeros(4, 1)), None), total_steps=2,
               output_dir=False, progress=False)
     assert res.steps == 2 and res.checkpoint is None and not (tmp_path / "unused").exists()
+
+
+def test_the_jobs_backend_builds_and_steps_optimizers_without_importing_torchdynamo():
+    """The backend's start-up saving (BENCHMARKS.md, "Start-up of one rank"): in a fresh
+    interpreter, after the skip, LAMB and Horovod's state handling work and TorchDynamo stays
+    unloaded; with TorchDynamo already loaded the skip changes nothing."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from hvd_bert.pt.backend import _optimizers_without_dynamo\n"
+        "from hvd_bert.pt.optim import Lamb\n"
+        "_optimizers_without_dynamo()\n"
+        "p = torch.nn.Parameter(torch.ones(4))\n"
+        "opt = Lamb([p], lr=0.1)\n"
+        "p.grad = torch.full((4,), 0.5)\n"
+        "opt.step(); opt.zero_grad(); opt.load_state_dict(opt.state_dict())\n"
+        "assert p.grad is None and float(p[0]) < 1.0\n"
+        "print('torch._dynamo' in sys.modules)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "False"
+    loaded = subprocess.run([sys.executable, "-c", "import torch._dynamo\n" + code], capture_output=True,
+                            text=True, timeout=120)
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "True", loaded.stderr[-3000:]

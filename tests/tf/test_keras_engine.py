@@ -74,6 +74,8 @@ def test_engine_trains_with_and_without_xla(jit):
         losses.append(float(engine.last_metrics["loss"]))
     assert engine.step_count == 20 and res is not None
     assert np.mean(losses[-4:]) < np.mean(losses[:4])
+    # traced without AutoGraph (half of a rank's start-up; BENCHMARKS.md, "Start-up of one rank")
+    assert engine._micro._autograph is False and engine._apply._autograph is False
 
 
 def test_engine_bf16_policy_runs_and_keeps_fp32_variables():
