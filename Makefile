@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup test test-quick lint doctor demo demo-phase2 clean
+.PHONY: setup test test-quick lint doctor demo demo-phase2 image image-gpu clean
 
 setup:
 	bash scripts/setup.sh
@@ -19,6 +19,8 @@ lint: setup
 test: lint
 	-bash scripts/slurm_local.sh install   # for tests/parallel/test_slurm.py (skips without it)
 	-bash scripts/fake_cluster.sh install  # sshd, for tests/parallel/test_multinode.py
+	-bash scripts/build_image.sh install   # podman, runc, debootstrap, squashfs-tools (container tests)
+	-bash scripts/build_image.sh cpu       # the image (seconds when up to date), before the suite's clock
 	bash scripts/run_tests.sh
 
 # The editing loop, under 5 minutes: the framework-free core and one framework's unit tests
@@ -56,6 +58,18 @@ demo-phase2: setup
 	    --set train.output_dir=$(RUN)-phase2 --set train.batch.local_batch_size=8 \
 	    --set train.batch.backward_passes_per_step=4 --set train.schedule.total_steps=50 \
 	    --set train.optim.lr=4e-3 $(ARGS)
+
+# The container image (docker/Dockerfile) with podman, or Docker where its engine runs: the
+# frameworks from the wheels of this machine's venv, the cached Horovod wheel, the toolkit as
+# the image's non-root user; nothing is rebuilt when nothing changed (scripts/build_image.sh).
+image: setup
+	bash scripts/build_image.sh install
+	bash scripts/build_image.sh cpu
+
+# The GPU image (NGC base, Horovod with NCCL) where nvcr.io is reachable; STAGE=system builds
+# only the layers that need no CUDA, on any base (BASE_IMAGE=...).
+image-gpu: setup
+	bash scripts/build_image.sh gpu $(if $(STAGE),--target $(STAGE))
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

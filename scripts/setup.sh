@@ -14,7 +14,11 @@
 # HVD_BERT_TORCH_INDEX (extra pip index for torch's CPU build, for machines where plain
 # `pip install torch==2.13.0` would take a CUDA build, e.g. https://download.pytorch.org/whl/cpu),
 # HVD_BERT_SKIP_APT=1 (never call apt-get; fail with the package list instead),
-# HVD_BERT_GPU=1 (build Horovod with NCCL for GPU tensors; the GPU image sets it).
+# HVD_BERT_GPU=1 (build Horovod with NCCL for GPU tensors; the GPU image sets it),
+# HVD_BERT_DEV=0 (leave out requirements-dev.txt: the test and lint tools; the images set it),
+# HVD_BERT_SETUP_UNTIL=horovod (stop after step 4; the images install the toolkit in a later layer).
+# pip's own settings apply (PIP_NO_INDEX, PIP_FIND_LINKS, PIP_CONSTRAINT: the images install
+# offline from the wheels scripts/build_image.sh gathers).
 set -Eeuo pipefail
 
 ROOT=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)  # also when reached by a symlink
@@ -79,14 +83,18 @@ pyver=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])
 
 # ---------------------------------------------------------------------------------------
 step "Python packages (torch $TORCH_VERSION, tensorflow-cpu $TF_VERSION, tf-keras, mpi4py, ...)"
-deps_key=$(cat "$ROOT/requirements.txt" "$ROOT/requirements-dev.txt" | sha256sum | cut -c1-16)
+requirements=("$ROOT/requirements.txt")
+[[ ${HVD_BERT_DEV:-1} == 0 ]] || requirements+=("$ROOT/requirements-dev.txt")
+deps_key=$(cat "${requirements[@]}" | sha256sum | cut -c1-16)
 deps_stamp=$VENV/.hvd_bert_deps
 if [[ $(cat "$deps_stamp" 2>/dev/null) != "$deps_key" ]]; then
     pip_ install -q --upgrade pip setuptools wheel || die "could not upgrade pip" "check network access to PyPI"
     extra=()
     [[ -n ${HVD_BERT_TORCH_INDEX:-} ]] && extra+=(--extra-index-url "$HVD_BERT_TORCH_INDEX")
-    # mpi4py is compiled against the system OpenMPI (mpicc), not taken as a binary wheel.
-    pip_ install -q "${extra[@]}" --no-binary mpi4py -r "$ROOT/requirements.txt" -r "$ROOT/requirements-dev.txt" \
+    # mpi4py is compiled against the system OpenMPI (mpicc), not taken as a binary wheel from
+    # PyPI (HVD_BERT_MPI4PY_SOURCE=0: the images' wheels hold one built against the same OpenMPI).
+    [[ ${HVD_BERT_MPI4PY_SOURCE:-1} == 0 ]] || extra+=(--no-binary mpi4py)
+    pip_ install -q "${extra[@]}" "${requirements[@]/#/--requirement=}" \
         || die "pip could not install the requirements" \
             "read pip's error above; for torch's CPU build set HVD_BERT_TORCH_INDEX=https://download.pytorch.org/whl/cpu"
     echo "$deps_key" >"$deps_stamp"
@@ -132,6 +140,11 @@ if [[ $(cat "$hvd_stamp" 2>/dev/null) != "$key-$patch_sum" ]]; then
     pip_ install -q --no-deps --force-reinstall "$wheel" || die "could not install $wheel" \
         "remove $wheel_dir to rebuild it"
     echo "$key-$patch_sum" >"$hvd_stamp"
+fi
+
+if [[ ${HVD_BERT_SETUP_UNTIL:-} == horovod ]]; then
+    echo "==> [setup] stopped after Horovod (HVD_BERT_SETUP_UNTIL=horovod)"
+    exit 0
 fi
 
 # ---------------------------------------------------------------------------------------

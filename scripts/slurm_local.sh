@@ -8,6 +8,9 @@
 #       one slurmd per node of a running scripts/fake_cluster.sh cluster (node1..nodeN, each
 #       with this machine's CPUs), slurmctld on node1; submit from a node, e.g.
 #       scripts/fake_cluster.sh exec node1 env SLURM_CONF=DIR/slurm.conf sbatch -N 2 ...
+#   scripts/slurm_local.sh start DIR ... --oci
+#       also SLURM's OCI container support (oci.conf from scripts/container.sh oci-conf, runc):
+#       srun --container=BUNDLE runs each task in an image's bundle (scripts/container.sh bundle)
 #   scripts/slurm_local.sh stop DIR
 set -euo pipefail
 cmd=${1:-}
@@ -21,8 +24,14 @@ install)
     ;;
 start)
     d=$(realpath -m "${2:?folder}")
-    fake=${3:-}
-    [[ -z $fake || $fake == --fake-cluster ]] || { echo "slurm_local: unknown option '$fake'" >&2; exit 2; }
+    fake="" oci=""
+    for opt in "${@:3}"; do
+        case $opt in
+        --fake-cluster) fake=$opt ;;
+        --oci) oci=$opt ;;
+        *) echo "slurm_local: unknown option '$opt' (--fake-cluster, --oci)" >&2; exit 2 ;;
+        esac
+    done
     mkdir -p "$d/state" "$d/spool" "$d/munge"
     chmod 700 "$d/munge"
     [[ -f $d/munge/munge.key ]] || { dd if=/dev/urandom of="$d/munge/munge.key" bs=1 count=1024 2>/dev/null
@@ -75,6 +84,8 @@ $nodes
 $partition
 CONF
     export SLURM_CONF=$d/slurm.conf
+    rm -f "$d/oci.conf"
+    if [[ -n $oci ]]; then bash "$(dirname "${BASH_SOURCE[0]}")/container.sh" oci-conf >"$d/oci.conf"; fi
     if [[ -n $fake ]]; then
         # The nodes share this machine's /tmp, where PMIx would put every node's files for a
         # step under the same name: each node's slurmd sees its own folder at $d/pmix instead.

@@ -32,6 +32,8 @@ def pytest_configure(config):
                                        "select with -m multinode, skip with -m 'not multinode'")
     config.addinivalue_line("markers", "readme: runs every README.md code block as written (tests/readme); "
                                        "select with -m readme")
+    config.addinivalue_line("markers", "container: builds and runs hvd_bert's image with podman (root); "
+                                       "select with -m container")
 
 
 # The modules that take longest start first, so that the two workers of the multi-process phase

@@ -134,8 +134,9 @@ def command(argv: Sequence[str], np: int = 2, launcher: Launcher = "gloo",
 
 def run(argv: Sequence[str], np: int = 2, launcher: Launcher = "gloo", timeout: float = 300,
         env: Mapping[str, str] | None = None, cwd: str | None = None, hosts: str | None = None,
-        nic: str | None = None, prefix: Sequence[str] = ()) -> RunResult:
-    """Run ``python argv...`` on ``np`` processes and wait at most ``timeout`` seconds."""
+        nic: str | None = None, prefix: Sequence[str] = (), python: str | None = None) -> RunResult:
+    """Run ``python argv...`` on ``np`` processes and wait at most ``timeout`` seconds (``python``:
+    this interpreter by default; a wrapper such as ``scripts/container.sh`` may take its place)."""
     full_env = mpi_env(env)
     # Each run gets its own OpenMPI session folder: concurrent jobs on one machine otherwise
     # share /tmp/ompi.<host>.<uid> and can trip over each other.
@@ -145,7 +146,7 @@ def run(argv: Sequence[str], np: int = 2, launcher: Launcher = "gloo", timeout: 
     # every variable as -x NAME makes mpirun fail silently on some environments)
     extra = [k for k, v in (env or {}).items() if k not in _FORWARD and os.environ.get(k) != v]
     extra.append("OMPI_MCA_orte_tmpdir_base")
-    cmd = command(argv, np, launcher, extra_env=extra, hosts=hosts, nic=nic, prefix=prefix)
+    cmd = command(argv, np, launcher, python=python, extra_env=extra, hosts=hosts, nic=nic, prefix=prefix)
     try:
         return _run(cmd, full_env, cwd, timeout)
     finally:

@@ -3,6 +3,7 @@
 and returns each rank's JSON result. A rank that fails, or a run that outlives its timeout,
 fails the test with the ranks' output."""
 
+import fcntl
 import json
 import os
 import subprocess
@@ -116,3 +117,24 @@ def wait_queue_empty(env: dict, prefix: list[str] = (), timeout: float = 900) ->
             pytest.fail(f"a job failed and its dependent waits forever: {q}")
         time.sleep(2)
     pytest.fail(f"jobs still queued after {timeout} s (id, state, reason): {q}")
+
+
+BUILD_IMAGE = Path(__file__).resolve().parents[2] / "scripts" / "build_image.sh"
+CONTAINER = Path(__file__).resolve().parents[2] / "scripts" / "container.sh"
+IMAGE = "localhost/hvd_bert:cpu"
+
+
+@pytest.fixture(scope="session")
+def image():
+    """hvd_bert's CPU image, built by scripts/build_image.sh (`make test` builds it before the
+    suite; here it is then found up to date in seconds). One build at a time on this machine."""
+    if not launch.is_root():
+        pytest.skip("the image tests need root (podman with runc, debootstrap)")
+    inst = subprocess.run(["bash", str(BUILD_IMAGE), "install"], capture_output=True, text=True, timeout=600)
+    if inst.returncode != 0:
+        pytest.skip(f"podman, runc, debootstrap are not installed and cannot be here: {inst.stderr.strip()}")
+    with open("/tmp/hvd_bert-image-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        res = subprocess.run(["bash", str(BUILD_IMAGE), "cpu"], capture_output=True, text=True, timeout=3600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return IMAGE

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bert_jobs import TINY, metrics_of
-from conftest import FAKE_CLUSTER, WORKERS, fake_cluster, on_node1, wait_queue_empty
+from conftest import CONTAINER, FAKE_CLUSTER, WORKERS, fake_cluster, on_node1, wait_queue_empty
 from hvd_bert.cluster import launch
 
 pytestmark = pytest.mark.multinode
@@ -94,11 +94,12 @@ SLURM_LOCAL = REPO / "scripts" / "slurm_local.sh"
 
 @pytest.fixture(scope="module")
 def slurm2(cluster, tmp_path_factory):
-    """One slurmd per fake node (slurmctld on node1); commands are given from node1."""
+    """One slurmd per fake node (slurmctld on node1), with SLURM's OCI container support (runc);
+    commands are given from node1."""
     inst = subprocess.run(["bash", str(SLURM_LOCAL), "install"], capture_output=True, text=True, timeout=600)
     assert inst.returncode == 0, inst.stderr
     d = tmp_path_factory.mktemp("slurm2")
-    start = subprocess.run(["bash", str(SLURM_LOCAL), "start", str(d), "--fake-cluster"], env=cluster,
+    start = subprocess.run(["bash", str(SLURM_LOCAL), "start", str(d), "--fake-cluster", "--oci"], env=cluster,
                            capture_output=True, text=True, timeout=120)
     try:
         assert start.returncode == 0, start.stdout + start.stderr
@@ -182,3 +183,60 @@ def test_doctor_checks_both_hosts_and_reduces_across_them(cluster):
                    "10.213.9.0/24 on every host (interface eth0)", "OK: 4 ranks on 2 hosts agree",
                    "the hosts are ready: 4 ranks"):
         assert needle in res.stdout, res.stdout
+
+
+# ----------------------------------------------------------------------------- ranks in the image
+IN_IMAGE = "/opt/hvd_bert/.venv/bin/python"  # exists only in the image (not on this machine)
+
+
+def sbatch_job(data, out, steps):
+    """What slurm/pretrain.sbatch runs with MODEL=tiny DATA SEQ=64 MAX_PRED=10 GLOBAL_BATCH=32
+    LOCAL_BATCH=8 LR=1e-2 STEPS EXTRA_ARGS='--set train.log_every=1' (phase 1)."""
+    return ["-m", "hvd_bert", "pretrain", "--framework", "pt", "--config",
+            str(REPO / "recipes" / "bert-large-phase1.yaml"), "--set", "model=tiny", "--set", f"data={data}",
+            "--set", "max_seq_length=64", "--set", "max_predictions_per_seq=10",
+            "--set", "train.batch.global_batch_size=32", "--set", "train.batch.local_batch_size=8",
+            "--set", "train.optim.lr=1e-2", "--set", f"train.schedule.total_steps={steps}",
+            "--set", "progress=false", "--set", f"train.output_dir={out}", "--set", "train.log_every=1"]
+
+
+@pytest.mark.container
+def test_every_rank_in_the_image_on_two_nodes_trains_as_on_bare_metal(slurm2, image, bert_data, tmp_path):
+    """The same 4-rank job (2 nodes x 2 ranks) on bare metal, then with every rank in the image by
+    the three routes a cluster offers: horovodrun and mpirun starting each rank through
+    scripts/container.sh, and SLURM's own `srun --container` (slurm/pretrain.sbatch with
+    CONTAINER=an OCI bundle of the image, run by runc). The ranks' interpreter exists only in the
+    image; the losses of every step equal bare metal's."""
+    assert not Path(IN_IMAGE).exists()
+    steps = 4
+    bare = run_across(slurm2, sbatch_job(bert_data, tmp_path / "bare", steps), timeout=600)
+    assert bare.ok, bare.explain()
+    ref = [m["loss"] for m in metrics_of(tmp_path / "bare")]
+    assert len(ref) == steps
+    for launcher in ("gloo", "mpi"):
+        out = tmp_path / f"image-{launcher}"
+        res = launch.run(["exec", IN_IMAGE, *sbatch_job(bert_data, out, steps)], np=4, launcher=launcher,
+                         hosts=HOSTS, nic="eth0", prefix=on_node1(slurm2), python=str(CONTAINER),
+                         cwd=str(tmp_path), env=dict(os.environ, HVD_BERT_MOUNTS=f"{tmp_path},{bert_data}"),
+                         timeout=600)
+        assert res.ok, res.explain()
+        assert "world: 4 ranks on 2 hosts: node1 ranks 0-1, node2 ranks 2-3" in res.stdout, res.stdout[-3000:]
+        assert [m["loss"] for m in metrics_of(out)] == ref, launcher
+
+    bundle = tmp_path / "bundle"
+    made = subprocess.run(["bash", str(CONTAINER), "bundle", str(bundle)], capture_output=True, text=True,
+                          timeout=900)
+    assert made.returncode == 0, made.stderr
+    results = tmp_path / "results"
+    env = dict(slurm2, HVD_BERT_DIR=str(REPO), RESULTS=str(results), CONTAINER=str(bundle), MODEL="tiny",
+               DATA=str(bert_data), SEQ="64", MAX_PRED="10", GLOBAL_BATCH="32", LOCAL_BATCH="8",
+               STEPS=str(steps), LR="1e-2", EXTRA_ARGS="--set train.log_every=1")
+    env.pop("PYTHON", None)
+    job = from_node1(env, ["sbatch", "-W", "-N", "2", "--ntasks-per-node=2", f"--output={tmp_path}/oci-%j.out",
+                           str(REPO / "slurm" / "pretrain.sbatch")], 900, cwd=tmp_path)
+    outs = "".join(p.read_text() for p in tmp_path.glob("oci-*.out"))
+    run = results / "bert-tiny-phase1"
+    logs = "".join(p.read_text() for p in run.glob("jobs/*/rank-*.log")) if run.exists() else ""
+    assert job.returncode == 0, job.stdout + job.stderr + outs + logs[-3000:]
+    assert "world: 4 ranks on 2 hosts: node1 ranks 0-1, node2 ranks 2-3" in logs, logs[-3000:]
+    assert [m["loss"] for m in metrics_of(run)] == ref

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# hvd_bert's image (scripts/build_image.sh) at work, with podman or Docker:
+#   scripts/container.sh run [CMD...]    CMD (default: hvd-bert doctor) as the image's non-root
+#                                        user; host network; each path in $HVD_BERT_MOUNTS
+#                                        mounted at the same path; the work dir is $PWD if mounted
+#   scripts/container.sh exec CMD...     CMD as one rank of a job that horovodrun or mpirun starts
+#                                        on each host, in place of python (see below): the
+#                                        caller's user, and the host's network, host name,
+#                                        processes, /tmp and /dev/shm; the launcher's variables
+#   scripts/container.sh bundle DIR      an OCI bundle (DIR/rootfs, DIR/config.json) for SLURM's
+#                                        own container support: srun --container=DIR (oci.conf:
+#                                        `scripts/container.sh oci-conf`)
+#   scripts/container.sh oci-conf        the oci.conf that runs such bundles with runc
+#   scripts/container.sh squashfs FILE   the image as `enroot import` makes it (a squashfs root
+#                                        file system with /etc/environment and /etc/rc), for Pyxis
+#
+# Ranks in containers, two hosts, the same paths everywhere (the run folder and data mounted):
+#   export HVD_BERT_MOUNTS=/shared/runs,/shared/data
+#   horovodrun -np 4 -H node1:2,node2:2 --gloo scripts/container.sh exec \
+#       python -m hvd_bert pretrain --set data=/shared/data --set train.output_dir=/shared/runs/p1
+#   mpirun -np 4 -H node1:2,node2:2 -x HVD_BERT_MOUNTS scripts/container.sh exec python -m hvd_bert ...
+#
+# Settings: HVD_BERT_IMAGE (default localhost/hvd_bert:cpu), HVD_BERT_MOUNTS (comma-separated host
+# paths), HVD_BERT_ENGINE (podman or docker; default docker where its engine runs, else podman),
+# HVD_BERT_RUNTIME (podman's OCI runtime; default runc where installed).
+set -euo pipefail
+IMAGE=${HVD_BERT_IMAGE:-localhost/hvd_bert:cpu}
+die() { echo "container: $1" >&2; [[ -z ${2:-} ]] || echo "container: fix: $2" >&2; exit 2; }
+
+engine=${HVD_BERT_ENGINE:-}
+if [[ -z $engine ]]; then
+    if command -v docker >/dev/null && docker info >/dev/null 2>&1; then engine=docker
+    elif command -v podman >/dev/null; then engine=podman
+    else die "neither podman nor a running Docker engine" "apt-get install podman runc, or start Docker"; fi
+fi
+
+# Limits a container may have: raising them above the caller's is refused, and runc here
+# also refused the caller's own process limit (96369), so both are capped at known-good values.
+limits() {
+    local n u
+    n=$(ulimit -Hn); [[ $n == unlimited || $n -gt 20000 ]] && n=20000
+    u=$(ulimit -Hu); [[ $u == unlimited || $u -gt 32768 ]] && u=32768
+    echo "--ulimit nofile=$((n < 1024 ? n : 1024)):$n --ulimit nproc=$u:$u"
+}
+need_image() {
+    "$engine" image inspect "$IMAGE" >/dev/null 2>&1 \
+        || die "no image $IMAGE here" "build it: make image (scripts/build_image.sh), or set HVD_BERT_IMAGE"
+}
+
+# The options every container gets: its limits, podman's runtime, and the host paths named in
+# HVD_BERT_MOUNTS at the same paths.
+common() {
+    # shellcheck disable=SC2207  # words on purpose
+    opts=(--rm --network host $(limits))
+    if [[ $engine == podman ]]; then
+        local rt=${HVD_BERT_RUNTIME:-}
+        [[ -z $rt ]] && command -v runc >/dev/null && rt=runc
+        [[ -n $rt ]] && opts=(--runtime "$rt" "${opts[@]}")
+    fi
+    local p workdir=""
+    IFS=, read -r -a paths <<<"${HVD_BERT_MOUNTS:-}"
+    for p in "${paths[@]}"; do
+        [[ -z $p ]] && continue
+        [[ -e $p ]] || die "HVD_BERT_MOUNTS names $p, which does not exist" "create it, or remove it from HVD_BERT_MOUNTS"
+        p=$(realpath "$p")
+        opts+=(--volume "$p:$p")
+        [[ $PWD == "$p" || $PWD == "$p"/* ]] && workdir=$PWD
+    done
+    [[ -n $workdir ]] && opts+=(--workdir "$workdir")
+    return 0
+}
+
+case ${1:-} in
+run)
+    shift
+    need_image
+    common
+    tty=()
+    [[ -t 0 && -t 1 ]] && tty=(--interactive --tty)
+    exec "$engine" run "${opts[@]}" "${tty[@]}" "$IMAGE" "$@"
+    ;;
+exec)
+    shift
+    [[ $# -gt 0 ]] || die "exec needs a command" "e.g. scripts/container.sh exec python -m hvd_bert pretrain ..."
+    common
+    # the launcher's variables (Horovod's rendezvous, OpenMPI's and PMIx's, SLURM's), not the host's
+    # PATH, HOME or PYTHONPATH, which name places on the host
+    envs=()
+    while IFS= read -r name; do envs+=(--env "$name"); done < <(compgen -e | grep -E \
+        '^(HOROVOD_|OMPI_|PMIX_|OPAL_|PRTE_|SLURM_|HVD_BERT_|NCCL_|TF_|OMP_NUM_THREADS$|CUDA_VISIBLE_DEVICES$|PYTHONUNBUFFERED$)')
+    [[ $PWD == /tmp || $PWD == /tmp/* ]] || opts+=(--volume "$PWD:$PWD")
+    exec "$engine" run "${opts[@]}" --uts host --ipc host --pid host --volume /tmp:/tmp --volume /dev/shm:/dev/shm \
+        --user "$(id -u):$(id -g)" --workdir "$PWD" "${envs[@]}" "$IMAGE" "$@"
+    ;;
+bundle)
+    dir=${2:?usage: scripts/container.sh bundle DIR}
+    need_image
+    command -v runc >/dev/null || die "runc is missing" "apt-get install runc"
+    [[ ! -e $dir/rootfs ]] || die "$dir/rootfs exists already" "remove $dir, or name a new folder"
+    mkdir -p "$dir"
+    dir=$(realpath "$dir")
+    tmp=$(mktemp -d "$dir/.rootfs.XXXXXX")
+    trap 'rm -rf "$tmp"' EXIT
+    cid=$("$engine" create "$IMAGE")
+    "$engine" export "$cid" | tar -x -C "$tmp"
+    "$engine" rm "$cid" >/dev/null
+    (cd "$tmp" && runc spec && mv config.json ../.config.json)
+    "$engine" image inspect --format '{{json .Config}}' "$IMAGE" >"$dir/.image.json"
+    python3 - "$dir" "$tmp" "${HVD_BERT_MOUNTS:-}" <<'PY'
+import json, os, sys
+d, tmp, mounts = sys.argv[1], sys.argv[2], [m for m in sys.argv[3].split(",") if m]
+spec = json.load(open(os.path.join(d, ".config.json")))
+image = json.load(open(os.path.join(d, ".image.json")))
+# SLURM sets the command, the environment and the user of each task; the image gives the rest.
+spec["root"] = {"path": os.path.join(d, "rootfs"), "readonly": False}
+proc = spec["process"]
+proc.update(terminal=False, args=image.get("Cmd") or ["/bin/bash"], env=image.get("Env") or [],
+            cwd=image.get("WorkingDir") or "/")
+proc["rlimits"] = [{"type": "RLIMIT_NOFILE", "soft": 1024, "hard": 20000}]
+# The host's network, host name, processes and IPC (ranks on a node talk over loopback and shared
+# memory; PMIx's files live under /tmp): only the mount namespace is the container's own.
+spec["linux"]["namespaces"] = [{"type": "mount"}]
+spec.pop("hostname", None)
+spec["mounts"] = [m for m in spec["mounts"] if m["destination"] not in ("/dev/shm", "/sys")]
+binds = [("/tmp", "/tmp"), ("/dev/shm", "/dev/shm"), ("/etc/hosts", "/etc/hosts"),
+         ("/etc/resolv.conf", "/etc/resolv.conf"), ("/sys", "/sys")]
+binds += [(os.path.realpath(m), os.path.realpath(m)) for m in mounts]
+for src, dst in binds:
+    spec["mounts"].append({"destination": dst, "type": "bind", "source": src, "options": ["rbind", "rw"]})
+json.dump(spec, open(os.path.join(d, "config.json"), "w"), indent=2)
+PY
+    rm -f "$dir/.config.json" "$dir/.image.json"
+    mv "$tmp" "$dir/rootfs"
+    trap - EXIT
+    echo "container: OCI bundle of $IMAGE in $dir (srun --container=$dir; oci.conf: $0 oci-conf)"
+    ;;
+oci-conf)
+    # runc's state in /run/hvd_bert-oci; %n.%u.%j.%s.%t names one task's container
+    id="%n.%u.%j.%s.%t"
+    cat <<CONF
+# SLURM's OCI container support with runc (srun --container=BUNDLE): put this file next to
+# slurm.conf as oci.conf; the bundle comes from: scripts/container.sh bundle DIR
+RunTimeQuery="runc --root=/run/hvd_bert-oci state $id"
+RunTimeKill="runc --root=/run/hvd_bert-oci kill -a $id"
+RunTimeDelete="runc --root=/run/hvd_bert-oci delete --force $id"
+RunTimeRun="runc --root=/run/hvd_bert-oci run $id -b %b"
+CONF
+    ;;
+squashfs)
+    out=${2:?usage: scripts/container.sh squashfs FILE}
+    need_image
+    command -v mksquashfs >/dev/null || die "mksquashfs is missing" "apt-get install squashfs-tools"
+    out=$(realpath -m "$out")
+    tmp=$(mktemp -d "$(dirname "$out")/.squashfs.XXXXXX")
+    trap 'rm -rf "$tmp"' EXIT
+    cid=$("$engine" create "$IMAGE")
+    "$engine" export "$cid" | tar -x -C "$tmp"
+    "$engine" rm "$cid" >/dev/null
+    # What enroot import writes from the image's configuration: its environment, and /etc/rc,
+    # which enroot start runs (the work dir, then the command or the image's own).
+    "$engine" image inspect --format '{{range .Config.Env}}{{println .}}{{end}}' "$IMAGE" | sed '/^$/d' \
+        >"$tmp/etc/environment"
+    workdir=$("$engine" image inspect --format '{{.Config.WorkingDir}}' "$IMAGE")
+    cmd=$("$engine" image inspect --format '{{range .Config.Cmd}}{{printf "%q " .}}{{end}}' "$IMAGE")
+    printf 'cd %q || exit 1\nif [ $# -gt 0 ]; then exec "$@"; else exec %s; fi\n' "${workdir:-/}" "$cmd" >"$tmp/etc/rc"
+    mksquashfs "$tmp" "$out.tmp" -comp lzo -noD -noappend -quiet -no-progress >/dev/null
+    mv "$out.tmp" "$out"
+    echo "container: $out ($(du -h "$out" | cut -f1)), as enroot import makes it; Pyxis: srun --container-image=$out"
+    ;;
+*)
+    sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,107 @@
+"""hvd_bert's image for real (scripts/build_image.sh; podman with runc here): what it holds
+(the versions CI tests and the cached Horovod wheel, not a rebuild of it), a second build that
+builds nothing, the 2-rank demo pretraining inside it as the image's non-root user into a run
+folder bind-mounted from the host and resumed by a second container, and the squashfs file that
+`enroot import` would make, unpacked and running `hvd-bert doctor`. `hvd-bert doctor` in the
+image itself runs in the README's container block (tests/readme); ranks in containers on two
+nodes, by horovodrun, mpirun and SLURM's `srun --container`, in test_multinode.py."""
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from bert_jobs import metrics_of
+from conftest import BUILD_IMAGE, CONTAINER
+
+pytestmark = pytest.mark.container
+
+ROOT = Path(__file__).resolve().parents[2]
+UID = 1000  # the image's user (docker/Dockerfile's USER_UID)
+
+
+def in_image(*cmd, mounts=(), timeout=600):
+    env = dict(os.environ, HVD_BERT_MOUNTS=",".join(map(str, mounts)))
+    return subprocess.run(["bash", str(CONTAINER), "run", *cmd], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def site_packages(*parts):
+    return "/".join(["lib", "python3.11", "site-packages", *parts])
+
+
+def test_a_second_build_builds_nothing_and_the_image_runs_what_ci_tests(image):
+    again = subprocess.run(["bash", str(BUILD_IMAGE), "cpu"], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "is up to date" in again.stdout and "build" not in again.stderr, \
+        again.stdout + again.stderr
+    # the same versions as the set-up's venv here, and Horovod's own library from the cached
+    # wheel, byte for byte (a rebuild would differ)
+    lib = site_packages("horovod", "torch", "mpi_lib_v2.cpython-311-x86_64-linux-gnu.so")
+    res = in_image("bash", "-c", f"python -m pip freeze --all && sha256sum /opt/hvd_bert/.venv/{lib}")
+    assert res.returncode == 0, res.stderr
+    host = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "pip", "freeze", "--all"],
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    inside = res.stdout.splitlines()
+    for pkg in ("torch==", "tensorflow-cpu==", "tf-keras==", "numpy==", "mpi4py==", "tokenizers=="):
+        assert [x for x in inside if x.startswith(pkg)] == [x for x in host if x.startswith(pkg)], pkg
+    assert not [x for x in inside if x.startswith(("pytest==", "transformers=="))]  # no test tools
+    sha = subprocess.run(["sha256sum", str(ROOT / ".venv" / lib)], capture_output=True, text=True,
+                         check=True).stdout.split()[0]
+    assert inside[-1].split()[0] == sha
+
+
+@pytest.fixture
+def shared(bert_data):
+    """A host folder the image's user owns (as a user's own folder is theirs), outside pytest's
+    root-only temporary folder, with the session's prepared data in it."""
+    d = Path(tempfile.mkdtemp(prefix="hvd_bert-image-"))
+    shutil.copytree(bert_data, d / "data")
+    for p in [d, *d.rglob("*")]:
+        os.chown(p, UID, UID)
+    yield d
+    shutil.rmtree(d)
+
+
+def test_the_demo_pretrains_in_the_image_as_its_user_into_the_host_folder_and_resumes(image, shared):
+    run = shared / "runs" / "demo"
+    demo = ["make", "demo", f"DATA={shared / 'data'}", f"RUN={run}"]
+    args = ("ARGS=--set max_seq_length=64 --set max_predictions_per_seq=10 --set train.log_every=3 "
+            "--set train.checkpoint_every=3 --set train.schedule.total_steps={}")
+    first = in_image(*demo, args.format(6), mounts=[shared])
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "global batch" in first.stdout and "world size 2" in first.stdout, first.stdout
+    ckpts = sorted(run.glob("ckpt-*"))
+    assert [p.name for p in ckpts] == ["ckpt-00000003.pt", "ckpt-00000006.pt"]
+    for p in [run, *run.rglob("*")]:
+        st = p.stat()
+        # written by the image's user, not root, and readable by every host user
+        assert (st.st_uid, st.st_gid) == (UID, UID), p
+        assert st.st_mode & stat.S_IROTH, (p, oct(st.st_mode))
+    second = in_image(*demo, args.format(9), mounts=[shared])
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "resumed from step 6" in second.stdout, second.stdout
+    assert [m["step"] for m in metrics_of(run)] == [3, 6, 9]
+
+
+def test_the_squashfs_enroot_would_import_unpacks_to_a_root_that_runs_doctor(image, tmp_path):
+    sqsh = tmp_path / "hvd_bert+cpu.sqsh"
+    made = subprocess.run(["bash", str(CONTAINER), "squashfs", str(sqsh)], capture_output=True, text=True,
+                          timeout=900)
+    assert made.returncode == 0, made.stderr
+    root = tmp_path / "root"
+    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(root), str(sqsh)], check=True, capture_output=True,
+                   timeout=900)
+    env = dict(line.split("=", 1) for line in (root / "etc" / "environment").read_text().splitlines())
+    assert env["PATH"].startswith("/opt/hvd_bert/.venv/bin:") and env["HVD_BERT_DEV"] == "0"
+    # as `enroot start` runs it: the root file system, its environment, /etc/rc with the command
+    limits = ["--ulimit", "nofile=1024:20000", "--ulimit", "nproc=32768:32768"]
+    res = subprocess.run(["podman", "--runtime", "runc", "run", "--rm", "--network", "host", *limits,
+                          "--user", str(UID), "--env-file", str(root / "etc" / "environment"),
+                          "--rootfs", str(root), "/bin/sh", "/etc/rc", "hvd-bert", "doctor"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "everything works: 4 distributed runs passed" in res.stdout, \
+        res.stdout + res.stderr
