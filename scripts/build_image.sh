@@ -168,7 +168,9 @@ extra=()
 "$engine" build "${extra[@]}" "${args[@]}" --label "hvd_bert.content=$content" -f "$ctx/src/docker/Dockerfile" \
     -t "$tag" "$ctx" || die "the image build failed" "read the build's error above"
 # the image this one replaces, unless a container still uses it (its shared layers stay)
-[[ -n $old && $old != "$("$engine" image inspect --format '{{.Id}}' "$tag")" ]] && "$engine" rmi "$old" >/dev/null 2>&1
+if [[ -n $old && $old != "$("$engine" image inspect --format '{{.Id}}' "$tag")" ]]; then
+    "$engine" rmi "$old" >/dev/null 2>&1 || true
+fi
 size=$("$engine" image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1/1e9}')
 echo "==> [image] $tag built in $((SECONDS - start)) s ($SECONDS s with the set-up and the wheels); size $size"
 echo "    try: HVD_BERT_IMAGE=$tag scripts/container.sh run hvd-bert doctor"

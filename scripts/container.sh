@@ -11,8 +11,9 @@
 #                                        own container support: srun --container=DIR (oci.conf:
 #                                        `scripts/container.sh oci-conf`)
 #   scripts/container.sh oci-conf        the oci.conf that runs such bundles with runc
-#   scripts/container.sh squashfs FILE   the image as `enroot import` makes it (a squashfs root
-#                                        file system with /etc/environment and /etc/rc), for Pyxis
+#   scripts/container.sh squashfs [FILE] the image as `enroot import` makes it (a squashfs root
+#                                        file system with /etc/environment and /etc/rc), for Pyxis;
+#                                        kept in ~/.cache/hvd_bert/images per image id, linked to FILE
 #
 # Ranks in containers, two hosts, the same paths everywhere (the run folder and data mounted):
 #   export HVD_BERT_MOUNTS=/shared/runs,/shared/data
@@ -22,10 +23,27 @@
 #
 # Settings: HVD_BERT_IMAGE (default localhost/hvd_bert:cpu), HVD_BERT_MOUNTS (comma-separated host
 # paths), HVD_BERT_ENGINE (podman or docker; default docker where its engine runs, else podman),
-# HVD_BERT_RUNTIME (podman's OCI runtime; default runc where installed).
+# HVD_BERT_RUNTIME (podman's OCI runtime; default runc where installed), HVD_BERT_SQUASH_OPTIONS
+# (mksquashfs's compression, default -comp lz4; enroot's own default is -comp lzo -noD).
 set -euo pipefail
 IMAGE=${HVD_BERT_IMAGE:-localhost/hvd_bert:cpu}
 die() { echo "container: $1" >&2; [[ -z ${2:-} ]] || echo "container: fix: $2" >&2; exit 2; }
+
+# (inside the container) _supervise WRAPPER_PID CMD...: see exec below
+if [[ ${1:-} == _supervise ]]; then
+    wrapper=$2; shift 2
+    "$@" &
+    cmd=$!
+    trap 'kill -TERM $cmd 2>/dev/null' TERM INT HUP
+    while kill -0 "$cmd" 2>/dev/null; do
+        if ! kill -0 "$wrapper" 2>/dev/null; then
+            kill -TERM "$cmd" 2>/dev/null; sleep 5; kill -KILL "$cmd" 2>/dev/null; break
+        fi
+        sleep 0.5
+    done
+    wait "$cmd"
+    exit
+fi
 
 engine=${HVD_BERT_ENGINE:-}
 if [[ -z $engine ]]; then
@@ -70,6 +88,48 @@ common() {
     return 0
 }
 
+# The image as `enroot import` makes it: its root file system in a squashfs file, with what enroot
+# writes from the image's configuration: /etc/environment (its ENV) and /etc/rc, which
+# `enroot start` runs (the work dir, then the command given or the image's CMD). Made straight
+# from the image's mounted layers, once per image id (cached; the previous one is removed).
+squashfs_of_image() {
+    command -v mksquashfs >/dev/null || die "mksquashfs is missing" "apt-get install squashfs-tools"
+    local id cache sqsh meta mnt
+    id=$("$engine" image inspect --format '{{.Id}}' "$IMAGE")
+    cache=${HVD_BERT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_bert}/images
+    sqsh=$cache/hvd_bert-${id:0:16}.sqsh
+    if [[ ! -f $sqsh ]]; then
+        mkdir -p "$cache"
+        meta=$(mktemp -d)
+        "$engine" image inspect --format '{{range .Config.Env}}{{println .}}{{end}}' "$IMAGE" | sed '/^$/d' \
+            >"$meta/environment"
+        local workdir cmd
+        workdir=$("$engine" image inspect --format '{{.Config.WorkingDir}}' "$IMAGE")
+        cmd=$("$engine" image inspect --format '{{range .Config.Cmd}}{{printf "%q " .}}{{end}}' "$IMAGE")
+        # shellcheck disable=SC2016  # $# and $@ are /etc/rc's own
+        printf 'cd %q || exit 1\nif [ $# -gt 0 ]; then exec "$@"; else exec %s; fi\n' "${workdir:-/}" "$cmd" \
+            >"$meta/rc"
+        if [[ $engine == podman ]]; then  # the layers as they are, no copy
+            mnt=$("$engine" image mount "$IMAGE") || die "cannot mount $IMAGE's file system" "run as root"
+        else                              # Docker has no image mount: a copy of its file system
+            mnt=$meta/rootfs cid=$("$engine" create "$IMAGE")
+            mkdir "$mnt" && "$engine" export "$cid" | tar -x -C "$mnt"
+            "$engine" rm "$cid" >/dev/null
+        fi
+        local ok=1
+        # shellcheck disable=SC2086  # options are words
+        mksquashfs "$mnt" "$sqsh.tmp" ${HVD_BERT_SQUASH_OPTIONS:--comp lz4} -noappend -quiet -no-progress \
+            -p "etc/environment f 644 0 0 cat $meta/environment" -p "etc/rc f 644 0 0 cat $meta/rc" \
+            -e etc/environment etc/rc >/dev/null || ok=0
+        if [[ $engine == podman ]]; then "$engine" image unmount "$IMAGE" >/dev/null; fi
+        rm -rf "$meta"
+        ((ok)) || { rm -f "$sqsh.tmp"; die "mksquashfs failed" "see its error above (disk space?)"; }
+        rm -f "$cache"/hvd_bert-*.sqsh
+        mv "$sqsh.tmp" "$sqsh"
+    fi
+    echo "$sqsh"
+}
+
 case ${1:-} in
 run)
     shift
@@ -89,28 +149,41 @@ exec)
     while IFS= read -r name; do envs+=(--env "$name"); done < <(compgen -e | grep -E \
         '^(HOROVOD_|OMPI_|PMIX_|OPAL_|PRTE_|SLURM_|HVD_BERT_|NCCL_|TF_|OMP_NUM_THREADS$|CUDA_VISIBLE_DEVICES$|PYTHONUNBUFFERED$)')
     [[ $PWD == /tmp || $PWD == /tmp/* ]] || opts+=(--volume "$PWD:$PWD")
-    exec "$engine" run "${opts[@]}" --uts host --ipc host --pid host --volume /tmp:/tmp --volume /dev/shm:/dev/shm \
-        --user "$(id -u):$(id -g)" --workdir "$PWD" "${envs[@]}" "$IMAGE" "$@"
+    # A launcher that gives up on a job kills its ranks' process groups, SIGKILL at the end: the
+    # container must not outlive this wrapper. In it, _supervise runs the command and ends it
+    # when this wrapper's process (seen through --pid host) is gone; a signal is passed on.
+    name=hvd_bert-rank-$(hostname)-$$-$RANDOM
+    trap '"$engine" rm -f "$name" >/dev/null 2>&1 || true' EXIT
+    "$engine" run "${opts[@]}" --name "$name" --uts host --ipc host --pid host --volume /tmp:/tmp \
+        --volume /dev/shm:/dev/shm --user "$(id -u):$(id -g)" --workdir "$PWD" "${envs[@]}" "$IMAGE" \
+        bash /opt/hvd_bert/scripts/container.sh _supervise $$ "$@" &
+    child=$!
+    trap 'kill -TERM $child 2>/dev/null' TERM INT HUP
+    rc=0
+    while :; do  # (a trapped signal ends wait early: wait again until podman has exited)
+        wait "$child" && rc=0 || rc=$?
+        kill -0 "$child" 2>/dev/null || break
+    done
+    exit "$rc"
     ;;
 bundle)
     dir=${2:?usage: scripts/container.sh bundle DIR}
     need_image
     command -v runc >/dev/null || die "runc is missing" "apt-get install runc"
     [[ ! -e $dir/rootfs ]] || die "$dir/rootfs exists already" "remove $dir, or name a new folder"
+    sqsh=$(squashfs_of_image)
     mkdir -p "$dir"
     dir=$(realpath "$dir")
-    tmp=$(mktemp -d "$dir/.rootfs.XXXXXX")
+    tmp=$(mktemp -d "$dir/.bundle.XXXXXX")
     trap 'rm -rf "$tmp"' EXIT
-    cid=$("$engine" create "$IMAGE")
-    "$engine" export "$cid" | tar -x -C "$tmp"
-    "$engine" rm "$cid" >/dev/null
-    (cd "$tmp" && runc spec && mv config.json ../.config.json)
-    "$engine" image inspect --format '{{json .Config}}' "$IMAGE" >"$dir/.image.json"
+    unsquashfs -q -n -d "$tmp/rootfs" "$sqsh" >/dev/null
+    (cd "$tmp" && runc spec)
+    "$engine" image inspect --format '{{json .Config}}' "$IMAGE" >"$tmp/image.json"
     python3 - "$dir" "$tmp" "${HVD_BERT_MOUNTS:-}" <<'PY'
 import json, os, sys
 d, tmp, mounts = sys.argv[1], sys.argv[2], [m for m in sys.argv[3].split(",") if m]
-spec = json.load(open(os.path.join(d, ".config.json")))
-image = json.load(open(os.path.join(d, ".image.json")))
+spec = json.load(open(os.path.join(tmp, "config.json")))
+image = json.load(open(os.path.join(tmp, "image.json")))
 # SLURM sets the command, the environment and the user of each task; the image gives the rest.
 spec["root"] = {"path": os.path.join(d, "rootfs"), "readonly": False}
 proc = spec["process"]
@@ -127,10 +200,11 @@ binds = [("/tmp", "/tmp"), ("/dev/shm", "/dev/shm"), ("/etc/hosts", "/etc/hosts"
 binds += [(os.path.realpath(m), os.path.realpath(m)) for m in mounts]
 for src, dst in binds:
     spec["mounts"].append({"destination": dst, "type": "bind", "source": src, "options": ["rbind", "rw"]})
-json.dump(spec, open(os.path.join(d, "config.json"), "w"), indent=2)
+json.dump(spec, open(os.path.join(tmp, "config.json"), "w"), indent=2)
 PY
-    rm -f "$dir/.config.json" "$dir/.image.json"
-    mv "$tmp" "$dir/rootfs"
+    mv "$tmp/rootfs" "$dir/rootfs"
+    mv "$tmp/config.json" "$dir/config.json"
+    rm -rf "$tmp"
     trap - EXIT
     echo "container: OCI bundle of $IMAGE in $dir (srun --container=$dir; oci.conf: $0 oci-conf)"
     ;;
@@ -147,24 +221,14 @@ RunTimeRun="runc --root=/run/hvd_bert-oci run $id -b %b"
 CONF
     ;;
 squashfs)
-    out=${2:?usage: scripts/container.sh squashfs FILE}
     need_image
-    command -v mksquashfs >/dev/null || die "mksquashfs is missing" "apt-get install squashfs-tools"
-    out=$(realpath -m "$out")
-    tmp=$(mktemp -d "$(dirname "$out")/.squashfs.XXXXXX")
-    trap 'rm -rf "$tmp"' EXIT
-    cid=$("$engine" create "$IMAGE")
-    "$engine" export "$cid" | tar -x -C "$tmp"
-    "$engine" rm "$cid" >/dev/null
-    # What enroot import writes from the image's configuration: its environment, and /etc/rc,
-    # which enroot start runs (the work dir, then the command or the image's own).
-    "$engine" image inspect --format '{{range .Config.Env}}{{println .}}{{end}}' "$IMAGE" | sed '/^$/d' \
-        >"$tmp/etc/environment"
-    workdir=$("$engine" image inspect --format '{{.Config.WorkingDir}}' "$IMAGE")
-    cmd=$("$engine" image inspect --format '{{range .Config.Cmd}}{{printf "%q " .}}{{end}}' "$IMAGE")
-    printf 'cd %q || exit 1\nif [ $# -gt 0 ]; then exec "$@"; else exec %s; fi\n' "${workdir:-/}" "$cmd" >"$tmp/etc/rc"
-    mksquashfs "$tmp" "$out.tmp" -comp lzo -noD -noappend -quiet -no-progress >/dev/null
-    mv "$out.tmp" "$out"
+    sqsh=$(squashfs_of_image)
+    if [[ -n ${2:-} ]]; then
+        out=$(realpath -m "$2")
+        ln -f "$sqsh" "$out" 2>/dev/null || cp "$sqsh" "$out"
+    else
+        out=$sqsh
+    fi
     echo "container: $out ($(du -h "$out" | cut -f1)), as enroot import makes it; Pyxis: srun --container-image=$out"
     ;;
 *)

@@ -3,13 +3,19 @@
 #                     `scripts/container.sh squashfs FILE`, or a registry's image
 #   CONTAINER_MOUNTS  Pyxis: host:container pairs, comma-separated (default: $RESULTS, same path)
 #   CONTAINER         SLURM's own OCI support (oci.conf with runc, no Pyxis): a bundle folder
-#                     from `scripts/container.sh bundle DIR` (its mounts are in its config.json)
+#                     from `scripts/container.sh bundle DIR` (its mounts are in its config.json).
+#                     SLURM 22.05 runs one task per node this way ("unexpected number of tasks");
+#                     23.02 and newer, any number.
+#   HVD_BERT_IMAGE    no container support in SLURM at all: each task starts its rank in this
+#                     podman or Docker image through scripts/container.sh exec, with the paths in
+#                     HVD_BERT_MOUNTS (default: $RESULTS) mounted at the same paths
 #   APP_DIR           the toolkit's folder as the steps see it: /opt/hvd_bert in the image,
 #                     else $HVD_BERT_DIR (the checkout on the nodes)
-# It sets container=(the srun options) and APP_DIR.
-container=()
-if [[ -n ${CONTAINER_IMAGE:-} && -n ${CONTAINER:-} ]]; then
-    echo "set CONTAINER_IMAGE (Pyxis) or CONTAINER (an OCI bundle), not both" >&2
+# It sets container=(the srun options), wrap=(what goes before the task's command) and APP_DIR.
+CONTAINER_IMAGE=${CONTAINER_IMAGE:-} CONTAINER=${CONTAINER:-} HVD_BERT_IMAGE=${HVD_BERT_IMAGE:-}
+container=() wrap=()
+if (( (${#CONTAINER_IMAGE} > 0) + (${#CONTAINER} > 0) + (${#HVD_BERT_IMAGE} > 0) > 1 )); then
+    echo "set one of CONTAINER_IMAGE (Pyxis), CONTAINER (an OCI bundle) and HVD_BERT_IMAGE (a wrapper)" >&2
     exit 2
 fi
 if [[ -n ${CONTAINER_IMAGE:-} ]]; then
@@ -23,5 +29,9 @@ elif [[ -n ${CONTAINER:-} ]]; then
     fi
     APP_DIR=${APP_DIR:-/opt/hvd_bert}
     container=(--container="$CONTAINER")
+elif [[ -n ${HVD_BERT_IMAGE:-} ]]; then
+    APP_DIR=${APP_DIR:-/opt/hvd_bert}
+    export HVD_BERT_MOUNTS=${HVD_BERT_MOUNTS:-$RESULTS}
+    wrap=(bash "$HVD_BERT_DIR/scripts/container.sh" exec)
 fi
 APP_DIR=${APP_DIR:-$HVD_BERT_DIR}

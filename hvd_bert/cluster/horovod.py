@@ -12,7 +12,7 @@ import atexit
 import os
 import threading
 
-__all__ = ["LaunchError", "check_launch", "check_world", "slurm_tasks"]
+__all__ = ["LaunchError", "check_launch", "check_world", "slurm_hidden_from_mpi", "slurm_tasks"]
 
 _WIRED = ("HOROVOD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
 
@@ -30,18 +30,42 @@ def slurm_tasks(env=None) -> int:
 
 
 def _inside_srun_step(env) -> bool:
-    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
+    # (SLURM 22.05's `srun --container` gives the container the step's variables, no SLURM_PROCID)
+    return "SLURM_STEP_ID" in env
+
+
+def _wired(env) -> bool:
+    return any(v in env for v in _WIRED)
 
 
 def check_launch(env=None) -> None:
     """Raise :class:`LaunchError` for a multi-task SLURM step without MPI/PMIx wiring."""
     env = os.environ if env is None else env
     n = slurm_tasks(env)
-    if _inside_srun_step(env) and n > 1 and not any(v in env for v in _WIRED):
+    if _inside_srun_step(env) and n > 1 and not _wired(env):
+        if "SLURM_CONTAINER" in env and "SLURM_PROCID" not in env:
+            raise LaunchError(
+                f"this SLURM job step has {n} tasks in containers (srun --container) but SLURM gave "
+                f"them no task wiring (no SLURM_PROCID, no PMIx: SLURM 22.05 runs OCI containers "
+                f"with one task per node and the step's environment only), so every task would "
+                f"train alone. Start each task's rank through scripts/container.sh exec "
+                f"(HVD_BERT_IMAGE=image in slurm/*.sbatch), use Pyxis, or SLURM 23.02 or newer")
         raise LaunchError(
             f"this SLURM job step has {n} tasks but no MPI/PMIx wiring (task {env.get('SLURM_PROCID')}): "
             f"it was started with plain srun, so every task would train alone. Start it with "
             f"`srun --mpi=pmix ...` (or mpirun / horovodrun inside the allocation)")
+
+
+def slurm_hidden_from_mpi(env=None) -> list[str]:
+    """The SLURM variables to hide from ``MPI_Init`` in a one-task job without MPI/PMIx wiring
+    (plain ``srun -n 1``, a batch script's own process, SLURM 22.05's ``srun --container``):
+    OpenMPI takes SLURM_NODELIST for a direct launch by srun, finds no PMIx server and aborts
+    ("direct launched using srun, but OMPI was not built with SLURM's PMI support"); without
+    them it starts as the singleton a one-task job is."""
+    env = os.environ if env is None else env
+    if _wired(env) or "SLURM_NODELIST" not in env or slurm_tasks(env) != 1:
+        return []
+    return sorted(k for k in env if k.startswith("SLURM_"))
 
 
 def check_world(size: int, env=None) -> None:
@@ -184,7 +208,11 @@ def init_horovod(hvd, horovod_cfg=None, process_sets: bool = False) -> None:
         for path in (os.environ.get("HOROVOD_TIMELINE"), os.environ.get("HOROVOD_AUTOTUNE_LOG")):
             if path:
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        hvd.init()  # Horovod:
+        hidden = {k: os.environ.pop(k) for k in slurm_hidden_from_mpi()}
+        try:
+            hvd.init()  # Horovod:
+        finally:
+            os.environ.update(hidden)
         check_world(hvd.size())
         if os.environ.get("HOROVOD_TIMELINE"):
             atexit.register(_flush_timeline, hvd)

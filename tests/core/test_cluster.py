@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvd_bert.cluster.horovod import LaunchError, check_launch, check_world
+from hvd_bert.cluster.horovod import LaunchError, check_launch, check_world, slurm_hidden_from_mpi
 
 STEP = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "4"}
 
@@ -20,6 +20,23 @@ def test_wired_launches_pass(wired):
 def test_outside_slurm_or_one_task_passes():
     check_launch({})
     check_launch({**STEP, "SLURM_STEP_NUM_TASKS": "1"})
+
+
+def test_a_multi_task_step_in_slurms_oci_containers_is_explained():
+    """SLURM 22.05's `srun --container`: the step's variables, no SLURM_PROCID, no PMIx."""
+    oci = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_CONTAINER": "/b", "SLURM_NODELIST": "n[1-2]"}
+    with pytest.raises(LaunchError, match=r"2 tasks in containers .*SLURM_PROCID.*scripts/container.sh exec"):
+        check_launch(oci)
+
+
+def test_a_one_task_job_without_wiring_hides_slurm_from_mpi_init_and_a_wired_one_does_not():
+    one = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_NODELIST": "n1", "SLURM_JOB_ID": "3",
+           "HOME": "/root"}
+    assert slurm_hidden_from_mpi(one) == ["SLURM_JOB_ID", "SLURM_NODELIST", "SLURM_STEP_ID",
+                                          "SLURM_STEP_NUM_TASKS"]
+    assert slurm_hidden_from_mpi({**one, "PMIX_RANK": "0"}) == []  # srun --mpi=pmix
+    assert slurm_hidden_from_mpi({**one, "SLURM_STEP_NUM_TASKS": "2"}) == []  # check_launch's case
+    assert slurm_hidden_from_mpi({"HOME": "/root"}) == []
 
 
 def test_world_size_must_match_the_step():
