@@ -24,7 +24,8 @@ def test_outside_slurm_or_one_task_passes():
 
 def test_a_multi_task_step_in_slurms_oci_containers_is_explained():
     """SLURM 22.05's `srun --container`: the step's variables, no SLURM_PROCID, no PMIx."""
-    oci = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_CONTAINER": "/b", "SLURM_NODELIST": "n[1-2]"}
+    oci = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_CONTAINER": "/b",
+           "SLURM_NODELIST": "n[1-2]"}
     with pytest.raises(LaunchError, match=r"2 tasks in containers .*SLURM_PROCID.*scripts/container.sh exec"):
         check_launch(oci)
 

@@ -99,8 +99,8 @@ def slurm2(cluster, tmp_path_factory):
     inst = subprocess.run(["bash", str(SLURM_LOCAL), "install"], capture_output=True, text=True, timeout=600)
     assert inst.returncode == 0, inst.stderr
     d = tmp_path_factory.mktemp("slurm2")
-    start = subprocess.run(["bash", str(SLURM_LOCAL), "start", str(d), "--fake-cluster", "--oci"], env=cluster,
-                           capture_output=True, text=True, timeout=120)
+    start = subprocess.run(["bash", str(SLURM_LOCAL), "start", str(d), "--fake-cluster", "--oci"],
+                           env=cluster, capture_output=True, text=True, timeout=120)
     try:
         assert start.returncode == 0, start.stdout + start.stderr
         yield dict(cluster, SLURM_CONF=str(d / "slurm.conf"))
@@ -194,7 +194,8 @@ def sbatch_job(data, out, steps, app=REPO):
     LOCAL_BATCH=8 LR=1e-2 STEPS EXTRA_ARGS='--set train.log_every=1' (phase 1); ``app``: where
     the toolkit is (/opt/hvd_bert in the image)."""
     return ["-m", "hvd_bert", "pretrain", "--framework", "pt", "--config",
-            str(Path(app) / "recipes" / "bert-large-phase1.yaml"), "--set", "model=tiny", "--set", f"data={data}",
+            str(Path(app) / "recipes" / "bert-large-phase1.yaml"), "--set", "model=tiny",
+            "--set", f"data={data}",
             "--set", "max_seq_length=64", "--set", "max_predictions_per_seq=10",
             "--set", "train.batch.global_batch_size=32", "--set", "train.batch.local_batch_size=8",
             "--set", "train.optim.lr=1e-2", "--set", f"train.schedule.total_steps={steps}",
@@ -202,7 +203,8 @@ def sbatch_job(data, out, steps, app=REPO):
 
 
 @pytest.mark.container
-def test_every_rank_in_the_image_on_two_nodes_trains_as_on_bare_metal(slurm2, image, bert_data, tmp_path):
+def test_every_rank_in_the_image_on_two_nodes_trains_as_on_bare_metal(slurm2, image, bert_data,
+                                                                      tmp_path):
     """The same 4-rank job (2 nodes x 2 ranks) on bare metal, then with every rank in the image by
     the routes a cluster offers: horovodrun, mpirun and srun starting each rank through
     scripts/container.sh, and SLURM's own `srun --container` (slurm/pretrain.sbatch with
@@ -221,10 +223,10 @@ def test_every_rank_in_the_image_on_two_nodes_trains_as_on_bare_metal(slurm2, im
         ref[launcher] = [m["loss"] for m in metrics_of(tmp_path / f"bare-{launcher}")]
         assert len(ref[launcher]) == steps
         out = tmp_path / f"image-{launcher}"
-        res = launch.run(["exec", IN_IMAGE, *sbatch_job(bert_data, out, steps, "/opt/hvd_bert")], np=4, launcher=launcher,
-                         hosts=HOSTS, nic="eth0", prefix=on_node1(slurm2), python=str(CONTAINER),
-                         cwd=str(tmp_path), env=dict(os.environ, HVD_BERT_MOUNTS=f"{tmp_path},{bert_data}", **exact),
-                         timeout=600)
+        res = launch.run(["exec", IN_IMAGE, *sbatch_job(bert_data, out, steps, "/opt/hvd_bert")], np=4,
+                         launcher=launcher, hosts=HOSTS, nic="eth0", prefix=on_node1(slurm2),
+                         python=str(CONTAINER), cwd=str(tmp_path), timeout=600,
+                         env=dict(os.environ, HVD_BERT_MOUNTS=f"{tmp_path},{bert_data}", **exact))
         assert res.ok, res.explain()
         assert "world: 4 ranks on 2 hosts: node1 ranks 0-1, node2 ranks 2-3" in res.stdout, res.stdout[-3000:]
         assert [m["loss"] for m in metrics_of(out)] == ref[launcher], launcher
@@ -246,8 +248,9 @@ def test_every_rank_in_the_image_on_two_nodes_trains_as_on_bare_metal(slurm2, im
     made = subprocess.run(["bash", str(CONTAINER), "bundle", str(bundle)], capture_output=True, text=True,
                           timeout=900)
     assert made.returncode == 0, made.stderr
-    for name, how, layout, want in (("wrapper", {"HVD_BERT_IMAGE": image}, ["-N", "2", "--ntasks-per-node=2"], "mpi"),
-                                    ("oci", {"CONTAINER": str(bundle)}, ["-N", "1", "-n", "1"], "1 rank")):
+    routes = (("wrapper", {"HVD_BERT_IMAGE": image}, ["-N", "2", "--ntasks-per-node=2"], "mpi"),
+              ("oci", {"CONTAINER": str(bundle)}, ["-N", "1", "-n", "1"], "1 rank"))
+    for name, how, layout, want in routes:
         results = tmp_path / f"results-{name}"
         job = from_node1(dict(env, RESULTS=str(results), **how),
                          ["sbatch", "-W", *layout, f"--output={tmp_path}/{name}-%j.out",
