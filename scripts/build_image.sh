@@ -139,6 +139,9 @@ if exists "$tag" && [[ $(label "$tag" hvd_bert.content) == "$content" ]]; then
 fi
 
 # ------------------------------------------------------------------------------ the build
+# (the GPU image installs from the package indexes: torch's CUDA build, mpi4py and Horovod with
+# NCCL built against the base's MPI and CUDA; the CPU image from the wheels gathered here)
+[[ $variant == gpu ]] || {
 req=(-r "$ROOT/requirements.txt" pip setuptools wheel)
 wh=$CACHE/wheelhouse/$( (cat "$ROOT/requirements.txt" "$ctx/wheels/constraints.txt"; echo "${req[*]}") \
     | sha256sum | cut -c1-16)
@@ -157,6 +160,7 @@ if [[ ! -f $wh/.complete ]]; then
 fi
 cp -al "$wh"/. "$ctx/wheels/python/"
 if [[ -d $CACHE/wheels ]]; then cp -al "$CACHE/wheels" "$ctx/wheels/cache/"; fi
+}
 
 echo "==> [image] $engine build $tag from $base"
 start=$SECONDS
@@ -173,4 +177,6 @@ if [[ -n $old && $old != "$("$engine" image inspect --format '{{.Id}}' "$tag")" 
 fi
 size=$("$engine" image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1/1e9}')
 echo "==> [image] $tag built in $((SECONDS - start)) s ($SECONDS s with the set-up and the wheels); size $size"
-echo "    try: HVD_BERT_IMAGE=$tag scripts/container.sh run hvd-bert doctor"
+if [[ -z $target || $target == toolkit ]]; then
+    echo "    try: HVD_BERT_IMAGE=$tag scripts/container.sh run hvd-bert doctor"
+fi

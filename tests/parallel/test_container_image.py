@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 UID = 1000  # the image's user (docker/Dockerfile's USER_UID)
 
 
-def in_image(*cmd, mounts=(), timeout=600):
-    env = dict(os.environ, HVD_BERT_MOUNTS=",".join(map(str, mounts)))
+def in_image(*cmd, mounts=(), timeout=600, env=None):
+    env = dict(os.environ, HVD_BERT_MOUNTS=",".join(map(str, mounts)), **(env or {}))
     return subprocess.run(["bash", str(CONTAINER), "run", *cmd], capture_output=True, text=True, env=env,
                           timeout=timeout)
 
@@ -105,3 +105,19 @@ def test_the_squashfs_enroot_would_import_unpacks_to_a_root_that_runs_doctor(ima
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and "everything works: 4 distributed runs passed" in res.stdout, \
         res.stdout + res.stderr
+
+
+def test_the_gpu_image_shares_the_cpu_images_stages_up_to_the_layers_that_need_cuda(image):
+    """The GPU image's NGC base cannot be pulled here: its `system` stage (everything but the
+    packages, which need torch's CUDA build and NCCL) on this machine's Debian base."""
+    base = "localhost/hvd_bert-base:bookworm"
+    if subprocess.run(["podman", "image", "exists", base]).returncode != 0:
+        base = "docker.io/library/python:3.11-slim-bookworm"  # the CPU image's other base
+    res = subprocess.run(["bash", str(BUILD_IMAGE), "gpu", "--target", "system"], capture_output=True,
+                         text=True, env=dict(os.environ, BASE_IMAGE=base), timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    got = in_image("bash", "-c", 'id -u; python3.11 -c "import venv, ensurepip"; command -v mpicc; '
+                   'echo "$HVD_BERT_GPU"; ls -A /opt/hvd_bert | wc -l', timeout=300,
+                   env={"HVD_BERT_IMAGE": "localhost/hvd_bert:gpu-system"})
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == [str(UID), "/usr/bin/mpicc", "1", "0"]
