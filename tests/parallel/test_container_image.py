@@ -103,8 +103,15 @@ def test_the_squashfs_enroot_would_import_unpacks_to_a_root_that_runs_doctor(ima
                           "--user", str(UID), "--env-file", str(root / "etc" / "environment"),
                           "--rootfs", str(root), "/bin/sh", "/etc/rc", "hvd-bert", "doctor"],
                          capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0 and "everything works: 4 distributed runs passed" in res.stdout, \
-        res.stdout + res.stderr
+    out = res.stdout
+    for needle in ("torch                  2.13.0", "tensorflow             2.21.0 + tf-keras 2.21.0",
+                   "horovod                0.28.1", "Open MPI", "[X] MPI [X] Gloo",
+                   "torch / gloo           OK", "tensorflow / gloo      OK"):
+        assert needle in out, f"{needle!r} missing from:\n{out}\n{res.stderr}"
+    for fw in ("torch", "tensorflow"):
+        line = next(ln for ln in out.splitlines() if ln.strip().startswith(f"{fw} / mpi"))
+        assert "OK: 2 ranks agree" in line, out
+    assert res.returncode == 0 and "everything works: 4 distributed runs passed" in out, out + res.stderr
 
 
 def test_the_gpu_image_shares_the_cpu_images_stages_up_to_the_layers_that_need_cuda(image):

@@ -1,21 +1,10 @@
-"""`hvd-bert doctor` on this installation: versions, build contents, and 4 real runs."""
+"""`hvd-bert doctor`'s failures and launch corner cases. Its report on a working installation
+(versions, build contents, 4 real runs) is checked in the image (test_container_image.py, the
+squashfs root); on this machine the README's block runs it, and it exits 0 only when all 4 runs
+pass."""
 
 import subprocess
 import sys
-
-
-def test_doctor_reports_a_working_install():
-    p = subprocess.run([sys.executable, "-m", "hvd_bert", "doctor"], capture_output=True,
-                       text=True, timeout=600)
-    out = p.stdout
-    for needle in ("torch                  2.13.0", "tensorflow             2.21.0 + tf-keras 2.21.0",
-                   "horovod                0.28.1", "Open MPI", "[X] MPI [X] Gloo",
-                   "torch / gloo           OK", "tensorflow / gloo      OK"):
-        assert needle in out, f"{needle!r} missing from:\n{out}"
-    for fw in ("torch", "tensorflow"):
-        line = next(ln for ln in out.splitlines() if ln.strip().startswith(f"{fw} / mpi"))
-        assert "OK: 2 ranks agree" in line, out
-    assert p.returncode == 0 and "everything works: 4 distributed runs passed" in out, out
 
 
 def test_an_mpi_launch_from_below_an_mpi_singleton_works():
