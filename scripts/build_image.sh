@@ -112,7 +112,8 @@ base_id=$("$engine" image inspect --format '{{.Id}}' "$base")
 
 # ------------------------------------------------------------------------------ the context
 echo "==> [image] the set-up step here (its venv's versions go into the image)"
-bash "$ROOT/scripts/setup.sh" >/dev/null || die "the set-up step failed" "run: bash scripts/setup.sh, and read its error"
+HVD_BERT_SETUP_UNTIL=horovod bash "$ROOT/scripts/setup.sh" >/dev/null \
+    || die "the set-up step failed" "run: bash scripts/setup.sh, and read its error"
 ctx=$CACHE/image-context/$variant
 rm -rf "$ctx" && mkdir -p "$ctx/src" "$ctx/wheels/python" "$ctx/wheels/cache"
 (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do

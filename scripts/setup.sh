@@ -156,6 +156,15 @@ fi
 
 # ---------------------------------------------------------------------------------------
 step "check: Horovod loads in both frameworks"
+# (once per set of versions, Horovod build and checkout: loading TensorFlow takes seconds, and
+# every make target runs this step)
+check_key="$deps_key $(cat "$hvd_stamp") $ROOT"
+check_stamp=$VENV/.hvd_bert_checked
+if [[ $(cat "$check_stamp" 2>/dev/null) == "$check_key" ]]; then
+    echo "    passed before for these versions (${check_stamp#"$PWD"/})"
+    echo "==> [setup] ready: activate with 'source ${VENV#"$PWD"/}/bin/activate' or run '$VENV/bin/hvd-bert doctor'"
+    exit 0
+fi
 check_log=$(mktemp "${TMPDIR:-/tmp}/hvd_bert_check.XXXXXX")
 if ! TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -P - 2>"$check_log" <<'PY'
 import horovod.torch as ht
@@ -171,4 +180,5 @@ then
         "remove the cached wheel ($CACHE/wheels) and the venv's stamps ($VENV/.hvd_bert_*), then rerun"
 fi
 rm -f "$check_log"
+echo "$check_key" >"$check_stamp"
 echo "==> [setup] ready: activate with 'source ${VENV#"$PWD"/}/bin/activate' or run '$VENV/bin/hvd-bert doctor'"
