@@ -177,7 +177,7 @@ if [[ -n $old && $old != "$("$engine" image inspect --format '{{.Id}}' "$tag")" 
     "$engine" rmi "$old" >/dev/null 2>&1 || true
 fi
 size=$("$engine" image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1/1e9}')
-echo "==> [image] $tag built in $((SECONDS - start)) s ($SECONDS s with the set-up and the wheels); size $size"
+echo "==> [image] $tag built in $((SECONDS - start)) s ($SECONDS s in all, with the base, the set-up and the wheels); size $size"
 if [[ -z $target || $target == toolkit ]]; then
     echo "    try: HVD_BERT_IMAGE=$tag scripts/container.sh run hvd-bert doctor"
 fi
