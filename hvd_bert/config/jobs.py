@@ -20,7 +20,7 @@ class PretrainConfig:
 
     train: TrainConfig = doc(TrainConfig(
         optim=OptimConfig(name="nvlamb", lr=5e-3, weight_decay=0.01),
-        schedule=ScheduleConfig(name="poly_warmup", warmup=0.1, total_steps=200, power=0.5),
+        schedule=ScheduleConfig(name="poly_warmup", warmup=0.1, total_steps=100, power=0.5),
         batch=BatchConfig(local_batch_size=32, backward_passes_per_step=2),
         checkpoint_every=50, output_dir=""), "")
     model: Literal["tiny", "mini", "small", "base", "large"] = doc("tiny", "BERT size preset")

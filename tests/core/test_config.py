@@ -122,7 +122,7 @@ def test_a_partial_recipe_overrides_only_the_keys_it_names(tmp_path):
     assert from_recipe == load_config(PretrainConfig, None, ["train.seed=3"])
     assert from_recipe.train.seed == 3
     assert from_recipe.train.optim.name == "nvlamb" and from_recipe.train.optim.lr == 5e-3
-    assert from_recipe.train.schedule.total_steps == 200
+    assert from_recipe.train.schedule.total_steps == 100
     assert from_recipe.train.batch.backward_passes_per_step == 2
     assert from_recipe.train.output_dir == ""  # the job default (runs/<job>-<framework>-<data>)
 
@@ -132,7 +132,7 @@ def test_explain_shows_the_jobs_defaults():
 
     lines = explain(PretrainConfig)
     assert any(ln.startswith("train.optim.name (") and "default 'nvlamb'" in ln for ln in lines)
-    assert any(ln.startswith("train.schedule.total_steps (") and "default 200" in ln for ln in lines)
+    assert any(ln.startswith("train.schedule.total_steps (") and "default 100" in ln for ln in lines)
 
 
 @pytest.mark.parametrize("overrides,match", [

@@ -91,13 +91,13 @@ def from_node1(env, cmd, timeout, cwd=None):
 
 def test_slurm_job_scripts_on_two_nodes(slurm2, bert_data, tmp_path):
     """slurm/pretrain.sbatch phase 1 then 2 and a resubmission, each with -N 2
-    --ntasks-per-node=2: four ranks over PMIx, two on each node (slurm/ncf.sbatch runs in
-    test_slurm.py, on one node)."""
+    --ntasks-per-node=1: two ranks over PMIx, one on each node (two on each: the image test
+    below runs this script so; slurm/ncf.sbatch runs in test_slurm.py, on one node)."""
     results = tmp_path / "results"
     env = dict(slurm2, HVD_BERT_DIR=str(REPO), RESULTS=str(results), PYTHON=sys.executable, MODEL="tiny",
                DATA=str(bert_data), SEQ="64", MAX_PRED="10", GLOBAL_BATCH="32", LOCAL_BATCH="8", STEPS="10",
                CHECKPOINT_EVERY="5", LR="1e-2", EXTRA_ARGS="--set train.log_every=5")
-    two_nodes = ["-N", "2", "--ntasks-per-node=2"]
+    two_nodes = ["-N", "2", "--ntasks-per-node=1"]
     sub = from_node1(env, ["bash", str(REPO / "slurm" / "submit_pretrain.sh"), *two_nodes,
                            f"--output={tmp_path}/slurm-%j.out"], 60, cwd=tmp_path)
     assert sub.returncode == 0, sub.stdout + sub.stderr
@@ -106,11 +106,11 @@ def test_slurm_job_scripts_on_two_nodes(slurm2, bert_data, tmp_path):
     outs = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     p1, p2 = results / "bert-tiny-phase1", results / "bert-tiny-phase2"
     rank0 = (p1 / "jobs" / p1_id / "rank-0.log").read_text()
-    assert "world: 4 ranks on 2 hosts: node1 ranks 0-1, node2 ranks 2-3" in rank0, (rank0, outs)
-    assert "global batch 32 = local batch 8 x backward_passes_per_step 1 x world size 4" in rank0
-    assert "2 node(s), 4 task(s)" in outs and "recipes/bert-large-phase1.yaml" in outs
+    assert "world: 2 ranks on 2 hosts: node1 rank 0, node2 rank 1" in rank0, (rank0, outs)
+    assert "global batch 32 = local batch 8 x backward_passes_per_step 2 x world size 2" in rank0
+    assert "2 node(s), 2 task(s)" in outs and "recipes/bert-large-phase1.yaml" in outs
     logs = sorted(p.name for p in (p1 / "jobs" / p1_id).glob("rank-*.log"))
-    assert logs == [f"rank-{i}.log" for i in range(4)]
+    assert logs == [f"rank-{i}.log" for i in range(2)]
     assert [m["step"] for m in metrics_of(p1)] == [5, 10]
     assert sorted(p.name for p in p1.glob("ckpt-*.pt")) == ["ckpt-00000005.pt", "ckpt-00000010.pt"]
     rank0_p2 = (p2 / "jobs" / p2_id / "rank-0.log").read_text()
