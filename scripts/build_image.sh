@@ -55,22 +55,8 @@ tag=${HVD_BERT_IMAGE:-localhost/hvd_bert:$variant}
 [[ -n $target && $target != toolkit ]] && tag=${HVD_BERT_IMAGE:-localhost/hvd_bert:$variant-$target}
 
 # ------------------------------------------------------------------------------ the engine
-engine=${HVD_BERT_ENGINE:-}
-if [[ -z $engine ]]; then
-    if command -v docker >/dev/null && docker info >/dev/null 2>&1; then engine=docker
-    elif command -v podman >/dev/null; then engine=podman
-    else die "neither podman nor a running Docker engine" \
-        "as root on Debian: apt-get install podman runc (or start Docker), then rerun"; fi
-fi
-command -v "$engine" >/dev/null || die "HVD_BERT_ENGINE=$engine is not installed" "install it or unset HVD_BERT_ENGINE"
-# Limits a container may have: raising them above the caller's is refused, and runc here
-# also refused the caller's own process limit (96369), so both are capped at known-good values.
-limits() {
-    local n u
-    n=$(ulimit -Hn); [[ $n == unlimited || $n -gt 20000 ]] && n=20000
-    u=$(ulimit -Hu); [[ $u == unlimited || $u -gt 32768 ]] && u=32768
-    echo "--ulimit nofile=$((n < 1024 ? n : 1024)):$n --ulimit nproc=$u:$u"
-}
+# shellcheck source=scripts/engine.sh
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/engine.sh"   # engine, limits
 exists() { "$engine" image inspect "$1" >/dev/null 2>&1; }
 label() { "$engine" image inspect --format "{{index .Config.Labels \"$2\"}}" "$1" 2>/dev/null || true; }
 

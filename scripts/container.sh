@@ -45,21 +45,8 @@ if [[ ${1:-} == _supervise ]]; then
     exit
 fi
 
-engine=${HVD_BERT_ENGINE:-}
-if [[ -z $engine ]]; then
-    if command -v docker >/dev/null && docker info >/dev/null 2>&1; then engine=docker
-    elif command -v podman >/dev/null; then engine=podman
-    else die "neither podman nor a running Docker engine" "apt-get install podman runc, or start Docker"; fi
-fi
-
-# Limits a container may have: raising them above the caller's is refused, and runc here
-# also refused the caller's own process limit (96369), so both are capped at known-good values.
-limits() {
-    local n u
-    n=$(ulimit -Hn); [[ $n == unlimited || $n -gt 20000 ]] && n=20000
-    u=$(ulimit -Hu); [[ $u == unlimited || $u -gt 32768 ]] && u=32768
-    echo "--ulimit nofile=$((n < 1024 ? n : 1024)):$n --ulimit nproc=$u:$u"
-}
+# shellcheck source=scripts/engine.sh
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/engine.sh"   # engine, limits
 need_image() {
     "$engine" image inspect "$IMAGE" >/dev/null 2>&1 \
         || die "no image $IMAGE here" "build it: make image (scripts/build_image.sh), or set HVD_BERT_IMAGE"
