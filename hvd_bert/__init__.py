@@ -11,6 +11,7 @@ the data libraries):
     jobs        pretrain, finetune, ncf: each written once as run(cfg, backend)
     cluster     Horovod's initialisation, launching, doctor
     files       writing files safely: atomic, never through a planted link, resource errors named
+    stop        how a run ends: the exit statuses, this process's stop request (SIGTERM, Ctrl-C)
     cli         the hvd-bert command: dispatches each subcommand (cli_args: its arguments)
 The two backends, which never import each other:
     pt          PyTorch (models, engine, reader, kernels/)

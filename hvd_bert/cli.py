@@ -49,12 +49,36 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inputs_of(paths) -> list[str]:
+    """The paths a command reads, its globs expanded."""
+    import glob
+
+    out = []
+    for p in paths or []:
+        if p:
+            p = str(Path(p).expanduser())
+            out += glob.glob(p) if glob.has_magic(p) else [p]
+    return out
+
+
+def _refuse_clash(args: argparse.Namespace, *reads) -> None:
+    """A data preparation's ``--output`` folder must not be, hold or lie inside what it reads."""
+    from hvd_bert.files import refuse_clash
+
+    named = {}
+    for desc, paths in reads:
+        for i, p in enumerate(_inputs_of(paths if isinstance(paths, list) else [paths])):
+            named[f"{desc} {i + 1}" if isinstance(paths, list) and len(paths) > 1 else desc] = p
+    refuse_clash(args.output, named, folder=True)
+
+
 def _cmd_prepare_bert(args: argparse.Namespace) -> int:
     from hvd_bert.cluster.processes import mpi_world
     from hvd_bert.data.defaults import default_corpus
     from hvd_bert.data.pretraining import PretrainingSettings, like_phase_one, prepare_bert
     from hvd_bert.data.vocab import vocab_and_case
 
+    _refuse_clash(args, ("the input", args.input), ("the vocabulary", args.vocab), ("--like", args.like))
     rank, size, comm = mpi_world()
     say = print if rank == 0 else (lambda *_: None)
     lower = (not args.cased) if (args.cased or args.uncased) else None
@@ -95,6 +119,7 @@ def _cmd_prepare_classification(args: argparse.Namespace) -> int:
     from hvd_bert.data.classification import prepare_classification
     from hvd_bert.data.vocab import vocab_and_case
 
+    _refuse_clash(args, ("the table", args.table), ("the vocabulary", args.vocab))
     vocab, lower = vocab_and_case(args.vocab, args.cased, args.uncased)
     meta = prepare_classification(args.table, args.output, vocab, text_a=args.text_a, text_b=args.text_b,
                                   label=args.label, max_seq_length=args.max_seq_length,
@@ -110,6 +135,7 @@ def _cmd_prepare_squad(args: argparse.Namespace) -> int:
     from hvd_bert.data.squad import prepare_squad
     from hvd_bert.data.vocab import vocab_and_case
 
+    _refuse_clash(args, ("the input", args.input), ("the vocabulary", args.vocab))
     rank, size, comm = mpi_world()
     vocab, lower = vocab_and_case(args.vocab, args.cased, args.uncased)
     meta = prepare_squad(args.input, args.output, vocab, do_lower_case=lower,
@@ -127,6 +153,7 @@ def _cmd_prepare_squad(args: argparse.Namespace) -> int:
 def _cmd_prepare_ncf(args: argparse.Namespace) -> int:
     from hvd_bert.data.ncf import prepare_ncf
 
+    _refuse_clash(args, ("the ratings", args.movielens))
     meta = prepare_ncf(args.output, movielens=args.movielens,
                        synthetic=None if args.movielens else args.synthetic,
                        synthetic_scale=args.scale, seed=args.seed, overwrite=args.overwrite,
@@ -144,7 +171,7 @@ def _cmd_job(args: argparse.Namespace) -> int:
     from hvd_bert.config import JOB_CONFIGS, load_config
     from hvd_bert.jobs import run_job
 
-    if args.np:
+    if args.np is not None:
         from hvd_bert.cli_args import without_launch_flags
         from hvd_bert.cluster.launcher import launch_job
 
@@ -160,13 +187,22 @@ def _cmd_job(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from hvd_bert.cluster.launcher import launch_job
+    import shutil
+
+    from hvd_bert.cluster.launcher import launch_job, rank_command
     from hvd_bert.jobs import JOBS
 
     job = args.job[1:] if args.job[:1] == ["--"] else args.job
-    if not job or job[0] not in JOBS:
-        raise UsageError(f"give the job after --, one of {', '.join(JOBS)}: hvd-bert launch -np 2 -- "
-                         f"pretrain")
+    if not job:
+        raise UsageError(f"give what to run after --: a job ({', '.join(JOBS)}) or python SCRIPT [ARGS]: "
+                         f"hvd-bert launch -np 2 -- pretrain, or hvd-bert launch -np 2 -- python train.py")
+    python, argv = rank_command(job)
+    script = next((a for a in argv if not a.startswith("-")), None) if python else None
+    if python and not shutil.which(python) and not Path(python).is_file():
+        raise UsageError(f"{job[0]} is not a program here: give a job ({', '.join(JOBS)}) or python SCRIPT")
+    if script and argv[:1] != ["-m"] and argv[:1] != ["-c"] and not Path(script).is_file():
+        raise UsageError(f"{script} does not exist: give the path of your script (hvd-bert launch -np 2 -- "
+                         f"python SCRIPT [ARGS])")
     return launch_job(job, args.np, hosts=args.hosts, launcher=args.launcher, nic=args.nic)
 
 
@@ -221,6 +257,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+TRAINING = ("pretrain", "finetune", "ncf")  # the commands that run the training loop
+
+
 class UsageError(ValueError):
     """A bad argument of a command: one line, exit status 2."""
 
@@ -272,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     from hvd_bert.cluster.processes import peer_failed
     from hvd_bert.jobs import user_errors
 
+    from hvd_bert import stop
+
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
@@ -279,8 +320,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    if args.command in TRAINING and not getattr(args, "np", None):  # a rank: a signal is a stop request
+        stop.STOP.command = f"hvd-bert {args.command}"
+        stop.STOP.install()
+    elif args.command != "launch" and not getattr(args, "np", None):  # (a launcher relays signals itself)
+        stop.interrupt_at_once(args.command)
     try:
         return int(args.func(args) or 0)
+    except stop.Interrupted as e:
+        return stop.interrupted_line(args.command, e)
     except (*user_errors(), UsageError, ValueError) as e:
         if type(e) is ValueError and not args.command.startswith("prepare-"):
             raise  # a bare ValueError outside data preparation is a bug

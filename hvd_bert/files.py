@@ -10,6 +10,8 @@
   refused if it is a link; ``planted_link``: which of a run folder's names is a link.
 * ``read_json_object``: a JSON object from a run or checkpoint folder, or a ValueError saying
   how the file is damaged.
+* ``refuse_clash``: an output path that is, holds or lies inside a path the command reads or
+  owns (by resolved path and by inode), refused before anything is written.
 * ``os_error_line``: a resource error (no space left, a read-only or unwritable folder, a
   link where a file belongs) as the one line the user reads, with the fix.
 """
@@ -24,11 +26,16 @@ from pathlib import Path
 from typing import Callable
 
 __all__ = ["atomic_write", "usual_mode", "atomic_folder", "open_append", "own_folder", "planted_link",
-           "os_error_line", "UnsafePath", "NoSpace", "clear_path", "read_json_object"]
+           "os_error_line", "UnsafePath", "NoSpace", "clear_path", "read_json_object", "refuse_clash",
+           "OutputClash"]
 
 
 class UnsafePath(OSError):
     """A link (or another kind of file) planted where the toolkit writes: one line, exit 2."""
+
+
+class OutputClash(UnsafePath):
+    """An output path that would replace or write into something the command reads: one line, exit 2."""
 
 
 class NoSpace(OSError):
@@ -51,6 +58,64 @@ def read_json_object(path: str | Path) -> dict:
     if not isinstance(got, dict):
         raise ValueError(f"{path} is damaged (a JSON {type(got).__name__}, not an object)")
     return got
+
+
+def _identity(p: Path) -> tuple[int, int] | None:
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    """Whether ``inner`` is ``outer`` or lies under it, by resolved path or by the folders' inodes."""
+    if inner == outer or outer in inner.parents:
+        return True
+    ident = _identity(outer)
+    return ident is not None and any(_identity(p) == ident for p in (inner, *inner.parents) if p.exists())
+
+
+# the names the toolkit gives what it writes into run and data folders
+_OWNED = ("ckpt-*", "best.*", "dataset.json", "part-*", "config.json", "bert_config.json", "task.json",
+          "vocab.txt", "metrics.jsonl", "tensorboard", ".hvd_bert.lock", "*.tfrecord", "ncf.npz",
+          "tokenizer*.json", "model.safetensors", "pytorch_model.bin")
+
+
+def _owned(rel: Path) -> bool:
+    import fnmatch
+
+    return any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in _OWNED)
+
+
+def refuse_clash(output: str | Path, reads: dict[str, str | Path | None], *, what: str = "--output",
+                 folder: bool = False) -> None:
+    """Refuse (``OutputClash``) an ``output`` that would replace or write into something the
+    command reads or owns: ``reads`` maps a description (``"the input"``, ``"the checkpoint's
+    run folder"``) to its path. A file output clashes with a path that is the same file (resolved,
+    or the same inode: a hard link), and, inside a folder read, with a file there or a name the
+    toolkit gives its own files (``ckpt-*``, ``dataset.json``, ...); a ``folder`` output with any
+    folder read that it is, holds or lies inside. Nothing is written before this check."""
+    out = Path(output).expanduser()
+    out_r = out.resolve()
+    for desc, path in reads.items():
+        if path is None or str(path) == "":
+            continue
+        p = Path(path).expanduser()
+        p_r = p.resolve()
+        same = out_r == p_r or (_identity(out_r) is not None and _identity(out_r) == _identity(p_r))
+        if same:
+            problem = f"is {desc} {p}"
+        elif p_r.is_dir() and _within(out_r, p_r) and (folder or out_r.exists() or out_r.is_symlink()
+                                                      or _owned(out_r.relative_to(p_r) if p_r in out_r.parents
+                                                                else Path(out_r.name))):
+            problem = f"would replace a file of {desc} {p}" if not folder else f"lies inside {desc} {p}"
+        elif folder and _within(p_r, out_r):
+            problem = f"holds {desc} {p}"
+        else:
+            continue
+        raise OutputClash(errno.EEXIST, f"{what} {out} {problem}, which this command reads: writing it would "
+                                        f"destroy that; give {what} a path outside it", str(out))
 
 
 def usual_mode(path: str | Path) -> None:

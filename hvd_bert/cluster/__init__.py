@@ -3,6 +3,7 @@
     horovod          hvd.init() with the horovod.* settings; the placement and settings lines
     launch           running a command under horovodrun / mpirun (tests, doctor, simulate)
     launcher         hvd-bert launch: a job on N ranks, its exit status, its errors once
+    resources        what a launch needs of this machine: room for MPI's files, open-file descriptors
     processes        the MPI world of a preparation; ranks that stop together when one fails
     horovodrun       the ``horovodrun`` wrapper the README's commands use
     doctor           ``hvd-bert doctor``: the installation and the hosts, checked with real runs

@@ -39,8 +39,14 @@ def _wired(env) -> bool:
 
 
 def check_launch(env=None) -> None:
-    """Raise :class:`LaunchError` for a multi-task SLURM step without MPI/PMIx wiring."""
+    """Raise :class:`LaunchError` for a multi-task SLURM step without MPI/PMIx wiring, or when
+    MPI's scratch space is full (``launch.scratch_problem``)."""
+    from hvd_bert.cluster.resources import scratch_problem
+
     env = os.environ if env is None else env
+    scratch = scratch_problem(env)
+    if scratch:  # (before MPI_Init, which otherwise prints dozens of lines of its own)
+        raise LaunchError(scratch)
     n = slurm_tasks(env)
     if _inside_srun_step(env) and n > 1 and not _wired(env):
         if "SLURM_CONTAINER" in env and "SLURM_PROCID" not in env:
@@ -70,7 +76,12 @@ def slurm_hidden_from_mpi(env=None) -> list[str]:
 
 def check_world(size: int, env=None) -> None:
     """After ``hvd.init()``: the Horovod world must match the SLURM step."""
+    from hvd_bert.cluster.resources import scratch_problem
+
     env = os.environ if env is None else env
+    scratch = scratch_problem(env)
+    if scratch:  # (before MPI_Init, which otherwise prints dozens of lines of its own)
+        raise LaunchError(scratch)
     n = slurm_tasks(env)
     if _inside_srun_step(env) and n > 1 and size != n:
         raise LaunchError(

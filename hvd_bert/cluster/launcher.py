@@ -15,6 +15,7 @@ launcher's. ``horovodrun``, ``mpirun`` and ``srun`` keep working as they do.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -23,6 +24,9 @@ import sys
 from typing import Sequence
 
 from hvd_bert.cluster import launch
+from hvd_bert.cluster.resources import descriptor_problem, scratch_problem
+from hvd_bert.jobs import JOBS
+from hvd_bert.stop import EXIT_INTERRUPTED, EXIT_LOST_RANK, EXIT_STALLED, EXIT_STOPPED, EXIT_USER, StopSignal
 
 __all__ = ["launch_job", "default_launcher"]
 
@@ -30,6 +34,9 @@ __all__ = ["launch_job", "default_launcher"]
 _TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
 _USER_ERROR = re.compile(r"^hvd-bert [a-z-]+: ")
 _WAITED = "stopped because another rank failed"
+_STALL_SEEN = "stalled:"  # (a rank's stall line: the first one printed is the one that says who)
+# mpirun's report of a rank that died by a signal
+_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
 # what horovodrun and mpirun print about a rank's exit status
 _EXIT = (re.compile(r"Process \d+ exit with status code (\d+)"), re.compile(r"Exit code:\s+(\d+)"))
 # the launchers' own report of a rank that exited non-zero (the job's line says it better)
@@ -54,32 +61,47 @@ def _venv_mpirun() -> bool:
 
 def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, launcher: str | None = None,
                nic: str | None = None, out=sys.stdout, err=sys.stderr) -> int:
-    """Run ``hvd-bert JOB...`` on ``np`` ranks; the job's exit status (see the module docstring)."""
+    """Run ``hvd-bert JOB...`` (or a user's ``python SCRIPT ARGS...``) on ``np`` ranks; the exit
+    status (``hvd_bert.stop``'s table; see the module docstring)."""
+    if np < 1:
+        return _fail(err, f"-np must be at least 1, got {np}")
     launcher = launcher or default_launcher()
-    cmd = launch.command(["-m", "hvd_bert", *job], np=np, launcher=launcher, hosts=hosts, nic=nic)
+    local = np if not hosts else _local_slots(hosts, np)
+    problem = scratch_problem() or (descriptor_problem(local) if launcher == "mpi" else None)
+    if problem:
+        return _fail(err, problem)
+    python, argv = rank_command(job)
+    cmd = launch.command(argv, np=np, launcher=launcher, hosts=hosts, nic=nic, python=python)
     if launcher == "mpi":
         cmd.insert(cmd.index("-np"), "--tag-output")
+    # The job in a session of its own: a terminal's Ctrl-C reaches this launcher alone, which passes
+    # it to each rank once (mpirun, given it, would kill the ranks a second later); if this
+    # launcher dies, the child launcher gets SIGTERM and passes it on.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=launch.mpi_env(), stdin=subprocess.DEVNULL)
+                            env=launch.mpi_env(), stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_die_with_parent)
+    state = _Stop(proc, argv, _grace_s())
     errors_seen: set[str] = set()
     in_error: set[str] = set()  # ranks whose error message goes on over more lines
     codes: list[int] = []
+    lost: list[tuple[str, int]] = []  # (rank, signal) of ranks that died by a signal
     import psutil  # noqa: F401  (here, not in the handler: a second signal during the import
     # would find psutil half-imported, the handler would raise, and the job would never hear)
-    forward = lambda sig, _frame: _stop(proc, sig)  # noqa: E731  (the job saves and stops: status 3)
-    before = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    before = {sig: signal.signal(sig, state.handle) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         for line, tag in _pieces(proc.stdout):
             if tag is None:  # the launcher's own line
                 found = [int(x.group(1)) for p in _EXIT if (x := p.search(line))]
                 codes += found
-                if not found and not _LAUNCHER_NOISE.search(line) and line.strip():
+                if (died := _SIGNALLED.search(line)) is not None:
+                    lost.append((died.group(1), int(died.group(2))))
+                if not found and not died and not _LAUNCHER_NOISE.search(line) and line.strip():
                     print(line, file=out, flush=True)
                 continue
             (rank, stream), text = tag, line
             if _USER_ERROR.match(text) or (rank in in_error and text[:1].isspace()):
                 in_error.add(rank)
-                if _WAITED in text or text in errors_seen:
+                if _WAITED in text or text in errors_seen or (_STALL_SEEN in text and errors_seen):
                     continue  # the rank that failed says why; the same error (and its hint) once
                 errors_seen.add(text)
                 print(text, file=err, flush=True)
@@ -89,45 +111,186 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
                 print(f"[{rank}] {text}", file=err if stream == "stderr" else out, flush=True)
     finally:
         rc = proc.wait()
+        state.cancel()
         for sig, handler in before.items():
             signal.signal(sig, handler)
-    if 2 in codes or (rc != 0 and errors_seen):
-        return 2
-    if 3 in codes:
-        return 3
-    return rc if rc in (0, 2, 3) else (codes[0] if codes and codes[0] else rc)
+    return _status(rc, codes, lost, errors_seen, state, err)
 
 
-def _stop(proc: subprocess.Popen, sig: int) -> None:
+def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err) -> int:
+    """The launch's exit status from the child launcher's, the ranks' and what was seen."""
+    if state.killed:
+        return _fail(err, state.killed, EXIT_INTERRUPTED)
+    if EXIT_STALLED in codes or rc == EXIT_STALLED or _stall(errors_seen):
+        return EXIT_STALLED
+    if EXIT_INTERRUPTED in codes or rc == EXIT_INTERRUPTED:
+        return EXIT_INTERRUPTED
+    if EXIT_USER in codes or (rc != 0 and errors_seen):
+        return EXIT_USER
+    if EXIT_STOPPED in codes or rc == EXIT_STOPPED or (state.signalled and rc in (143, 130, -15, -2)):
+        if EXIT_STOPPED not in codes and rc != EXIT_STOPPED:  # (stopped before its loop could save)
+            _fail(err, "stopped by a signal during start-up, before training began: nothing to save; run the "
+                       "same command again to start (exit status 3)")
+        return EXIT_STOPPED
+    gone = [(r, s) for r, s in lost if s != signal.SIGTERM or not state.signalled]
+    dead = [c for c in codes if c >= 128 or c < 0]
+    if gone or (dead and not state.signalled):
+        rank, sig = gone[0] if gone else (None, (dead[0] - 128) if dead[0] > 0 else -dead[0])
+        name = signal.Signals(sig).name if sig in {s.value for s in signal.Signals} else f"signal {sig}"
+        why = " (kill -9, or the out-of-memory killer: see dmesg)" if sig == signal.SIGKILL else ""
+        who = f"rank {rank}" if rank is not None else "a rank"
+        return _fail(err, f"{who} was lost: it was killed by {name}{why}, so the job stopped; the last "
+                          f"complete checkpoint is intact: run the same command again to resume from it",
+                     EXIT_LOST_RANK)
+    if rc in (0, 2, 3):
+        return rc
+    return codes[0] if codes and codes[0] else rc
+
+
+def _stall(errors_seen: set) -> bool:
+    return any(_STALL_SEEN in e for e in errors_seen)
+
+
+def _fail(err, line: str, status: int = EXIT_USER) -> int:
+    print(f"hvd-bert launch: {line}", file=err, flush=True)
+    return status
+
+
+def rank_command(job: Sequence[str]) -> tuple[str | None, list[str]]:
+    """``(interpreter, argv)`` a rank runs: a built-in job as ``python -m hvd_bert JOB ...``, a
+    user's ``python SCRIPT ...`` (or ``SCRIPT.py ...``) with that interpreter (this one for a
+    bare script)."""
+    job = list(job)
+    if job and job[0] in JOBS:
+        return None, ["-m", "hvd_bert", *job]
+    if job and re.fullmatch(r"python[0-9.]*", job[0].rsplit("/", 1)[-1]):
+        python = shutil.which(job[0]) or job[0]
+        return (sys.executable if job[0] in ("python", "python3") and _same_venv() else python), job[1:]
+    return sys.executable, job
+
+
+def _same_venv() -> bool:
+    """Whether a bare ``python`` on PATH is this interpreter's (the venv's, activated or not)."""
+    import os
+
+    found = shutil.which("python")
+    return found is None or os.path.dirname(found) == os.path.dirname(sys.executable)
+
+
+def _local_slots(hosts: str, np: int) -> int:
+    import socket
+
+    here = {"localhost", "127.0.0.1", socket.gethostname()}
+    slots = [h.rsplit(":", 1) for h in hosts.split(",") if h]
+    return min(np, sum(int(s[1]) if len(s) > 1 and s[1].isdigit() else 1 for s in slots if s[0] in here)) or 1
+
+
+def _grace_s() -> float:
+    """Seconds the ranks get to save and stop after a signal (HVD_BERT_STOP_GRACE_S, default 600)."""
+    import os
+
+    try:
+        return max(1.0, float(os.environ.get("HVD_BERT_STOP_GRACE_S", "600")))
+    except ValueError:
+        return 600.0
+
+
+def _die_with_parent() -> None:
+    """(In the child launcher, before exec) SIGTERM when this launcher dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: the job then outlives a killed launcher
+        pass
+
+
+class _Stop:
+    """The launcher's stop: the first SIGTERM or SIGINT goes to the ranks (they save and stop,
+    status 3); if they have not stopped after ``grace`` seconds, or a second signal comes (later
+    than ``StopSignal.REPEAT_S``), the whole job is killed (status 130)."""
+
+    def __init__(self, proc: subprocess.Popen, argv: list[str], grace: float):
+        self.proc, self.argv, self.grace = proc, argv, grace
+        self.signalled, self.killed, self.first_at, self.timer = False, "", 0.0, None
+
+    def handle(self, sig, _frame) -> None:
+        import threading
+        import time
+
+        now = time.monotonic()
+        if not self.signalled:
+            self.signalled, self.first_at = True, now
+            _stop(self.proc, sig, self.argv)
+            why = (f"the ranks did not stop within {self.grace:g} s of the signal (HVD_BERT_STOP_GRACE_S): "
+                   f"killed")
+            self.timer = threading.Timer(self.grace, self.kill, (why,))
+            self.timer.daemon = True
+            self.timer.start()
+        elif now - self.first_at >= StopSignal.REPEAT_S:
+            self.kill("interrupted again: the job was killed at once, without a new checkpoint")
+
+    def kill(self, why: str) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.killed = (f"{why}; the last complete checkpoint is intact: run the same command again to resume "
+                       f"from it")
+        for p in _ranks(self.proc, self.argv):
+            try:
+                p.kill()
+            except Exception:  # noqa: BLE001 - (psutil.Error: already gone)
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+
+def _ranks(proc: subprocess.Popen, argv: list[str]) -> list:
+    """The job's ranks on this machine: the launcher's descendants running ``argv`` (a rank's
+    forked workers left out: they are the rank's to stop)."""
+    import psutil
+
+    try:
+        job = [p for p in psutil.Process(proc.pid).children(recursive=True) if _is_rank(p, argv)]
+    except psutil.Error:
+        return []
+    pids = {p.pid for p in job}
+    out = []
+    for p in job:
+        try:
+            if p.ppid() not in pids:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _stop(proc: subprocess.Popen, sig: int, argv: list[str]) -> None:
     """A signal to the launcher goes to the job's ranks on this machine, as SLURM and torchrun
     deliver it: each saves a checkpoint and the ranks stop together (status 3). mpirun would
     kill them a second after passing it on (odls_base_sigkill_timeout), before a large model's
     checkpoint is written. Ranks only on other hosts: the launcher passes it on."""
-    import psutil
-
-    ranks = []
-    try:  # (a handler must not raise: the exception would end the launcher's reading of the job)
-        job = [p for p in psutil.Process(proc.pid).children(recursive=True) if _is_rank(p)]
-        pids = {p.pid for p in job}
-        ranks = [p for p in job if p.ppid() not in pids]  # (a rank's forked workers: the rank's to stop)
-    except psutil.Error:
-        pass
+    ranks = _ranks(proc, argv)  # (a handler must not raise: it would end the launcher's reading of the job)
     for p in ranks:
         try:
             p.send_signal(sig)
-        except psutil.Error:
+        except Exception:  # noqa: BLE001 - (psutil.Error: gone)
             pass
     if not ranks and proc.poll() is None:
         proc.send_signal(sig)
 
 
-def _is_rank(p) -> bool:
+def _is_rank(p, argv: list[str]) -> bool:
     try:
         cmd = p.cmdline()
-    except Exception:  # (psutil.Error: gone, or not ours to read)
+    except Exception:  # noqa: BLE001 - (psutil.Error: gone, or not ours to read)
         return False
-    return "hvd_bert" in cmd and "hvd_bert.cluster.horovodrun" not in cmd and any(
-        "python" in part.rsplit("/", 1)[-1] for part in cmd[:1])
+    return cmd[1:1 + len(argv)] == argv and "hvd_bert.cluster.horovodrun" not in cmd
 
 
 def _pieces(stream):

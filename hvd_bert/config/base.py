@@ -60,26 +60,26 @@ def _coerce(value: Any, tp, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError as e:
                 errors.append(e)
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {shown(value)}")
     if tp is type(None):
         if value is None:
             return None
-        raise ConfigError(f"{key}: expected null, got {value!r}")
+        raise ConfigError(f"{key}: expected null, got {shown(value)}")
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value in allowed and type(value) is type(allowed[allowed.index(value)]):
             return value
-        raise ConfigError(f"{key}: expected one of {', '.join(map(repr, allowed))}, got {value!r}")
+        raise ConfigError(f"{key}: expected one of {', '.join(map(repr, allowed))}, got {shown(value)}")
     if origin is tuple:
         (item_tp, *rest) = typing.get_args(tp)
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list of {_type_name(item_tp)}, got {value!r}")
+            raise ConfigError(f"{key}: expected a list of {_type_name(item_tp)}, got {shown(value)}")
         return tuple(_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value))
     if is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {shown(value)}")
         return from_dict(tp, value, key)
     if tp is bool:
         if isinstance(value, bool):
@@ -98,14 +98,14 @@ def _coerce(value: Any, tp, key: str) -> Any:
                 pass
         if number is not None:
             if not math.isfinite(number):
-                raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+                raise ConfigError(f"{key}: must be a finite number, got {shown(value)}")
             return number
     elif tp is str:
         if isinstance(value, str):
             return value
     else:
         raise TypeError(f"{key}: unsupported annotation {tp!r} in a config class")
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {shown(value)} ({type(value).__name__})")
 
 
 def _hints(cls) -> dict:
@@ -122,7 +122,7 @@ def _unknown(key: str, name: str, cls) -> ConfigError:
 def from_dict(cls, data: Mapping[str, Any], prefix: str = ""):
     """Build config class ``cls`` from a mapping, checking every key and type."""
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{prefix or cls.__name__}: expected a mapping, got {data!r}")
+        raise ConfigError(f"{prefix or cls.__name__}: expected a mapping, got {shown(data)}")
     hints = _hints(cls)
     names = {f.name for f in fields(cls)}
     kwargs = {}
@@ -150,13 +150,89 @@ def to_dict(cfg) -> dict:
     return conv(cfg)
 
 
-def _parse_scalar(text: str) -> Any:
+# A recipe or --set value is a few hundred nodes; a nest of YAML aliases ("billion laughs")
+# expands 200 bytes into billions. Their expanded size is counted on the composed node graph
+# (each node once) before anything is built, and refused past this.
+MAX_YAML_NODES = 100_000
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` bounded in depth and length, for an error line: a value built from
+    aliases can be shared a billion times over and must never be expanded to be printed."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother, r.maxlist, r.maxdict, r.maxtuple, r.maxset = 3, 80, 80, 6, 6, 6, 6
+    return r.repr(value)
+
+
+def safe_yaml(text: str, source: str) -> Any:
+    """``yaml.safe_load(text)`` with aliases bounded: a document whose expanded size passes
+    ``MAX_YAML_NODES`` or that refers to itself is a ConfigError naming ``source``."""
     import yaml  # PyYAML, imported only where configs are parsed
 
     try:
-        return yaml.safe_load(text)
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            _expanded_size(node, source)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
-        raise ConfigError(f"cannot parse {text!r} as a YAML value: {e}") from None
+        raise ConfigError(f"{source} is not valid YAML: {_first_line(e)}") from None
+
+
+def _first_line(e: Exception) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def _expanded_size(root, source: str) -> int:
+    """Nodes of ``root`` as a tree (an alias counts its whole target each time), each node
+    visited once; a ConfigError past ``MAX_YAML_NODES`` or on a node inside itself."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            open_.discard(key)
+            children = _children(node)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[key] > MAX_YAML_NODES:
+                raise ConfigError(f"{source} expands to more than {MAX_YAML_NODES:,} YAML nodes (aliases of "
+                                  f"aliases): write the values out instead of nesting aliases")
+            continue
+        if key in sizes:
+            continue
+        if key in open_:
+            raise ConfigError(f"{source} holds a YAML alias inside its own anchor (a recursive value); "
+                              f"write the value out")
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node) if not isinstance(c, yaml.ScalarNode) or
+                     id(c) not in sizes)
+    return sizes[id(root)]
+
+
+def _children(node) -> list:
+    import yaml
+
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [x for pair in node.value for x in pair]
+    return []
+
+
+def _parse_scalar(text: str) -> Any:
+    return safe_yaml(text, f"the --set value {shown(text)}")
 
 
 def apply_overrides(cfg, overrides: Sequence[str]):
@@ -215,17 +291,13 @@ def _set_path(cfg, parts: list[str], value: Any, full: str):
 
 def load_config(cls, path: str | Path | None = None, overrides: Sequence[str] = ()):
     """Load ``cls`` from a YAML file (missing keys take their defaults), then apply overrides."""
-    import yaml
 
     data: Mapping = {}
     if path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist; pass an existing YAML file")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+        data = safe_yaml(p.read_text(), f"config file {p}") or {}
         if not isinstance(data, Mapping):
             raise ConfigError(f"config file {p} must hold a mapping at the top level")
     section = getattr(cls, "JOB_SECTION", None)
@@ -259,7 +331,7 @@ def overlay(cfg, data: Mapping[str, Any], prefix: str = ""):
     names ``train.seed`` changes the seed and keeps every other setting of ``cfg`` (the job's
     defaults), as ``--set train.seed=...`` does."""
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{prefix or type(cfg).__name__}: expected a mapping, got {data!r}")
+        raise ConfigError(f"{prefix or type(cfg).__name__}: expected a mapping, got {shown(data)}")
     hints = _hints(type(cfg))
     names = {f.name for f in fields(cfg)}
     kwargs = {}

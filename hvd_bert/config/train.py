@@ -317,7 +317,13 @@ class TrainConfig:
         50, "stop with an error after this many optimizer steps in a row were skipped for inf/NaN "
             "gradients (a diverged run: lower train.optim.lr, or use fp32)")
 
+    stall_timeout_s: float = doc(
+        600.0, "stop the job (exit status 5, one line naming the rank and what it was doing) when a rank "
+               "makes no progress for this many seconds, or for 20 times its slowest step so far if that "
+               "is longer (a stuck collective, data read or file system); 0: never")
+
     def __post_init__(self) -> None:
+        require(self.stall_timeout_s >= 0, f"stall_timeout_s must be >= 0, got {self.stall_timeout_s}")
         require(self.tensor_parallel >= 1, f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
         require(self.max_skipped_steps > 0, f"max_skipped_steps must be > 0, got {self.max_skipped_steps}")
         require(self.log_every > 0, f"log_every must be > 0, got {self.log_every}")

@@ -429,18 +429,20 @@ def count_message(folder, name: str, actual: int, claimed: int) -> str:
             f"{claimed}: the sidecar does not describe these shards; prepare the data again")
 
 
-def read_ordered(folder: str | Path, plan, shuffle_buffer: int, stream: int,
-                 verify: bool = True, counts: Mapping[str, int] | None = None) -> Iterator[bytes]:
+def read_ordered(folder: str | Path, plan, shuffle_buffer: int, stream: int, verify: bool = True,
+                 counts: Mapping[str, int] | None = None, before_shard=None) -> Iterator[bytes]:
     """One rank's records for one epoch in the toolkit's reading order (the reference that the
     TensorFlow reader reproduces): ``plan.files`` in order, every ``record_stride``-th record
     from ``record_offset``, then windows of ``shuffle_buffer`` sorted by
     ``sharding.shuffle_keys``. ``counts``: each file's records as the sidecar says (a file that
-    holds another number is a DatasetError naming it)."""
+    holds another number is a DatasetError naming it). ``before_shard()`` runs before each file
+    is opened (``sidecar.SidecarWatch.check``: the data was not prepared again meanwhile)."""
     from hvd_bert.core.sharding import window_order
 
     def stream_records():
         i = 0
         for name in plan.files:
+            _ = before_shard() if before_shard is not None else None
             n = 0
             for _, rec in iter_records(Path(folder) / name, verify):
                 if i % plan.record_stride == plan.record_offset:

@@ -12,7 +12,8 @@ from typing import Any, Mapping
 from hvd_bert.data.records import DatasetError
 from hvd_bert.files import atomic_write
 
-__all__ = ["SIDECAR", "write_sidecar", "read_sidecar", "file_sha256", "shard_count_error"]
+__all__ = ["SIDECAR", "write_sidecar", "read_sidecar", "file_sha256", "shard_count_error", "sidecar_digest",
+           "SidecarWatch"]
 
 SIDECAR = "dataset.json"
 # the command that prepares each kind (named in the errors of a reader that finds none)
@@ -26,6 +27,46 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def sidecar_digest(folder: str | Path) -> str | None:
+    """What identifies a prepared folder's data (its path does not: data can be prepared again at
+    the same path): the SHA-256 of its ``dataset.json``, which lists every shard's records and
+    bytes and the vocabulary's hash; None when there is none."""
+    try:
+        return hashlib.sha256((Path(folder).expanduser() / SIDECAR).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+class SidecarWatch:
+    """Notices a data folder prepared again under a running job: ``check()`` (cheap: one
+    ``stat``) raises a DatasetError once the folder's ``dataset.json`` is gone or holds other
+    content than when the job started reading it."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.digest = sidecar_digest(self.folder)
+        self.seen = self._stat()
+
+    def _stat(self):
+        try:
+            st = (self.folder / SIDECAR).stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    def check(self) -> None:
+        now = self._stat()
+        if now == self.seen:
+            return
+        if now is not None and sidecar_digest(self.folder) == self.digest:
+            self.seen = now
+            return
+        raise DatasetError(f"{self.folder / SIDECAR} changed while this job was reading {self.folder} (the "
+                           f"data was prepared again under it): the batches would mix two data sets. Stop, "
+                           f"then start a new run (another train.output_dir) on the new data, or restore the "
+                           f"old data to resume")
 
 
 def write_sidecar(folder: str | Path, meta: dict) -> Path:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import importlib
 
+from hvd_bert.stop import EXIT_STOPPED  # a job stopped by a signal after saving: rerun it to resume
+
 __all__ = ["JOBS", "EXIT_STOPPED", "run_job", "user_errors"]
 
 # name -> (help, module of run(cfg, backend), fill-in of defaults, hint for a data error)
@@ -31,12 +33,12 @@ JOBS = {
                 "hvd_bert.jobs.predict", None, None),
 }
 
-EXIT_STOPPED = 3  # a job stopped by a signal after saving its checkpoint: rerun it to resume
 
 
 def user_errors() -> tuple[type, ...]:
     """The errors that are the user's to fix (bad settings, data, checkpoints, a diverged run):
     one line and exit status 2, never a traceback."""
+    from hvd_bert.cluster.horovod import LaunchError
     from hvd_bert.config import ConfigError
     from hvd_bert.core.sharding import ShardingError
     from hvd_bert.data.records import DatasetError
@@ -46,7 +48,7 @@ def user_errors() -> tuple[type, ...]:
     from hvd_bert.weights.portable import WeightsError
 
     return (ConfigError, DatasetError, WeightsError, CheckpointError, ResumeError, DivergedError,
-            RunFolderBusy, ShardingError)
+            RunFolderBusy, ShardingError, LaunchError)
 
 
 def run_job(name: str, cfg, on_data_error=None) -> int:

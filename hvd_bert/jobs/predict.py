@@ -36,7 +36,7 @@ from hvd_bert.data.kinds import KIND_CLASSIFY
 from hvd_bert.data.records import DatasetError
 from hvd_bert.data.sidecar import SIDECAR, read_sidecar
 from hvd_bert.evaluation.finetune import dense_gather, eval_batches
-from hvd_bert.jobs.predict_model import load_scorer, model_record, tokenizer_of, vocab_mismatch
+from hvd_bert.jobs.predict_model import load_scorer, model_record, output_path, tokenizer_of, vocab_mismatch
 from hvd_bert.jobs.predict_squad import answer
 from hvd_bert.jobs.run_folder import ranks_agree
 from hvd_bert.files import atomic_write
@@ -54,6 +54,7 @@ def run(cfg: PredictConfig, backend) -> dict:
         raise ConfigError("give the checkpoint and the input: hvd-bert predict CHECKPOINT INPUT "
                           "[--output FILE]")
     rank, size = backend.init(cfg.train)
+    output_path(cfg, ".predictions.jsonl")  # (an output over an input: refused before anything is read)
     ranks_agree(cfg, backend)  # the same settings and data everywhere, or one line on every rank
     rec = model_record(cfg.checkpoint)
     if rec["task"] == SQUAD:
@@ -61,7 +62,7 @@ def run(cfg: PredictConfig, backend) -> dict:
     labels = rec.get("labels") or []
     n_out = 1 if rec["task"] == REGRESSION else len(labels)
     source = Path(cfg.input).expanduser()
-    out = Path(cfg.output) if cfg.output else source.with_name(source.name + ".predictions.jsonl")
+    out = output_path(cfg, ".predictions.jsonl")
     build = lambda config, seq: backend.bert_classifier(config, n_out, seq)  # noqa: E731
 
     if (source / SIDECAR).is_file():  # a prepared set: its records, its labels checked against the model's

@@ -10,8 +10,23 @@ from hvd_bert.config import ConfigError, PredictConfig
 from hvd_bert.data.finetune import REGRESSION, SQUAD, read_task_record
 from hvd_bert.data.vocab import load_tokenizer, resolve_vocab
 from hvd_bert.files import read_json_object
+from hvd_bert.weights.portable import untrained_head
 
-__all__ = ["model_record", "vocab_mismatch", "tokenizer_of", "load_scorer"]
+__all__ = ["model_record", "vocab_mismatch", "tokenizer_of", "load_scorer", "output_path"]
+
+
+def output_path(cfg: PredictConfig, suffix: str) -> Path:
+    """Where the predictions go (``--output``, else ``INPUT<suffix>`` beside the input), refused
+    when it would replace or write into the input, the checkpoint or the checkpoint's folder
+    (``files.refuse_clash``): checked on every rank before anything is read or written."""
+    from hvd_bert.files import refuse_clash
+
+    source = Path(cfg.input).expanduser()
+    out = Path(cfg.output).expanduser() if cfg.output else source.with_name(source.name + suffix)
+    ckpt = Path(cfg.checkpoint).expanduser()
+    refuse_clash(out, {"the input": source, "the checkpoint": ckpt,
+                       "the checkpoint's folder": ckpt if ckpt.is_dir() else ckpt.parent})
+    return out
 
 
 def model_record(checkpoint: str) -> dict:
@@ -70,6 +85,13 @@ def load_scorer(backend, cfg: PredictConfig, seq: int, build) -> tuple[Callable,
                           f"{cfg.checkpoint}: give --set max_seq_length={limit} or less")
     seq = min(seq, limit)
     model = build(config, seq)
+    untrained = untrained_head(arrays, {k: v.shape for k, v in backend.export_weights(model).items()})
+    if untrained:
+        raise ConfigError(f"{cfg.checkpoint} has no trained head for what it says it predicts ({untrained}): "
+                          f"its weights are a pretrained encoder, or its task record names another task than "
+                          f"its head was trained for, so the predictions would come from a random head. "
+                          f"Fine-tune it first (hvd-bert finetune --set init_checkpoint={cfg.checkpoint}), "
+                          f"or give a fine-tuned checkpoint")
     backend.load_weights(model, arrays, source=f"checkpoint {cfg.checkpoint}")
     score = backend.scorer(model, cfg.precision)
     return (lambda batch: score(trim_padding(batch, 8))), seq

@@ -15,7 +15,7 @@ from hvd_bert.data.sidecar import SIDECAR, read_sidecar
 from hvd_bert.data.squad import convert_examples, read_questions
 from hvd_bert.evaluation.finetune import eval_batches, prepared_answers, span_logits, squad_scores
 from hvd_bert.evaluation.squad_predictions import predictions
-from hvd_bert.jobs.predict_model import load_scorer, tokenizer_of, vocab_mismatch
+from hvd_bert.jobs.predict_model import load_scorer, output_path, tokenizer_of, vocab_mismatch
 from hvd_bert.files import atomic_write
 
 __all__ = ["answer"]
@@ -27,7 +27,7 @@ SQUAD_SHAPE = {"max_seq_length": 384, "doc_stride": 128, "max_query_length": 64}
 
 def answer(cfg: PredictConfig, backend, rec: dict, rank: int, size: int) -> dict:
     source = Path(cfg.input).expanduser()
-    out = Path(cfg.output) if cfg.output else source.with_name(source.name + ".predictions.json")
+    out = output_path(cfg, ".predictions.json")
     shape = {k: rec.get(k) or v for k, v in SQUAD_SHAPE.items()}
     shape["max_seq_length"] = cfg.max_seq_length or shape["max_seq_length"]
     v2 = bool(rec.get("version_2_with_negative"))

@@ -13,11 +13,13 @@ NVIDIA does.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from hvd_bert.core.sharding import epoch_batches
-from hvd_bert.config import PretrainConfig
+from hvd_bert.config import ConfigError, PretrainConfig
 from hvd_bert.config.bert import bert_preset
+from hvd_bert.weights.published import checkpoint_config
 from hvd_bert.data.pretraining import check_pretraining_data
 from hvd_bert.data.vocab import init_vocab_error
 from hvd_bert.evaluation.finetune import eval_batches
@@ -45,9 +47,18 @@ def run(cfg: PretrainConfig, backend) -> dict:
                                            Path(cfg.data) / meta["vocab_file"])
 
     backend.set_precision(cfg.train.precision.mode)
-    bert = bert_preset(cfg.model, vocab_size=meta["vocab_size"],
-                       max_position_embeddings=max(512, cfg.max_seq_length),
-                       hidden_dropout=cfg.dropout, attention_dropout=cfg.dropout)
+    # phase 2: the model is what init_checkpoint's files say (heads, activation, LayerNorm epsilon),
+    # read by every rank from its config alone (as fine-tuning does), else the preset
+    init = checkpoint_config(cfg.init_checkpoint) if cfg.init_checkpoint else None
+    bert = (replace(init, hidden_dropout=cfg.dropout, attention_dropout=cfg.dropout) if init is not None else
+            bert_preset(cfg.model, vocab_size=meta["vocab_size"],
+                        max_position_embeddings=max(512, cfg.max_seq_length),
+                        hidden_dropout=cfg.dropout, attention_dropout=cfg.dropout))
+    if bert.max_position_embeddings < cfg.max_seq_length:
+        raise ConfigError(f"max_seq_length {cfg.max_seq_length} is longer than the "
+                          f"{bert.max_position_embeddings} positions of init_checkpoint "
+                          f"{cfg.init_checkpoint}: give --set max_seq_length={bert.max_position_embeddings} "
+                          f"or less (and data prepared for it)")
     backend.seed(cfg.train.seed + rank)  # per-rank dropout streams; the weights come from rank 0
     model = backend.bert_pretraining(bert, cfg.max_seq_length, cfg.max_predictions_per_seq)
     error = None
@@ -75,7 +86,8 @@ def run(cfg: PretrainConfig, backend) -> dict:
     total = cfg.train.schedule.total_steps
     log = open_run(cfg, backend, rank, total_steps=total, bert=bert, launch=launch,
                    line_keys=("loss", "mlm_accuracy", "lr", "sequences_per_s"))
-    log.print(f"model: BERT-{cfg.model} ({backend.param_count(model) / 1e6:.1f}M parameters, "
+    name = f"BERT from {cfg.init_checkpoint}" if init is not None else f"BERT-{cfg.model}"
+    log.print(f"model: {name} ({backend.param_count(model) / 1e6:.1f}M parameters, "
               f"{backend.label}), "
               f"data: {cfg.data} ({meta['total_records']} sequences of {cfg.max_seq_length}, "
               f"{len(meta['shards'])} shards)")

@@ -11,14 +11,15 @@ from pathlib import Path
 
 from hvd_bert.cluster.horovod import horovod_settings_line, placement_line
 from hvd_bert.weights.portable import write_run_bert_config
-from hvd_bert.files import atomic_write, planted_link
+from hvd_bert.files import atomic_write, planted_link, refuse_clash
 from hvd_bert.train.checkpoint import RunFolderBusy, lock_run_folder, release_run_folder
 from hvd_bert.config import ConfigError, to_dict
 from hvd_bert.train.elastic import PlainLaunch
-from hvd_bert.train.identity import has_checkpoints, rank_identity, ranks_disagree, resume_mismatch
+from hvd_bert.train.identity import (has_checkpoints, rank_identity, ranks_disagree, resume_mismatch,
+                                     run_record)
 from hvd_bert.train.log import RunLog
 
-__all__ = ["with_run_folder", "open_run", "finish_line", "ranks_agree"]
+__all__ = ["with_run_folder", "open_run", "refuse_output_over_inputs", "finish_line", "ranks_agree"]
 
 _LOCKS: list = []  # the run folders this process holds (released when it exits)
 RUN_FILES = ("metrics.jsonl", "tensorboard")  # what a job appends to or writes into, by name
@@ -54,6 +55,18 @@ def with_run_folder(cfg, job: str):
     return replace(cfg, train=replace(cfg.train, output_dir=str(Path("runs") / name)))
 
 
+def refuse_output_over_inputs(cfg) -> None:
+    """``train.output_dir`` must not be, or lie inside, what the job reads: its data, held-out
+    data or initial checkpoint (``files.refuse_clash``, by path and by inode)."""
+    reads = {}
+    for key in ("data", "eval_data", "init_checkpoint"):
+        value = str(getattr(cfg, key, "") or "")
+        if value:
+            p = Path(value).expanduser()
+            reads[key] = p if p.is_dir() or not p.exists() else p.parent
+    refuse_clash(cfg.train.output_dir, reads, what="train.output_dir")
+
+
 def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str, ...], bert=None,
              launch=None) -> RunLog:
     """On rank 0: the run folder, its ``config.json`` (the resolved config, with the real
@@ -64,6 +77,7 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
     says: at once, or under Horovod elastic on the first entry and after every change of the world."""
     launch = launch or PlainLaunch()
     out = Path(cfg.train.output_dir)
+    refuse_output_over_inputs(cfg)  # (every rank, before anything is written)
     # One job per run folder: rank 0 locks it before writing anything; every rank learns the outcome.
     # A rerun that would resume another run's checkpoints is refused before anything is written.
     problem = None
@@ -89,7 +103,8 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
             raise RunFolderBusy(message) if kind == "busy" else ConfigError(message)
         if rank == 0:
             def record() -> None:
-                atomic_write(out / "config.json", lambda t: t.write_text(json.dumps(to_dict(cfg), indent=1)))
+                record_ = run_record(to_dict(cfg))
+                atomic_write(out / "config.json", lambda t: t.write_text(json.dumps(record_, indent=1)))
                 if bert is not None:
                     write_run_bert_config(out, bert)
             if has_checkpoints(out):  # recorded once the checkpoint passed its own checks (fit resumes it)

@@ -22,6 +22,7 @@ import torch
 from hvd_bert.data.kinds import spec_for_meta
 from hvd_bert.data.padding import length_grouped
 from hvd_bert.data.records import decode_batch, read_ordered
+from hvd_bert.data.sidecar import SidecarWatch
 from hvd_bert.data.sidecar import read_sidecar
 from hvd_bert.core.sharding import TooFewShardsError, epoch_batches, plan_reads, stream_seed
 
@@ -53,6 +54,7 @@ class ShardedDataset(torch.utils.data.IterableDataset):
                  expect: dict | None = None, prefetch: int = 4, epoch: int = 0, length_grouping: int = 0):
         super().__init__()
         self.folder = Path(folder)
+        self.watch = SidecarWatch(self.folder)  # (before the read: a change after it is noticed)
         self.meta = read_sidecar(self.folder, kind, expect)
         self.spec = spec_for_meta(self.meta)
         self.files = [s["file"] for s in self.meta["shards"]]
@@ -76,7 +78,7 @@ class ShardedDataset(torch.utils.data.IterableDataset):
         n_batches = self.batches_in_epoch(epoch)
         stream = stream_seed(self.seed, epoch, self.rank)
         records = read_ordered(self.folder, plan, self.shuffle_buffer, stream,
-                               counts=dict(zip(self.files, self.counts)))
+                               counts=dict(zip(self.files, self.counts)), before_shard=self.watch.check)
         b = self.local_batch_size
         if self.length_grouping:
             fixed = (decode_batch([next(records) for _ in range(b)], self.spec) for _ in range(n_batches))

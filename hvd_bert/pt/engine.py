@@ -30,7 +30,6 @@ import contextlib
 import copy
 import json
 import math
-import signal
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -46,7 +45,7 @@ from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, che
                                    rng_for_rank, set_host_rng_state)
 from hvd_bert.train.elastic import launched_elastic, sync_shards
 from hvd_bert.train.loop import fit
-from hvd_bert.train.log import StopSignal
+from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.pt import init_horovod
 from hvd_bert.pt.kernels import optim as fused_optim
@@ -153,7 +152,7 @@ class Engine:
             growth_interval=pcfg.growth_interval)
         if sync:  # (an elastic run syncs inside hvd.elastic.run instead)
             self.broadcast()
-        self.stop_signal = StopSignal()
+        self.stop_signal = STOP  # (the process's one request: a signal during start-up counts)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -355,8 +354,8 @@ class Engine:
         t = torch.tensor([1.0 if flag else 0.0])
         return bool(hvd.allreduce(t, op=hvd.Max, name=name).item() > 0)  # Horovod:
 
-    def install_stop_handler(self, signals=(signal.SIGTERM, signal.SIGUSR1)) -> None:
-        """On SIGTERM (what SLURM sends before a time limit), finish the current step, save a
+    def install_stop_handler(self, signals=STOP_SIGNALS) -> None:
+        """On SIGTERM (what SLURM sends before a time limit) or Ctrl-C, finish the current step, save a
         checkpoint and stop: :meth:`should_stop` turns true on every rank together."""
         self.stop_signal.install(signals)
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from hvd_bert.data.kinds import spec_for_meta
 from hvd_bert.data.records import CorruptRecordError, DatasetError, iter_records
-from hvd_bert.data.sidecar import read_sidecar
+from hvd_bert.data.sidecar import SidecarWatch, read_sidecar
 from hvd_bert.core.sharding import (LEHMER_M, TooFewShardsError, round_constants, epoch_batches,
                                       plan_reads, stream_seed)
 
@@ -67,9 +67,11 @@ def make_dataset(folder: str | Path, kind: str, rank: int, world_size: int, loca
     return ds.prefetch(tf.data.AUTOTUNE), n_batches
 
 
-def _checked(folder: Path, ds):
+def _checked(folder: Path, ds, watch=None):
     it = iter(ds)
     while True:
+        if watch is not None:
+            watch.check()
         try:
             batch = next(it)
         except StopIteration:
@@ -89,6 +91,7 @@ def stream(folder: str | Path, kind: str, rank: int, world_size: int, local_batc
     from hvd_bert.data.padding import length_grouped
 
     folder, epoch, skip = Path(folder), 0, start_batch
+    watch = SidecarWatch(folder)  # (each batch: the data was not prepared again under the job)
     while True:
         ds, n = make_dataset(folder, kind, rank, world_size, local_batch_size, seed=seed, epoch=epoch,
                              shuffle_buffer=shuffle_buffer, record_striding=record_striding,
@@ -96,13 +99,13 @@ def stream(folder: str | Path, kind: str, rank: int, world_size: int, local_batc
         if skip >= n:
             skip -= n
         elif length_grouping:
-            fixed = ({k: v.numpy() for k, v in b.items()} for b in _checked(folder, ds))
+            fixed = ({k: v.numpy() for k, v in b.items()} for b in _checked(folder, ds, watch))
             for b in length_grouped(_counted(fixed, n, folder, kind, expect), length_grouping,
                                     (seed, epoch, rank), start=skip):
                 yield {k: tf.constant(v) for k, v in b.items()}
             skip = 0
         else:
-            yield from _counted(_checked(folder, ds.skip(skip)), n - skip, folder, kind, expect)
+            yield from _counted(_checked(folder, ds.skip(skip), watch), n - skip, folder, kind, expect)
             skip = 0
         epoch += 1
 

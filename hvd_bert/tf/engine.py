@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,7 +39,7 @@ from hvd_bert.train.engine import (CheckpointError, FitResult, StepResult, check
                                    checkpoint_meta, engine_settings, host_rng_state, peak_host_bytes,
                                    resume_on_rank0, rng_for_rank, set_host_rng_state)
 from hvd_bert.train.loop import fit
-from hvd_bert.train.log import StopSignal
+from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.tf import check_keras, init_horovod
 from hvd_bert.tf.optim import build_optimizer
@@ -102,7 +101,7 @@ class Engine:
         self.predivide = float(gradient_predivide_factor)
         self.rank, self.world_size = hvd.rank(), hvd.size()
         self.data_rank, self.data_size = self.rank, self.world_size  # (the data this rank reads)
-        self.stop_signal = StopSignal()
+        self.stop_signal = STOP  # (the process's one request: a signal during start-up counts)
         self.last_metrics: dict = {}
         self.plan, self.config = None, None  # (from_config sets both)
         self.resume_resized = resume_resized
@@ -321,8 +320,8 @@ class Engine:
         t = tf.constant([1.0 if flag else 0.0])
         return bool(hvd.allreduce(t, op=hvd.Max, name=name)[0] > 0)  # Horovod:
 
-    def install_stop_handler(self, signals=(signal.SIGTERM, signal.SIGUSR1)) -> None:
-        """On SIGTERM (what SLURM sends before a time limit), finish the current step, save a
+    def install_stop_handler(self, signals=STOP_SIGNALS) -> None:
+        """On SIGTERM (what SLURM sends before a time limit) or Ctrl-C, finish the current step, save a
         checkpoint and stop: :meth:`should_stop` turns true on every rank together."""
         self.stop_signal.install(signals)
 

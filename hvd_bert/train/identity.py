@@ -12,18 +12,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["run_differences", "FREE", "previous_config", "has_checkpoints", "resume_mismatch",
-           "DamagedConfig", "rank_identity", "ranks_disagree"]
+__all__ = ["data_identity", "run_record", "run_differences", "FREE", "previous_config", "has_checkpoints",
+           "resume_mismatch", "DamagedConfig", "rank_identity", "ranks_disagree"]
 
 # Paths that may differ between ranks (a node's own copy of the data): their contents are compared
 PER_NODE_PATHS = ("data", "eval_data", "init_checkpoint", "checkpoint", "input")
 
 # Settings a resumed run may change (dotted prefixes).
 FREE = ("train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "train.output_dir",
-        "train.resume_resized", "train.resume_unchecked", "train.max_skipped_steps", "train.horovod",
-        "train.elastic", "train.zero", "train.tensor_parallel", "train.schedule.total_steps",
+        "train.resume_resized", "train.resume_unchecked", "train.max_skipped_steps", "train.stall_timeout_s",
+        "train.horovod", "train.elastic", "train.zero", "train.tensor_parallel", "train.schedule.total_steps",
         "progress", "epochs", "eval_every", "eval_batch_size", "eval_batch_users", "target_hr", "eval_data",
-        "best_metric", "keep_best", "early_stopping_patience")
+        "best_metric", "keep_best", "early_stopping_patience", "data_identity")
+
+# The prepared folders a run trains and evaluates on, identified by content (a data set prepared
+# again at the same path is another data set)
+DATA_KEYS = ("data", "eval_data")
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -48,6 +52,37 @@ def run_differences(old: dict, new: dict, also_free: tuple[str, ...] = ()) -> li
         if a.get(key) != b.get(key):
             diffs.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
     return diffs
+
+
+def data_identity(cfg: dict) -> dict:
+    """``{key: its dataset.json's SHA-256}`` of the run's prepared data folders
+    (``data.sidecar.sidecar_digest``)."""
+    from hvd_bert.data.sidecar import sidecar_digest
+
+    out = {}
+    for key in DATA_KEYS:
+        path = cfg.get(key)
+        if isinstance(path, str) and path and (digest := sidecar_digest(path)) is not None:
+            out[key] = digest
+    return out
+
+
+def run_record(cfg: dict) -> dict:
+    """What a run folder's ``config.json`` holds: the resolved config and ``data_identity``."""
+    return {**cfg, "data_identity": data_identity(cfg)}
+
+
+def _data_changed(old: dict, new: dict) -> str | None:
+    was, now = old.get("data_identity"), data_identity(new)
+    if not isinstance(was, dict):
+        return None  # (a run folder from before the data was identified by content)
+    for key in DATA_KEYS:
+        if key == "data" and was.get(key) and now.get(key) and was[key] != now[key]:
+            return (f"{key} {new.get(key)} holds other data than this run's checkpoints were trained on (its "
+                    f"dataset.json differs from the one recorded in config.json: it was prepared again): "
+                    f"resuming would go on with other data. Restore the original data, or start a new run "
+                    f"in another train.output_dir")
+    return None
 
 
 class DamagedConfig(ValueError):
@@ -93,7 +128,7 @@ def resume_mismatch(out: Path, new: dict, also_free: tuple[str, ...] = ()) -> st
                 f"settings given now, rerun with --set train.resume_unchecked=true")
     diffs = run_differences(old, new, also_free)
     if not diffs:
-        return None
+        return _data_changed(old, new)
     return (f"{out} holds checkpoints of a run with other settings, which this run would resume: "
             f"{'; '.join(diffs)}. Give this run another train.output_dir, or rerun with the settings "
             f"of {out / 'config.json'} (only the horizon, train.schedule.total_steps or epochs, and the "

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
 from hvd_bert.files import open_append, own_folder
 
-__all__ = ["RunLog", "ScalarWriter", "StopSignal", "format_line", "DivergedError"]
+__all__ = ["RunLog", "ScalarWriter", "format_line", "DivergedError"]
 
 
 class DivergedError(RuntimeError):
@@ -231,18 +230,3 @@ class RunLog:
 def _finite(rec: dict) -> dict:
     """The record with non-finite numbers as None (JSON has no NaN or Infinity)."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
-
-
-class StopSignal:
-    """This process's stop request: ``install()`` turns SIGTERM (what SLURM sends before a
-    time limit) and SIGUSR1 into ``requested = True``; the engines combine the ranks' flags
-    with an allreduce (``should_stop``) so that every rank stops after the same step."""
-
-    def __init__(self):
-        self.requested = False
-
-    def install(self, signals=(signal.SIGTERM, signal.SIGUSR1)) -> None:
-        def handler(signum, frame):
-            self.requested = True
-        for s in signals:
-            signal.signal(s, handler)

@@ -23,7 +23,9 @@ from typing import Any, Callable, Iterator
 
 from hvd_bert.core.batch import BatchPlan
 from hvd_bert.train.engine import Engine, FitResult, ResumeError, StepResult, memory_line
+from hvd_bert.stop import STOP
 from hvd_bert.train.log import DivergedError, RunLog, ScalarWriter
+from hvd_bert.train.watchdog import Watchdog
 
 __all__ = ["fit", "train_steps", "resume_line", "StepBook", "MetricWindow"]
 
@@ -69,7 +71,8 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
     book = StepBook(engine, log, plan=plan or getattr(engine, "plan", None), total_steps=total_steps,
                     log_every=log_every, unit=unit, output_dir=output_dir, checkpoint_every=checkpoint_every,
                     keep_checkpoints=keep_checkpoints, on_step=on_step, max_skipped_steps=max_skipped_steps,
-                    data_state=elastic.data_state if elastic is not None else None)
+                    data_state=elastic.data_state if elastic is not None else None,
+                    stall_timeout_s=getattr(getattr(engine, "config", None), "stall_timeout_s", 0.0))
     engine.install_stop_handler()
     engine.total_steps = total_steps  # (recorded in checkpoints: a resume says when it changed)
     if elastic is not None:  # the same loop, inside Horovod's elastic.run (train.elastic)
@@ -174,18 +177,24 @@ def train_steps(engine: Engine, batches: Iterator[Any], book: StepBook, total_st
     ``hooks`` (an elastic run's) see each micro-batch and each step before and after its
     bookkeeping (which may run collectives)."""
     window = MetricWindow(engine.k)
-    while engine.step_count < total_steps:
-        result = engine.train_micro_batch(next(batches))
-        window.add(engine.last_metrics)
-        hooks.after_micro_batch()
-        if result is None:
-            continue
-        local = window.take()  # one host sync a step
-        hooks.before_bookkeeping(result, local)
-        stop = book.after_step(result, local)
-        hooks.after_bookkeeping()
-        if stop:
-            break
+    dog = book.watchdog
+    with dog.running():  # (a rank that stalls in any phase ends the job with one line: train.watchdog)
+        while engine.step_count < total_steps:
+            dog.enter("data")
+            batch = next(batches)
+            dog.enter("step")
+            result = engine.train_micro_batch(batch)
+            window.add(engine.last_metrics)
+            hooks.after_micro_batch()
+            if result is None:
+                continue
+            local = window.take()  # one host sync a step
+            dog.enter("bookkeeping")
+            hooks.before_bookkeeping(result, local)
+            stop = book.after_step(result, local)
+            hooks.after_bookkeeping()
+            if stop:
+                break
 
 
 class MetricWindow:
@@ -215,8 +224,10 @@ class StepBook:
 
     def __init__(self, engine, log: RunLog, *, plan=None, total_steps: int, log_every: int, unit: str,
                  output_dir=None, checkpoint_every: int = 0, keep_checkpoints: int = 3, on_step=None,
-                 max_skipped_steps: int = 50, data_state=None):
+                 max_skipped_steps: int = 50, data_state=None, stall_timeout_s: float = 0.0):
         self.engine, self.log, self.plan, self.total = engine, log, plan, total_steps
+        self.watchdog = Watchdog(STOP.command, engine.rank, stall_timeout_s, step=lambda: engine.step_count,
+                                 checkpoint=lambda: self.saved_step if self.output_dir is not None else None)
         # what a checkpoint records of the data position (default: the micro-batch counter)
         self.data_state = data_state or (lambda: {"micro_step": engine.micro_step})
         self.log_every, self.unit, self.output_dir = log_every, unit, output_dir

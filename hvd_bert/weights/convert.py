@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hvd_bert.files import read_json_object
+from hvd_bert.files import read_json_object, refuse_clash
 from hvd_bert.train.checkpoint import latest_checkpoint
 from hvd_bert.weights.hf import is_hf_folder, write_hf_folder
 from hvd_bert.weights.portable import WeightsError, save_weights
@@ -56,6 +56,9 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
     if not src.exists():
         raise WeightsError(f"{src} does not exist; give a run folder, a ckpt-*.pt / ckpt-*.tf, a .npz or a "
                            f"Hugging Face model folder")
+    folder = src if src.is_dir() else src.parent
+    refuse_clash(output, {"the checkpoint": src, "the checkpoint's folder": folder, "the vocabulary": vocab},
+                 folder=to != "npz")
     framework = reading_framework(src, framework)
     arrays, config = get_backend(framework).read_checkpoint_weights(src)
     if config is None:

@@ -24,7 +24,7 @@ import numpy as np
 from hvd_bert.config.bert import BertConfig
 from hvd_bert.files import atomic_write
 
-__all__ = ["WeightsError", "save_weights", "write_run_bert_config", "read_run_bert_config",
+__all__ = ["untrained_head", "WeightsError", "save_weights", "write_run_bert_config", "read_run_bert_config",
            "read_weights", "fit_weights", "fit_for_model", "POSITION_EMBEDDINGS",
            "ENCODER_PREFIXES", "check_values", "check_backbone", "backbone_shapes", "config_from_json"]
 
@@ -205,6 +205,21 @@ def fit_for_model(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple
               f"BERT's initialisation", file=sys.stderr, flush=True)
     return fit_weights(arrays, expected, source=source,
                        allow_missing=() if has_heads else (*HEADS, "pooler."))
+
+
+def untrained_head(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]]) -> str | None:
+    """Which of a fine-tuning model's head weights (``expected``: its portable names and shapes)
+    the checkpoint's ``arrays`` lack or hold in another shape, as ``name (missing)`` or ``name
+    (shape A, the model's B)``; None when the checkpoint holds the whole head."""
+    bad = []
+    for name, shape in expected.items():
+        if not name.startswith(TASK_HEADS):
+            continue
+        if name not in arrays:
+            bad.append(f"{name} missing")
+        elif tuple(arrays[name].shape) != tuple(shape):
+            bad.append(f"{name} of shape {tuple(arrays[name].shape)}, the model's {tuple(shape)}")
+    return ", ".join(bad) or None
 
 
 VOCAB_ROWS = ("embeddings.word_embeddings.weight", "mlm_bias")  # one row per vocabulary entry

@@ -15,7 +15,32 @@ from hvd_bert.weights.google import google_checkpoint_prefix, read_google_config
 from hvd_bert.weights.hf import hf_to_portable, is_hf_folder, read_hf_folder
 from hvd_bert.weights.portable import WeightsError
 
-__all__ = ["read_published", "is_nvidia_checkpoint", "read_nvidia"]
+__all__ = ["read_published", "is_nvidia_checkpoint", "read_nvidia", "checkpoint_config"]
+
+
+def checkpoint_config(path: str | Path) -> BertConfig | None:
+    """The architecture a checkpoint holds, read without its weights: a Hugging Face folder's
+    ``config.json``, a Google or NVIDIA checkpoint's ``bert_config.json``, a run folder's (or a
+    run checkpoint's) ``bert_config.json``, a portable ``.npz``'s own; None when it says none."""
+    import zipfile
+
+    from hvd_bert.weights.hf import read_hf_config
+    from hvd_bert.weights.portable import CONFIG_KEY, config_from_json, read_run_bert_config
+
+    p = Path(path).expanduser()
+    if is_hf_folder(p):
+        return read_hf_config(p)[0]
+    if google_checkpoint_prefix(p) is not None or is_nvidia_checkpoint(p):
+        folder = p if p.is_dir() else p.parent
+        config = read_google_config(folder)
+        return dataclasses.replace(config, gelu="none") if is_nvidia_checkpoint(p) else config
+    if p.suffix == ".npz" and p.is_file():
+        try:
+            with np.load(p, allow_pickle=False) as z:
+                return config_from_json(z[CONFIG_KEY].tobytes(), str(p)) if CONFIG_KEY in z.files else None
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
+            return None  # (the weights' reader names the damage)
+    return read_run_bert_config(p if p.is_dir() else p.parent)
 
 
 def read_published(path: Path, load_bin=None, read_google=None):
