@@ -201,8 +201,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     if python and not shutil.which(python) and not Path(python).is_file():
         raise UsageError(f"{job[0]} is not a program here: give a job ({', '.join(JOBS)}) or python SCRIPT")
     if script and argv[:1] != ["-m"] and argv[:1] != ["-c"] and not Path(script).is_file():
-        raise UsageError(f"{script} does not exist: give the path of your script (hvd-bert launch -np 2 -- "
-                         f"python SCRIPT [ARGS])")
+        raise UsageError(f"{script} is neither a job ({', '.join(JOBS)}) nor a script here: give a job, or "
+                         f"the path of your script (hvd-bert launch -np 2 -- python SCRIPT [ARGS])")
     return launch_job(job, args.np, hosts=args.hosts, launcher=args.launcher, nic=args.nic)
 
 

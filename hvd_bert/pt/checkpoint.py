@@ -3,6 +3,7 @@ never a pickle that could run code."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -10,12 +11,50 @@ import torch
 
 from hvd_bert.train.engine import CheckpointError
 
-__all__ = ["load_checkpoint_file"]
+__all__ = ["load_checkpoint_file", "state_digest"]
+
+_FIX = "delete it to resume from the one before, or restore it from a copy"
+
+
+def state_digest(state) -> str:
+    """A CRC-32C over every tensor and plain value of a checkpoint's state (its entries in name
+    order), recorded in the checkpoint's metadata and checked when it is loaded."""
+    import crc32c
+
+    value = 0
+
+    def walk(x):
+        nonlocal value
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            if t.dtype in (torch.bfloat16, torch.float16):
+                t = t.view(torch.int16)
+            elif t.dtype == torch.bool:
+                t = t.to(torch.uint8)
+            value = crc32c.crc32c(t.reshape(-1).numpy().tobytes(), value)
+        elif isinstance(x, dict):
+            for k in sorted(x, key=str):
+                value = crc32c.crc32c(str(k).encode(), value)
+                walk(x[k])
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        else:
+            value = crc32c.crc32c(repr(x).encode(), value)
+    walk(state)
+    return f"crc32c:{value:08x}"
 
 
 def load_checkpoint_file(path: str | Path, map_location="cpu") -> dict:
     """A ``ckpt-*.pt`` loaded with ``weights_only=True``: tensors and plain types only, so a
-    file whose unpickling would run code is refused (:class:`CheckpointError`) and runs nothing."""
+    file whose unpickling would run code is refused (:class:`CheckpointError`) and runs nothing.
+    Its bytes are checked first (every part's zip CRC-32), and its tensors against the digest its
+    metadata recorded (``state_digest``)."""
+    from hvd_bert.train.checkpoint import zip_damage
+
+    damage = zip_damage(path)
+    if damage is not None:
+        raise CheckpointError(f"{damage}; {_FIX}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001
@@ -31,6 +70,13 @@ def load_checkpoint_file(path: str | Path, map_location="cpu") -> dict:
     if not isinstance(ckpt, dict) or "model" not in ckpt or "meta" not in ckpt:
         raise CheckpointError(f"{path} is not a checkpoint of hvd_bert's (no model and meta entries); "
                               f"give a ckpt-*.pt written by hvd-bert")
+    try:
+        recorded = json.loads(ckpt["meta"]).get("digest")
+    except (TypeError, ValueError, AttributeError):
+        recorded = None  # (the metadata's own reader names its damage)
+    if recorded and recorded != state_digest({k: v for k, v in ckpt.items() if k != "meta"}):
+        raise CheckpointError(f"{path} is damaged: its tensors no longer match the digest recorded when it "
+                              f"was written; {_FIX}")
     return ckpt
 
 

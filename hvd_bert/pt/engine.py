@@ -49,7 +49,7 @@ from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.pt import init_horovod
 from hvd_bert.pt.kernels import optim as fused_optim
-from hvd_bert.pt.checkpoint import load_checkpoint_file
+from hvd_bert.pt.checkpoint import load_checkpoint_file, state_digest
 from hvd_bert.pt.optim import build_optimizer, init_state
 from hvd_bert.pt import tensor_parallel as TP
 from hvd_bert.pt.zero import ShardedOptimizer, state_bytes, update_loss_scale
@@ -378,9 +378,9 @@ class Engine:
             optimizer = TP.gather_optimizer_state(optimizer, self._names(), self.tp)
         path = None
         if self.rank == 0:
-            state = {"model": model, "optimizer": optimizer,
-                     "scaler": self.scaler.state_dict(),
-                     "meta": json.dumps(checkpoint_meta(self, data_state, rng))}
+            state = {"model": model, "optimizer": optimizer, "scaler": self.scaler.state_dict()}
+            meta = {**checkpoint_meta(self, data_state, rng), "digest": state_digest(state)}
+            state["meta"] = json.dumps(meta)
             path = checkpoint_path(folder, self.step_count, CKPT_SUFFIX)
             atomic_write(path, lambda tmp: torch.save(state, tmp), size=_nbytes(state))
             prune(folder, CKPT_SUFFIX, keep)

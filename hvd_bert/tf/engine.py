@@ -32,7 +32,7 @@ import horovod.tensorflow as hvd
 
 from hvd_bert.core.batch import is_sync_step
 from hvd_bert.files import clear_path
-from hvd_bert.train.checkpoint import checkpoint_path, list_checkpoints
+from hvd_bert.train.checkpoint import checkpoint_path, digest_damage, file_digests, list_checkpoints
 from hvd_bert.train.elastic import sync_shards
 from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (CheckpointError, FitResult, StepResult, check_engine_args,
@@ -406,8 +406,8 @@ def save_checkpoint(folder: str | Path, step: int, trackables: dict, keep: int =
     clear_path(tmp)  # a leftover, or a link planted under its name (removed, never written through)
     tmp.mkdir()
     try:
-        tf.train.Checkpoint(**trackables).write(str(tmp / "ckpt"))
-        (tmp / "meta.json").write_text(json.dumps(meta or {}))
+        tf.train.Checkpoint(**trackables).write(str(tmp / "ckpt"))  # (meta.json: each file's CRC-32C)
+        (tmp / "meta.json").write_text(json.dumps({**(meta or {}), "files": file_digests(tmp)}))
         _fsync_tree(tmp)
         if final.exists():  # the same step again: move the old one aside, never lose both
             old = final.with_name(f".{final.name}.old-{os.getpid()}")
@@ -441,6 +441,10 @@ def restore_checkpoint(path: str | Path, trackables: dict) -> dict:
     """Restore a checkpoint written by :func:`save_checkpoint`; returns its meta."""
     path = Path(path)
     meta = read_checkpoint_meta(path)
+    damage = digest_damage(path, meta.get("files"))
+    if damage:
+        raise CheckpointError(f"{damage}; delete the checkpoint to resume from the one before, or restore it "
+                              f"from a copy")
     try:
         tf.train.Checkpoint(**trackables).read(str(path / "ckpt")).assert_existing_objects_matched()
     except (tf.errors.OpError, AssertionError, ValueError) as e:

@@ -13,10 +13,58 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["release_run_folder", "checkpoint_path", "is_checkpoint_name", "list_checkpoints",
+__all__ = ["zip_damage", "file_digests", "digest_damage",
+           "release_run_folder", "checkpoint_path", "is_checkpoint_name", "list_checkpoints",
            "latest_checkpoint", "prune", "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
 
 _NAME = re.compile(r"^ckpt-(\d{8,})\.(\w+)$")
+
+
+def zip_damage(path: str | Path) -> str | None:
+    """Why a zip-based checkpoint (PyTorch's ``ckpt-*.pt``, a ``.npz``) is damaged: a member whose
+    bytes fail the CRC-32 recorded when it was written, or a broken archive; None when intact.
+    Reads the whole file once."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        return f"{path} is not a complete zip archive ({type(e).__name__}: {e})"
+    if bad is not None:
+        return f"{path} is damaged: the CRC-32 of its part {bad!r} no longer matches what was written"
+    return None
+
+
+def file_digests(folder: str | Path, skip: tuple[str, ...] = ("meta.json",)) -> dict[str, str]:
+    """``{relative name: CRC-32C}`` of every file under ``folder`` (a checkpoint folder), written
+    into its metadata at save time and checked at load time."""
+    import crc32c
+
+    folder = Path(folder)
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.name not in skip:
+            value = 0
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 22), b""):
+                    value = crc32c.crc32c(block, value)
+            out[str(p.relative_to(folder))] = f"{value:08x}"
+    return out
+
+
+def digest_damage(folder: str | Path, recorded: dict | None) -> str | None:
+    """Why a checkpoint folder no longer holds what its metadata recorded (``file_digests``), or
+    None (also for a checkpoint written before digests were recorded)."""
+    if not isinstance(recorded, dict):
+        return None
+    now = file_digests(folder)
+    for name, value in recorded.items():
+        if name not in now:
+            return f"{Path(folder) / name} is missing"
+        if now[name] != value:
+            return f"{Path(folder) / name} is damaged: its CRC-32C no longer matches what was written"
+    return None
 
 
 def checkpoint_path(folder: str | Path, step: int, suffix: str) -> Path:

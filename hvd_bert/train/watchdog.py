@@ -82,7 +82,7 @@ class Watchdog:
 
     def _stalled(self, phase: str, waited: float) -> None:
         longest = self.longest.get("step")
-        seen = f"; its slowest step so far took {longest:.1f} s" if longest else ""
+        seen = f"; its slowest step so far took {longest:.2g} s" if longest else ""
         ckpt = self.checkpoint()
         kept = (f"the last complete checkpoint (step {ckpt}) is intact" if ckpt else
                 "no checkpoint was written yet")
