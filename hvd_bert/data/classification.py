@@ -22,13 +22,27 @@ from hvd_bert.files import atomic_write
 __all__ = ["prepare_classification", "encode_pairs", "read_table", "read_texts"]
 
 
+# The limits of a text a table cell or JSON field may hold (docs/data.md "Limits"), and how
+# much of a text is tokenized: at most CHARS_PER_POSITION characters per position of the
+# sequence, far more than WordPiece ever takes for one token (a word over 100 characters is one
+# [UNK]), so the cut changes no feature, and a huge text costs no more than a long one.
+MAX_FIELD_CHARS = 1 << 20
+CHARS_PER_POSITION = 128
+
+
 def _read_rows(path: Path, delimiter: str | None) -> list[list[str]]:
     import io
 
     text = read_text(path, "table")
     delim = delimiter or ("\t" if path.suffix.lower() in (".tsv", ".tab") else ",")
-    return list(csv.reader(io.StringIO(text, newline=""), delimiter=delim,
-                           quotechar=None if delim == "\t" else '"'))
+    csv.field_size_limit(MAX_FIELD_CHARS)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delim,
+                        quotechar=None if delim == "\t" else '"')
+    try:
+        return list(reader)
+    except csv.Error as e:
+        raise DatasetError(f"{path} line {reader.line_num}: {e}: a cell may hold at most {MAX_FIELD_CHARS:,} "
+                           f"characters; shorten or split that text") from None
 
 
 def read_table(path: Path, delimiter: str | None) -> tuple[list[str], list[list[str]]]:
@@ -38,15 +52,27 @@ def read_table(path: Path, delimiter: str | None) -> tuple[list[str], list[list[
     return rows[0], rows[1:]
 
 
+def _encode_cut(tok, texts: Sequence[str], max_seq_length: int) -> list[list[int]]:
+    """Each text's WordPiece ids, tokenizing at most ``CHARS_PER_POSITION`` characters per
+    position; a cut text that then gives fewer ids than positions (words of hundreds of
+    characters: one [UNK] each) is tokenized whole, so the cut never changes a feature."""
+    cut = max_seq_length * CHARS_PER_POSITION
+    out = [list(e.ids) for e in tok.encode_batch([t[:cut] for t in texts], add_special_tokens=False)]
+    for n, t in enumerate(texts):
+        if len(t) > cut and len(out[n]) < max_seq_length:
+            out[n] = list(tok.encode(t, add_special_tokens=False).ids)
+    return out
+
+
 def encode_pairs(tok, texts_a: Sequence[str], texts_b: Sequence[str] | None, max_seq_length: int):
     """Google's ``run_classifier`` features of each text (or pair): ``(input_ids, input_mask,
     segment_ids)`` padded to ``max_seq_length``, the longer text cut first, from its end."""
     ids = special_ids(tok)
-    enc_a = tok.encode_batch(list(texts_a), add_special_tokens=False)
-    enc_b = tok.encode_batch(list(texts_b), add_special_tokens=False) if texts_b is not None else None
+    enc_a = _encode_cut(tok, texts_a, max_seq_length)
+    enc_b = _encode_cut(tok, texts_b, max_seq_length) if texts_b is not None else None
     for n in range(len(enc_a)):
-        a = list(enc_a[n].ids)
-        b = list(enc_b[n].ids) if enc_b is not None else []
+        a = enc_a[n]
+        b = enc_b[n] if enc_b is not None else []
         budget = max_seq_length - (3 if enc_b is not None else 2)
         while len(a) + len(b) > budget:  # longest first, from the end (Google's run_classifier)
             (a if len(a) > len(b) else b).pop()
@@ -175,6 +201,11 @@ def read_texts(path: str | Path, text_a: str = "", text_b: str = "", id_field: s
         where = f"{a!r}" + (f" or {text_b!r}" if text_b else "")
         raise DatasetError(f"{p}: example {bad[0] + 1} has no text in {where} (a short row, or a missing "
                            f"field); fix it or leave it out")
+    long = next((n for n, t in enumerate([*texts_a, *(texts_b or [])]) if len(t) > MAX_FIELD_CHARS), None)
+    if long is not None:
+        raise DatasetError(f"{p}: example {long % len(rows) + 1} holds a text of "
+                           f"{len([*texts_a, *(texts_b or [])][long]):,} characters, over the limit of "
+                           f"{MAX_FIELD_CHARS:,}; shorten or split it")
     ids = [get(r, id_field) for r in rows] if id_field else list(range(len(rows)))
     return ids, texts_a, texts_b
 

@@ -107,7 +107,7 @@ def read_questions(path: str | Path) -> tuple[list[SquadExample], dict | None]:
     """Questions to answer and their contexts: a SQuAD file (``{"data": [...]}``; returned as the
     second item when it holds answers, to score against) or JSON lines ``{"question": ...,
     "context": ..., "id": ...}`` (``id`` optional: the line number)."""
-    from hvd_bert.evaluation.squad import read_json
+    from hvd_bert.evaluation.squad import read_squad_json, squad_error
 
     p = Path(path).expanduser()
     if p.suffix.lower() == ".jsonl":
@@ -130,11 +130,11 @@ def read_questions(path: str | Path) -> tuple[list[SquadExample], dict | None]:
             paragraphs.append({"context": row["context"],
                                "qas": [{"id": str(row.get("id", n)), "question": row["question"]}]})
         data, gold = {"data": [{"paragraphs": paragraphs}]}, False
+        error = squad_error(data, str(p))  # (the limits)
+        if error:
+            raise DatasetError(error)
     else:
-        data = read_json(p, "SQuAD file")
-        if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-            raise DatasetError(f"{p} is not a SQuAD file (no 'data' list of articles); give questions as "
-                               f"JSON lines {{\"question\": ..., \"context\": ...}} in a .jsonl file")
+        data = read_squad_json(p, "SQuAD file")
         gold = any(qa.get("answers") for a in data["data"] for par in a.get("paragraphs", [])
                    for qa in par.get("qas", []))
     try:
@@ -272,14 +272,12 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
     Returns the sidecar on rank 0."""
 
     from hvd_bert.data.output import agree, prepare_output
-    from hvd_bert.evaluation.squad import read_json
+    from hvd_bert.evaluation.squad import read_squad_json
 
     out, src = Path(output_dir), Path(input_file)
     examples, skipped, err = [], 0, None
     try:
-        data = read_json(src, "SQuAD file")
-        if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-            raise DatasetError(f"{src} is not a SQuAD file (no 'data' list of articles)")
+        data = read_squad_json(src, "SQuAD file")
         examples, skipped = read_squad(data, is_training, version_2, str(src))
         if not examples:
             raise DatasetError(f"{src} holds no usable questions")

@@ -32,10 +32,13 @@ def output_path(cfg: PredictConfig, suffix: str) -> Path:
 def model_record(checkpoint: str) -> dict:
     """What ``checkpoint`` predicts (``data.finetune.read_task_record``), or a Hugging Face
     classifier's ``num_labels`` as ``LABEL_i``; a ConfigError naming what to give otherwise."""
+    p = Path(checkpoint).expanduser()
+    if not p.exists():
+        raise ConfigError(f"{checkpoint} does not exist: give a fine-tuning run folder, its best.npz or a "
+                          f"ckpt-* in it, or a Hugging Face model folder (check the path)")
     rec = read_task_record(checkpoint)
     if rec is not None:
         return rec
-    p = Path(checkpoint).expanduser()
     cfg_file = (p if p.is_dir() else p.parent) / "config.json"
     try:
         hf = read_json_object(cfg_file) if cfg_file.is_file() else {}

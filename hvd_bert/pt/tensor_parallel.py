@@ -73,7 +73,11 @@ def make_groups(tp: int) -> Groups:
     needs ``HOROVOD_DYNAMIC_PROCESS_SETS=1`` at init: ``init_horovod(process_sets=True)``)."""
     n, r = hvd.size(), hvd.rank()
     if tp < 1 or n % tp:
-        raise ValueError(f"a tensor-parallel group of {tp} does not divide the {n} ranks")
+        from hvd_bert.config import ConfigError
+
+        raise ConfigError(f"train.tensor_parallel={tp} does not divide the {n} ranks: start a multiple of "
+                          f"{tp} ranks (-np {max(tp, n - n % tp)}), or give train.tensor_parallel a divisor "
+                          f"of {n}")
     if (n, tp) not in _GROUPS:  # (a process set is registered once: a second engine reuses it)
         def pset(ranks):  # (Horovod refuses a second set of every rank: that one is the global set)
             return hvd.global_process_set if ranks == list(range(n)) else hvd.add_process_set(ranks)
