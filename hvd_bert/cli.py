@@ -183,6 +183,7 @@ def _cmd_job(args: argparse.Namespace) -> int:
         if getattr(args, key, None):  # (quoted: a path or column name stays a string)
             overrides.append(f"{key}={json.dumps(getattr(args, key))}")
     cfg = load_config(JOB_CONFIGS[args.command], args.config, overrides)
+    args.loaded = cfg  # (an out-of-memory line names the fix that applies to these settings)
     return run_job(args.command, cfg, on_data_error=lambda hint: setattr(args, "error_hint", hint))
 
 
@@ -283,9 +284,11 @@ def _user_error(command: str, line: str) -> int:
     return 2
 
 
-def resource_line(e: BaseException) -> str | None:
+def resource_line(e: BaseException, cfg=None) -> str | None:
     """A resource the user must provide, as one line with the fix: disk space, a writable
-    folder (``files.os_error_line``), memory for the batch; None for anything else."""
+    folder (``files.os_error_line``), memory (the fix that applies to ``cfg``, the job's
+    settings: a smaller batch, or, at one sequence per rank already, a smaller model); None for
+    anything else."""
     from hvd_bert.files import os_error_line
 
     if isinstance(e, OSError):
@@ -298,9 +301,16 @@ def resource_line(e: BaseException) -> str | None:
         size = re.search(r"allocate (\d+) bytes", text)
         first = (f"an allocation of {int(size.group(1)) / 2**20:,.0f} MB failed" if size else
                  text.splitlines()[0][:160] if text else type(e).__name__)
-        return (f"out of memory for this batch ({first}): lower train.batch.local_batch_size and raise "
+        batch = getattr(getattr(getattr(cfg, "train", None), "batch", None), "local_batch_size", None)
+        if batch == 1:
+            return (f"out of memory ({first}) at one sequence per rank: the model, its optimizer state or "
+                    f"its vocabulary does not fit this rank's memory; use a smaller model, max_seq_length or "
+                    f"vocabulary, train.zero.stage=2 or train.tensor_parallel over more ranks, or "
+                    f"train.precision.mode=bf16")
+        return (f"out of memory ({first}): lower train.batch.local_batch_size and raise "
                 f"train.batch.backward_passes_per_step to keep the global batch, or use "
-                f"train.precision.mode=bf16")
+                f"train.precision.mode=bf16; if the model itself does not fit (a large vocabulary, a long "
+                f"max_seq_length), use a smaller one, train.zero.stage=2 or train.tensor_parallel")
     return None
 
 
@@ -335,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = getattr(args, "error_hint", None)
         return _user_error(args.command, f"{e}{hint(e) if hint else ''}")
     except Exception as e:
-        resource = resource_line(e)
+        resource = resource_line(e, getattr(args, "loaded", None))
         if resource is not None:
             return _user_error(args.command, resource)
         if not peer_failed(e):
