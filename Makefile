@@ -38,8 +38,7 @@ NP ?= 2
 FRAMEWORK ?= pt
 demo: setup
 	@test -f $(DATA)/dataset.json || $(VENV)/bin/hvd-bert prepare-bert --output $(DATA)
-	OMP_NUM_THREADS=1 $(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo \
-	    $(VENV)/bin/hvd-bert pretrain --framework $(FRAMEWORK) --set data=$(DATA) \
+	OMP_NUM_THREADS=1 $(VENV)/bin/hvd-bert pretrain -np $(NP) --framework $(FRAMEWORK) --set data=$(DATA) \
 	    --set train.output_dir=$(RUN) $(ARGS)
 	@echo "checkpoints and logs: $(RUN)/ (metrics.jsonl, tensorboard/); run it again to resume;"
 	@echo "TensorFlow: make demo FRAMEWORK=tf RUN=runs/demo-tf; more processes: make demo NP=4;"
@@ -52,8 +51,7 @@ DATA512 ?= $(RUN)-data512
 demo-phase2: setup
 	@test -f $(DATA512)/dataset.json || $(VENV)/bin/hvd-bert prepare-bert --like $(RUN) \
 	    --output $(DATA512) --max-seq-length 512 --max-predictions-per-seq 80
-	OMP_NUM_THREADS=1 $(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo \
-	    $(VENV)/bin/hvd-bert pretrain --framework $(FRAMEWORK) --set data=$(DATA512) \
+	OMP_NUM_THREADS=1 $(VENV)/bin/hvd-bert pretrain -np $(NP) --framework $(FRAMEWORK) --set data=$(DATA512) \
 	    --set max_seq_length=512 --set max_predictions_per_seq=80 --set init_checkpoint=$(RUN) \
 	    --set train.output_dir=$(RUN)-phase2 --set train.batch.local_batch_size=8 \
 	    --set train.batch.backward_passes_per_step=4 --set train.schedule.total_steps=50 \

@@ -6,6 +6,8 @@ Before it starts a single rank, Horovod 0.28.1's launcher asks whether Horovod w
 Gloo (and with MPI): in a forked child it imports each framework's extension in the order
 TensorFlow, PyTorch, MXNet, so every launch imports TensorFlow, 5 seconds of a core here and
 8 lines of TensorFlow's start-up messages on the launcher's terminal, even for a PyTorch job.
+A rank's non-zero exit status becomes the launch's own (Horovod raises it as a traceback and
+exits 1: a job stopped by a signal, status 3, would read as a failure).
 This module runs the same launcher (``horovod.runner.launch.run_commandline``: every option,
 elastic mode and exit status as ``horovodrun``) with ``gloo_built``/``mpi_built`` answered from
 a small file in the hvd_bert cache, keyed by the size and time of every installed Horovod
@@ -70,7 +72,19 @@ def main() -> None:
     launch.gloo_built = lambda verbose=False: answers["gloo_built"]
     launch.mpi_built = lambda verbose=False: answers["mpi_built"]
     sys.argv[0] = "horovodrun"
-    launch.run_commandline()
+    try:
+        launch.run_commandline()
+    except KeyboardInterrupt:  # (Ctrl-C: the ranks got it too and stop on their own)
+        sys.exit(130)
+    except RuntimeError as e:  # a rank's exit status is the launch's, without Horovod's traceback
+        import re
+
+        code = re.search(r"Exit code:\s*(-?\d+)", str(e))
+        if code is None:
+            raise
+        print(str(e), file=sys.stderr, flush=True)
+        status = int(code.group(1))
+        sys.exit(status if 0 < status < 256 else 128 - status if status < 0 else 1)
 
 
 if __name__ == "__main__":
