@@ -162,8 +162,9 @@ def shown(value: Any) -> str:
     import reprlib
 
     r = reprlib.Repr()
-    r.maxlevel, r.maxstring, r.maxother, r.maxlist, r.maxdict, r.maxtuple, r.maxset = 3, 80, 80, 6, 6, 6, 6
-    return r.repr(value)
+    r.maxlevel, r.maxstring, r.maxother, r.maxlist, r.maxdict, r.maxtuple, r.maxset = 2, 80, 80, 4, 4, 4, 4
+    text = r.repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def safe_yaml(text: str, source: str) -> Any:

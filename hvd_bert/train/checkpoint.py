@@ -30,7 +30,7 @@ def zip_damage(path: str | Path) -> str | None:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        return f"{path} is not a complete zip archive ({type(e).__name__}: {e})"
+        return f"cannot read checkpoint {path}: it is truncated or not a complete zip archive ({e})"
     if bad is not None:
         return f"{path} is damaged: the CRC-32 of its part {bad!r} no longer matches what was written"
     return None

@@ -138,3 +138,21 @@ def image():
         res = subprocess.run(["bash", str(BUILD_IMAGE), "cpu"], capture_output=True, text=True, timeout=3600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return IMAGE
+
+
+@pytest.fixture
+def mount_point(tmp_path):
+    """``mount(*args, where=NAME)``: a mount made under ``tmp_path`` (root only), unmounted after."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs or a read-only bind needs root")
+    made = []
+
+    def mount(*args, where="mnt"):
+        point = tmp_path / where
+        point.mkdir(exist_ok=True)
+        subprocess.run(["mount", *args, str(point)], check=True, timeout=30)
+        made.append(point)
+        return point
+    yield mount
+    for point in reversed(made):
+        subprocess.run(["umount", "-l", str(point)], timeout=30)

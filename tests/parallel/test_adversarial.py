@@ -85,23 +85,6 @@ def test_a_damaged_metrics_log_does_not_stop_a_resume(bert_data, finished_run):
     assert steps == [1, 2, 3, 4]
 
 
-@pytest.fixture
-def mount_point(tmp_path):
-    if not ROOT:
-        pytest.skip("mounting a tmpfs or a read-only bind needs root")
-    made = []
-
-    def mount(*args, where="mnt"):
-        point = tmp_path / where
-        point.mkdir(exist_ok=True)
-        subprocess.run(["mount", *args, str(point)], check=True, timeout=30)
-        made.append(point)
-        return point
-    yield mount
-    for point in reversed(made):
-        subprocess.run(["umount", "-l", str(point)], timeout=30)
-
-
 def test_a_full_disk_is_named_and_the_older_checkpoints_stay(bert_data, mount_point):
     disk = mount_point("-t", "tmpfs", "-o", "size=48m", "tmpfs")
     run = disk / "run"
