@@ -198,10 +198,13 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         raise UsageError(f"give what to run after --: a job ({', '.join(JOBS)}) or python SCRIPT [ARGS]: "
                          f"hvd-bert launch -np 2 -- pretrain, or hvd-bert launch -np 2 -- python train.py")
     python, argv = rank_command(job)
-    script = next((a for a in argv if not a.startswith("-")), None) if python else None
+    user = argv[2:] if argv[:2] == ["-m", "hvd_bert.cluster.run_script"] else None  # a user's script
     if python and not shutil.which(python) and not Path(python).is_file():
         raise UsageError(f"{job[0]} is not a program here: give a job ({', '.join(JOBS)}) or python SCRIPT")
-    if script and argv[:1] != ["-m"] and argv[:1] != ["-c"] and not Path(script).is_file():
+    script = user[0] if user and user[0] != "-m" else None
+    if user is not None and not user:
+        raise UsageError("give the script after python: hvd-bert launch -np 2 -- python SCRIPT [ARGS]")
+    if script and not Path(script).is_file():
         raise UsageError(f"{script} is neither a job ({', '.join(JOBS)}) nor a script here: give a job, or "
                          f"the path of your script (hvd-bert launch -np 2 -- python SCRIPT [ARGS])")
     return launch_job(job, args.np, hosts=args.hosts, launcher=args.launcher, nic=args.nic)

@@ -3,6 +3,7 @@
     horovod          hvd.init() with the horovod.* settings; the placement and settings lines
     launch           running a command under horovodrun / mpirun (tests, doctor, simulate)
     launcher         hvd-bert launch: a job on N ranks, its exit status, its errors once
+    run_script       a user's script as one rank of hvd-bert launch (its lines whole)
     resources        what a launch needs of this machine: room for MPI's files, open-file descriptors
     processes        the MPI world of a preparation; ranks that stop together when one fails
     horovodrun       the ``horovodrun`` wrapper the README's commands use

@@ -32,7 +32,7 @@ __all__ = ["launch_job", "default_launcher"]
 
 # a rank's line as horovodrun ("[1]<stdout>:text") and mpirun --tag-output ("[1,1]<stdout>:text") tag it
 _TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
-_USER_ERROR = re.compile(r"^hvd-bert [a-z-]+: ")
+_USER_ERROR = re.compile(r"^hvd-bert( [a-z-]+)?: ")  # (a user's script under the toolkit: "hvd-bert: ")
 _WAITED = "stopped because another rank failed"
 _STALL_SEEN = "stalled:"  # (a rank's stall line: the first one printed is the one that says who)
 # mpirun's report of a rank that died by a signal
@@ -158,23 +158,20 @@ def _fail(err, line: str, status: int = EXIT_USER) -> int:
 
 def rank_command(job: Sequence[str]) -> tuple[str | None, list[str]]:
     """``(interpreter, argv)`` a rank runs: a built-in job as ``python -m hvd_bert JOB ...``, a
-    user's ``python SCRIPT ...`` (or ``SCRIPT.py ...``) with that interpreter (this one for a
-    bare script)."""
+    user's ``python SCRIPT ...`` (or ``SCRIPT.py ...``) with this interpreter, or with the one a
+    path names (``/opt/py/bin/python3 SCRIPT``)."""
     job = list(job)
     if job and job[0] in JOBS:
         return None, ["-m", "hvd_bert", *job]
     if job and re.fullmatch(r"python[0-9.]*", job[0].rsplit("/", 1)[-1]):
-        python = shutil.which(job[0]) or job[0]
-        return (sys.executable if job[0] in ("python", "python3") and _same_venv() else python), job[1:]
-    return sys.executable, job
-
-
-def _same_venv() -> bool:
-    """Whether a bare ``python`` on PATH is this interpreter's (the venv's, activated or not)."""
-    import os
-
-    found = shutil.which("python")
-    return found is None or os.path.dirname(found) == os.path.dirname(sys.executable)
+        # a bare python: this interpreter (the one hvd_bert is installed in), as torchrun does
+        bare = "/" not in job[0]
+        python, job = (sys.executable if bare else shutil.which(job[0]) or job[0]), job[1:]
+    else:
+        python = sys.executable
+    if job[:1] == ["-c"]:
+        return python, job
+    return python, ["-m", "hvd_bert.cluster.run_script", *job]  # (its lines whole: run_script)
 
 
 def _local_slots(hosts: str, np: int) -> int:
