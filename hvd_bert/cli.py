@@ -179,7 +179,7 @@ def _cmd_job(args: argparse.Namespace) -> int:
                           nic=args.nic)
     overrides = list(args.overrides) + ([f"framework={args.framework}"] if args.framework else [])
     overrides += [f"task={args.task}"] if getattr(args, "task", None) else []
-    for key in ("checkpoint", "input", "output", "text_a", "text_b", "id"):  # predict's arguments
+    for key in ("checkpoint", "input", "output", "text_a", "text_b", "id", "pick"):  # predict's arguments
         if getattr(args, key, None):  # (quoted: a path or column name stays a string)
             overrides.append(f"{key}={json.dumps(getattr(args, key))}")
     cfg = load_config(JOB_CONFIGS[args.command], args.config, overrides)
@@ -227,7 +227,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from hvd_bert.weights.convert import convert
 
     print(convert(args.checkpoint, args.output, to=args.to, framework=args.framework, vocab=args.vocab,
-                  cased=args.cased))
+                  cased=args.cased, pick=args.pick))
     return 0
 
 

@@ -206,6 +206,9 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
                                             "first column)")
             p.add_argument("--text-b", help="a pair's second text (column or field)")
             p.add_argument("--id", help="a column or field copied into each prediction as its id")
+            p.add_argument("--checkpoint", dest="pick", choices=["best", "latest"],
+                           help="of a run folder: its best evaluated model (best.npz, the default when it "
+                                "has one) or its latest checkpoint")
         _add_config_args(p, name)
         p.set_defaults(func=commands["job"])
 
@@ -241,6 +244,9 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--cased", action="store_true", help="--to hf: the tokenizer keeps case")
     p.add_argument("--framework", choices=["auto", "pt", "tf"], default="auto",
                    help="which framework reads the checkpoint (auto: from its suffix)")
+    p.add_argument("--checkpoint", dest="pick", choices=["best", "latest"], default="best",
+                   help="of a run folder: its best evaluated model (best.npz, the default when it has one) "
+                        "or its latest checkpoint")
     p.set_defaults(func=commands["convert"])
 
     from hvd_bert.core.cost_model import INTERCONNECTS, WORKLOADS

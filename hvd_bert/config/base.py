@@ -301,6 +301,7 @@ def load_config(cls, path: str | Path | None = None, overrides: Sequence[str] = 
         data = safe_yaml(p.read_text(), f"config file {p}") or {}
         if not isinstance(data, Mapping):
             raise ConfigError(f"config file {p} must hold a mapping at the top level")
+        data = _for_job(cls, dict(data), p)
     section = getattr(cls, "JOB_SECTION", None)
     if section and isinstance(data.get(section), Mapping):  # a job recipe: its section of cls's settings
         data = data[section]
@@ -314,6 +315,20 @@ def load_config(cls, path: str | Path | None = None, overrides: Sequence[str] = 
             given = {k[len(section) + 1:] if k.startswith(section + ".") else k for k in given}
         cfg = resolve(given_keys(data) | given)
     return cfg
+
+
+def _for_job(cls, data: dict, path: Path) -> dict:
+    """A recipe less its ``job:`` key, refused (one line naming both jobs) when it names another
+    job than ``cls``'s (``cls.JOB``; the engine's own TrainConfig reads any job's ``train:``)."""
+    job = data.pop("job", None)
+    mine = getattr(cls, "JOB", None)
+    if job is not None and not isinstance(job, str):
+        raise ConfigError(f"config file {path}: job must be a job's name (pretrain, finetune, ncf), got "
+                          f"{shown(job)}")
+    if job and mine and job != mine:
+        raise ConfigError(f"config file {path} is a recipe for hvd-bert {job}, not {mine}: run it with "
+                          f"hvd-bert {job} --config {path}, or give {mine} one of its own recipes")
+    return data
 
 
 def given_keys(data: Mapping[str, Any], prefix: str = "") -> set[str]:

@@ -5,7 +5,7 @@ defaults plus its model and data: BERT pretraining, BERT fine-tuning, NCF. Recip
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import ClassVar, Literal
 
 from hvd_bert.config.base import ConfigError, doc, require
 from hvd_bert.config.train import BatchConfig, OptimConfig, ScheduleConfig, TrainConfig
@@ -17,6 +17,8 @@ __all__ = ["PretrainConfig", "FinetuneConfig", "NCFConfig", "ModelConfig", "Pred
 class PretrainConfig:
     """BERT pretraining: the engine settings plus model and data. Defaults: a tiny BERT on the
     built-in corpus with NVLAMB and BERT's polynomial warmup (NVIDIA's recipe shape)."""
+
+    JOB: ClassVar[str] = "pretrain"  # the job a recipe names (job: pretrain) when it is for this one
 
     train: TrainConfig = doc(TrainConfig(
         optim=OptimConfig(name="nvlamb", lr=5e-3, weight_decay=0.01),
@@ -60,6 +62,8 @@ class FinetuneConfig:
     recipe: AdamW, linear warmup and decay, a few epochs): sentence(-pair) classification,
     regression (STS-B) or SQuAD, as the prepared data says."""
 
+    JOB: ClassVar[str] = "finetune"  # the job a recipe names (job: finetune) when it is for this one
+
     train: TrainConfig = doc(TrainConfig(
         optim=OptimConfig(name="adamw", lr=5e-5, weight_decay=0.01),
         schedule=ScheduleConfig(name="poly_warmup", warmup=0.1, total_steps=1000, power=1.0),
@@ -84,6 +88,9 @@ class FinetuneConfig:
                                "as metrics.jsonl names it (eval_accuracy, eval_f1, eval_mcc, "
                                "eval_pearson, ...); empty: the task's own (GLUE's metric, SQuAD's F1, "
                                "STS-B's Pearson, else accuracy)")
+    greater_is_better: bool | None = doc(None, "whether a larger best_metric is better; null: from its "
+                                                  "name (losses and perplexity smaller; accuracy, F1, "
+                                                  "exact match, correlations larger)")
     keep_best: bool = doc(True, "write the best evaluated model's weights to best.npz in the run folder "
                                 "(best.json says its step and score); hvd-bert convert exports it")
     early_stopping_patience: int = doc(0, "stop when best_metric has not improved for this many "
@@ -145,6 +152,8 @@ class NCFConfig:
     """NCF (NeuMF) on implicit feedback with Horovod. Defaults: NVIDIA's model and Adam
     settings, sized for the synthetic ml-1m data on a small machine."""
 
+    JOB: ClassVar[str] = "ncf"  # the job a recipe names (job: ncf) when it is for this one
+
     train: TrainConfig = doc(TrainConfig(
         optim=OptimConfig(name="adamw", lr=0.0045, beta1=0.25, beta2=0.5, eps=1e-8, weight_decay=0.0),
         schedule=ScheduleConfig(name="constant", total_steps=1),
@@ -184,9 +193,14 @@ class PredictConfig:
     example once across the ranks, written by rank 0 with the label names and scores (SQuAD:
     the answers)."""
 
-    checkpoint: str = doc("", "a fine-tuning run folder (its newest checkpoint, labels and vocab), its "
-                              "best.npz, or a Hugging Face folder of a BertForSequenceClassification or "
-                              "BertForQuestionAnswering")
+    JOB: ClassVar[str] = "predict"  # the job a recipe names (job: predict) when it is for this one
+
+    checkpoint: str = doc("", "a fine-tuning run folder (its best model, else its newest checkpoint; its "
+                              "labels and vocab), its best.npz or a ckpt-* in it, or a Hugging Face folder "
+                              "of a BertForSequenceClassification or BertForQuestionAnswering")
+    pick: Literal["best", "latest"] = doc("best", "of a run folder: its best evaluated model (best.npz) "
+                                                  "when it has one, or its latest checkpoint (--checkpoint "
+                                                  "latest)")
     input: str = doc("", "a TSV/CSV with a header, a JSON-lines file, or a folder from hvd-bert "
                          "prepare-classification; SQuAD: a SQuAD file, JSON lines of question and "
                          "context, or a folder from prepare-squad --split dev")

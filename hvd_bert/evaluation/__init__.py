@@ -6,4 +6,5 @@
     finetune           exact evaluation of classification, regression and SQuAD across ranks
     pretraining        held-out masked-LM loss and accuracy, next-sentence accuracy
     ncf                HR@K and NDCG@K over sampled negatives (He et al. 2017, MLPerf)
+    direction          whether a larger or a smaller value of a metric is better
 """

@@ -19,6 +19,7 @@ import numpy as np
 from hvd_bert.data.kinds import spec_for_meta
 from hvd_bert.config import FinetuneConfig
 from hvd_bert.data.records import decode_batch, iter_records
+from hvd_bert.evaluation.direction import better, greater_is_better
 
 __all__ = ["eval_batches", "Evaluation", "best_metric_of", "evaluate_classification", "evaluate_regression",
            "evaluate_squad", "prepared_answers", "span_logits", "squad_scores", "dense_gather"]
@@ -234,6 +235,11 @@ class Evaluation:
         self.cfg, self.total, self.log, self.evaluate = cfg, total_steps, log, evaluate
         self.broadcast, self.positive = broadcast, positive  # positive: the class F1 is of
         self.metric, self.save_best = metric, save_best
+        try:  # (a loss is better smaller: evaluation.direction)
+            self.larger = greater_is_better(metric, getattr(cfg, "greater_is_better", None))
+        except ValueError as e:
+            from hvd_bert.config import ConfigError
+            raise ConfigError(str(e)) from None
         self.best: tuple[float, int] | None = None  # (score, step)
         self.since_best = 0
         self.last: tuple[int, dict] | None = None  # the latest report: (step, scores)
@@ -262,7 +268,7 @@ class Evaluation:
             raise ConfigError(f"best_metric {self.metric!r} is not among this task's scores "
                               f"{sorted(k for k in res if k.startswith('eval_'))}; give one of those")
         score = float(res[self.metric])
-        if step and (self.best is None or score > self.best[0]):
+        if step and better(score, self.best[0] if self.best else None, self.larger):
             self.best, self.since_best = (score, step), 0
             if self.save_best is not None:
                 self.save_best(step, res)

@@ -73,11 +73,13 @@ class EpochEvaluation:
     """The jobs' ``on_step`` hook: after every ``eval_every`` epochs (and the last step) run
     ``evaluate()`` (a collective returning ``{"hr", "ndcg"}``), record HR@K, NDCG@K, the wall
     time since training started and the time spent evaluating, keep the best, and stop once
-    ``target_hr`` is reached."""
+    ``target_hr`` is reached. ``save_best(step, res)`` (every rank: it may be a collective)
+    runs at each evaluation that improves HR@K."""
 
-    def __init__(self, cfg: NCFConfig, steps_per_epoch: int, total_steps: int, log, evaluate):
+    def __init__(self, cfg: NCFConfig, steps_per_epoch: int, total_steps: int, log, evaluate, save_best=None):
         self.cfg, self.steps_per_epoch, self.total, self.log, self.evaluate = (
             cfg, steps_per_epoch, total_steps, log, evaluate)
+        self.save_best = save_best
         self.start, self.eval_s = time.perf_counter(), 0.0
         self.interval = max(1, round(cfg.eval_every * steps_per_epoch))
         self.best: dict = {"hr": 0.0, "ndcg": 0.0, "epoch": 0}
@@ -97,7 +99,9 @@ class EpochEvaluation:
         self.log.print(f"epoch {epoch:.3g}: HR@{k} {res['hr']:.4f}, NDCG@{k} {res['ndcg']:.4f} "
                        f"({rec['time_s']:.1f} s)")
         if res["hr"] > self.best["hr"]:
-            self.best.update(hr=res["hr"], ndcg=res["ndcg"], epoch=epoch)
+            self.best.update(hr=res["hr"], ndcg=res["ndcg"], epoch=epoch, step=result.step)
+            if self.save_best is not None:
+                self.save_best(result.step, rec)
         if cfg.target_hr and res["hr"] >= cfg.target_hr:
             self.log.print(f"target HR@{k} {cfg.target_hr} reached at epoch {epoch:.3g} after "
                            f"{rec['time_s']:.1f} s")

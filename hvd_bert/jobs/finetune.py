@@ -117,7 +117,8 @@ def run(cfg: FinetuneConfig, backend) -> dict:
         if rank == 0 and cfg.keep_best and cfg.do_train:
             save_weights(out / "best.npz", backend.export_weights(model), bert)
             atomic_write(out / "best.json", lambda t: t.write_text(json.dumps(
-                {"step": step, "metric": metric, "score": res[metric], "scores": res}, indent=1)))
+                {"step": step, "metric": metric, "greater_is_better": on_step.larger, "score": res[metric],
+                 "scores": res}, indent=1)))
 
     on_step = Evaluation(cfg, steps, log, evaluate, share, positive=labels[1] if len(labels) == 2 else None,
                          metric=metric, save_best=save_best)

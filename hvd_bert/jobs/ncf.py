@@ -14,10 +14,12 @@ summed with an allreduce (``evaluation.ncf.evaluate``); the run stops early once
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 from hvd_bert.config import ConfigError
+from hvd_bert.files import atomic_write
 from hvd_bert.train.loop import fit
 from hvd_bert.config import NCFConfig
 from hvd_bert.data.ncf import EpochData
@@ -56,9 +58,17 @@ def run(cfg: NCFConfig, backend) -> dict:
               f"{cfg.epochs} epochs")
 
     score = backend.ncf_scorer(model)
+
+    def save_best(step: int, rec: dict) -> None:  # the best model by HR@K: best/ckpt-* and best.json
+        engine.save(out / "best", {"micro_step": engine.micro_step}, keep=1)  # (a collective)
+        if rank == 0:
+            atomic_write(out / "best.json", lambda t: t.write_text(json.dumps(
+                {"step": step, "metric": f"hr@{cfg.top_k}", "greater_is_better": True,
+                 "score": rec[f"hr@{cfg.top_k}"], "scores": rec}, indent=1)))
+
     on_step = EpochEvaluation(cfg, epochs.steps_per_epoch, total, log, lambda: evaluate(
         score, data, cfg.top_k, cfg.eval_batch_users, rank, size,
-        lambda sums: backend.allreduce_sum(sums, "hvd_bert.ncf.eval")))
+        lambda sums: backend.allreduce_sum(sums, "hvd_bert.ncf.eval")), save_best=save_best)
 
     def batches_from(micro_step):
         for u, i, y in epochs.stream(micro_step):
@@ -70,6 +80,7 @@ def run(cfg: NCFConfig, backend) -> dict:
               on_step=on_step, max_skipped_steps=t.max_skipped_steps)
     log.close()
     best = on_step.best
-    finish_line(res, rank, f"best HR@{cfg.top_k} {best['hr']:.4f} (epoch {best['epoch']:g})", backend,
+    kept = f": {out / 'best'}" if best.get("step") else ""
+    finish_line(res, rank, f"best HR@{cfg.top_k} {best['hr']:.4f} (epoch {best['epoch']:g}){kept}", backend,
                 out)
     return {"steps": res.steps, "stopped": res.stopped_by_signal, **best}

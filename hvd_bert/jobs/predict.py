@@ -25,6 +25,7 @@ and its tokenizer, one of a ``BertForQuestionAnswering`` its tokenizer.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,7 @@ from hvd_bert.jobs.predict_model import load_scorer, model_record, output_path, 
 from hvd_bert.jobs.predict_squad import answer
 from hvd_bert.jobs.run_folder import ranks_agree
 from hvd_bert.files import atomic_write
+from hvd_bert.train.checkpoint import pick_checkpoint
 
 __all__ = ["run"]
 
@@ -56,6 +58,11 @@ def run(cfg: PredictConfig, backend) -> dict:
     rank, size = backend.init(cfg.train)
     output_path(cfg, ".predictions.jsonl")  # (an output over an input: refused before anything is read)
     ranks_agree(cfg, backend)  # the same settings and data everywhere, or one line on every rank
+    ckpt, what = pick_checkpoint(cfg.checkpoint, cfg.pick)  # a run folder: its best model by default
+    if what:
+        cfg = replace(cfg, checkpoint=str(ckpt))
+        if rank == 0:
+            print(f"predicting with {what}", flush=True)
     rec = model_record(cfg.checkpoint)
     if rec["task"] == SQUAD:
         return answer(cfg, backend, rec, rank, size)

@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["zip_damage", "file_digests", "digest_damage",
+__all__ = ["zip_damage", "file_digests", "digest_damage", "pick_checkpoint",
            "release_run_folder", "checkpoint_path", "is_checkpoint_name", "list_checkpoints",
            "latest_checkpoint", "prune", "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
 
@@ -65,6 +65,31 @@ def digest_damage(folder: str | Path, recorded: dict | None) -> str | None:
         if now[name] != value:
             return f"{Path(folder) / name} is damaged: its CRC-32C no longer matches what was written"
     return None
+
+
+def pick_checkpoint(path: str | Path, pick: str = "best") -> tuple[Path, str]:
+    """``(file, what it is)`` to read a model from ``path``: a run folder's best evaluated model
+    (``best.npz``, as Trainer's ``load_best_model_at_end``) when ``pick`` is ``best`` and it has
+    one, else its newest checkpoint; any other path is itself (``what``: empty)."""
+    import json
+
+    p = Path(path).expanduser()
+    has_best = (p / "best.npz").is_file()
+    if not p.is_dir() or not (list_checkpoints(p, "pt") or list_checkpoints(p, "tf") or has_best):
+        return p, ""
+    latest = latest_checkpoint(p, "pt") or latest_checkpoint(p, "tf")
+    if pick == "best" and (p / "best.npz").is_file():
+        try:
+            rec = json.loads((p / "best.json").read_text())
+            why = f" ({rec['metric']} {float(rec['score']):.4g} at step {rec['step']})"
+        except (OSError, ValueError, KeyError, TypeError):
+            why = ""
+        other = "; --checkpoint latest for the newest checkpoint" if latest else ""
+        return p / "best.npz", f"the best model, {p / 'best.npz'}{why}{other}"
+    if latest is None:
+        return p / "best.npz", f"the best model, {p / 'best.npz'} (the run folder has no checkpoint)"
+    best = "; --checkpoint best for the best model" if (p / "best.npz").is_file() else ""
+    return latest, f"the newest checkpoint, {latest}{best}"
 
 
 def checkpoint_path(folder: str | Path, step: int, suffix: str) -> Path:

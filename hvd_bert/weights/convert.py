@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from hvd_bert.files import read_json_object, refuse_clash
-from hvd_bert.train.checkpoint import latest_checkpoint
+from hvd_bert.train.checkpoint import latest_checkpoint, pick_checkpoint
 from hvd_bert.weights.hf import is_hf_folder, write_hf_folder
 from hvd_bert.weights.portable import WeightsError, save_weights
 
@@ -47,9 +47,10 @@ def vocab_of(src: Path) -> Path | None:
 
 
 def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", framework: str = "auto",
-            vocab: str | Path | None = None, cased: bool = False) -> str:
-    """Convert ``checkpoint`` to ``output`` (see the module docstring); returns the line that
-    says what was written and how to load it."""
+            vocab: str | Path | None = None, cased: bool = False, pick: str = "best") -> str:
+    """Convert ``checkpoint`` to ``output`` (see the module docstring; a run folder: its best
+    model, else its newest checkpoint, ``pick``); returns the line that says what was written
+    and how to load it."""
     from hvd_bert.train.backend import get_backend
 
     src = Path(checkpoint).expanduser()
@@ -59,7 +60,9 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
     folder = src if src.is_dir() else src.parent
     refuse_clash(output, {"the checkpoint": src, "the checkpoint's folder": folder, "the vocabulary": vocab},
                  folder=to != "npz")
-    framework = reading_framework(src, framework)
+    picked, what = pick_checkpoint(src, pick)
+    framework = reading_framework(picked if what else src, framework)
+    src = picked if what else src
     arrays, config = get_backend(framework).read_checkpoint_weights(src)
     if config is None:
         raise WeightsError(f"no bert_config.json beside {src}: it is written into every run folder by "
@@ -81,4 +84,5 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
         return (f"{src} ({n}) -> {out} (Hugging Face: transformers.{arch}.from_pretrained({str(out)!r}))"
                 f"{'' if vocab else '; no vocab.txt found: copy one in, or pass --vocab'}")
     out = save_weights(output, arrays, config)
-    return f"{src} ({framework}, {n}) -> {out}; load it with --set init_checkpoint={out} in either framework"
+    return (f"{src} ({framework}, {n}) -> {out}; load it with --set init_checkpoint={out} in either framework"
+            f"{f' (converted {what})' if what else ''}")
