@@ -12,7 +12,7 @@ from typing import Sequence, TypeVar
 
 import numpy as np
 
-__all__ = ["epoch_permutation", "split_evenly", "assign_files", "assign_records", "ReadPlan",
+__all__ = ["check_epochs", "epoch_permutation", "split_evenly", "assign_files", "assign_records", "ReadPlan",
            "plan_reads", "TooFewShardsError", "ShardingError"]
 
 T = TypeVar("T")
@@ -154,7 +154,25 @@ def epoch_batches(files: Sequence, counts: Sequence[int], world_size: int, local
                 for r in range(world_size)]
     n = min(per_rank) // local_batch_size
     if n == 0:
+        total = sum(counts)
+        if min(per_rank) == 0 or local_batch_size == 1:  # (a smaller batch cannot help)
+            fix = (f"use fewer ranks (at most {max(1, min(len([c for c in counts if c]), total))} for "
+                   f"these shards) or more data, or prepare it again with fewer shards (--num-shards)")
+        else:
+            fix = "use a smaller train.batch.local_batch_size, fewer ranks or more data"
         raise ShardingError(
-            f"a rank gets only {min(per_rank)} records in epoch {epoch}, fewer than one local batch "
-            f"of {local_batch_size}; use a smaller batch, fewer ranks or more data")
+            f"a rank gets only {min(per_rank)} records in epoch {epoch} ({total} records in {len(counts)} "
+            f"shard(s) over {world_size} ranks), fewer than one local batch of {local_batch_size}; {fix}")
     return n
+
+
+def check_epochs(files: Sequence, counts: Sequence[int], world_size: int, local_batch_size: int,
+                 micro_steps: int, seed: int = 0, record_striding: bool = False,
+                 max_epochs: int = 100) -> None:
+    """Before the first step: every epoch the run will read (``micro_steps`` micro-batches per
+    rank in all) gives every rank at least one batch, or the ShardingError naming the fix that
+    applies (``epoch_batches``); a rank's share of the shards changes from epoch to epoch."""
+    done, epoch = 0, 0
+    while done < micro_steps and epoch < max_epochs:
+        done += epoch_batches(files, counts, world_size, local_batch_size, epoch, seed, record_striding)
+        epoch += 1

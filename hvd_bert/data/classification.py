@@ -149,6 +149,7 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
                       **({"label_values": ([values[n]], "float")} if regression else
                          {"label_ids": ([label_list.index(y)], "int")})})
     shards = []
+    num_shards = max(1, min(num_shards, len(feats)))  # (small data: no empty shard)
     for s in range(num_shards):
         name = shard_name(s, num_shards)
         shards.append({"file": name, "records": write_examples(out / name, iter(feats[s::num_shards]))})

@@ -12,7 +12,7 @@ from hvd_bert.data.kinds import KIND_CLASSIFY, KIND_SQUAD
 from hvd_bert.config import ConfigError, FinetuneConfig
 from hvd_bert.data.records import DatasetError
 from hvd_bert.data.sidecar import read_sidecar
-from hvd_bert.core.sharding import epoch_batches
+from hvd_bert.core.sharding import check_epochs, epoch_batches
 
 __all__ = ["SQUAD", "CLASSIFICATION", "REGRESSION", "task_of", "check_finetune_data", "total_steps",
            "TASK_FILE", "task_record", "read_task_record", "prediction_mismatch"]
@@ -93,7 +93,10 @@ def total_steps(cfg: FinetuneConfig, meta: dict, world_size: int, local_batch_si
         raise DatasetError(f"{cfg.data}: {meta['total_records']} examples make {per_epoch} batches of "
                            f"{local_batch_size} per rank on {world_size} ranks, fewer than one optimizer "
                            f"step of {k}; lower train.batch.local_batch_size")
-    return max(1, math.ceil(cfg.epochs * per_epoch / k))
+    steps = max(1, math.ceil(cfg.epochs * per_epoch / k))
+    # every epoch of the run gives every rank a batch (a rank's shards change from epoch to epoch)
+    check_epochs(files, counts, world_size, local_batch_size, steps * k, cfg.train.seed, striding)
+    return steps
 
 
 def task_record(meta: dict) -> dict:

@@ -283,6 +283,7 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
             raise DatasetError(f"{src} holds no usable questions")
         if num_shards < 1:
             raise DatasetError(f"num_shards must be >= 1, got {num_shards}")
+        num_shards = min(num_shards, len(examples))  # (small data: no empty shard)
     except (DatasetError, KeyError, TypeError) as e:
         err = str(e) if isinstance(e, DatasetError) else f"{src} is not in SQuAD's format ({e!r} missing)"
     agree(comm, err)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from hvd_bert.core.sharding import epoch_batches
+from hvd_bert.core.sharding import check_epochs
 from hvd_bert.config import ConfigError, PretrainConfig
 from hvd_bert.config.bert import bert_preset
 from hvd_bert.weights.published import checkpoint_config
@@ -80,8 +80,9 @@ def run(cfg: PretrainConfig, backend) -> dict:
     # (a tensor-parallel group reads one batch: the data is split over the data-parallel replicas)
     striding = cfg.record_striding or len(meta["shards"]) < engine.data_size
     # an epoch has at least one batch on every rank (a ShardingError before the run folder is touched)
-    epoch_batches([s["file"] for s in meta["shards"]], [s["records"] for s in meta["shards"]],
-                  engine.data_size, engine.plan.local_batch_size, 0, cfg.train.seed, striding)
+    micro_steps = cfg.train.schedule.total_steps * engine.plan.backward_passes_per_step
+    check_epochs([s["file"] for s in meta["shards"]], [s["records"] for s in meta["shards"]],
+                 engine.data_size, engine.plan.local_batch_size, micro_steps, cfg.train.seed, striding)
 
     total = cfg.train.schedule.total_steps
     log = open_run(cfg, backend, rank, total_steps=total, bert=bert, launch=launch,
