@@ -257,7 +257,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
         shape = None if args.params is not None else BERT_SHAPES.get(args.workload)
         print("\n".join(report_model_size(w, shape, args.gpus[-1], net, device_gb=args.device_gb,
-                                           algorithm=args.algorithm, mixed=not args.fp32_state, k=args.k)))
+                                           algorithm=args.algorithm, mixed=not args.fp32_state, k=args.k,
+                                           fp16=args.fp16, fusion_bytes=fusion)))
     return 0
 
 

@@ -23,6 +23,7 @@ links are the node's when T fits in a node. Activations per rank follow Korthika
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hvd_bert.core.cost_model import Interconnect, Workload, allreduce_time
@@ -94,24 +95,28 @@ def _group_net(net: Interconnect, tp: int) -> Interconnect:
 
 
 def project_layout(w: Workload, shape: Shape | None, ranks: int, net: Interconnect, layout: Layout, *,
-                   algorithm: str = "hierarchical", mixed: bool = True, k: int = 1) -> LayoutProjection:
-    """Memory per rank and step time of ``w`` laid out as ``layout`` on ``ranks`` GPUs."""
+                   algorithm: str = "hierarchical", mixed: bool = True, k: int = 1, fp16: bool = False,
+                   fusion_bytes: float | None = 128 * 2**20) -> LayoutProjection:
+    """Memory per rank and step time of ``w`` laid out as ``layout`` on ``ranks`` GPUs. The
+    gradients' collectives are costed as ``cost_model.project`` costs them (``fp16``: halved;
+    fused into ``fusion_bytes`` buffers, the last of which runs after the backward pass), so
+    stage 0 here is the scaling table's step."""
     tp = layout.tensor_parallel
     dp = max(1, ranks // tp)
-    grad_bytes = w.params / tp * (2 if mixed else 4)
+    grad_bytes = w.params / tp * (2 if fp16 else 4)
+    buffers = math.ceil(grad_bytes / fusion_bytes) if fusion_bytes else w.tensors
     compute = w.micro_batch_seconds / tp * k
     backward = w.micro_batch_seconds / tp * 2 / 3
-    ar = allreduce_time(grad_bytes, dp, net, algorithm)
-    half = ar / 2  # a reduce-scatter or an allgather: half an allreduce's hops and bytes
+    ar = allreduce_time(grad_bytes, dp, net, algorithm, buffers)
+    last = allreduce_time(grad_bytes / buffers, dp, net, algorithm, 1)  # the final buffer, after backward
+    half, last_half = ar / 2, last / 2  # a reduce-scatter or an allgather: half an allreduce's hops and bytes
+    base = max(ar - backward, last)
     if layout.zero_stage == 0:
-        exposed = max(ar - backward, 0.0)
-        base = exposed
+        exposed = base
     elif layout.zero_stage == 1:
-        exposed = max(half - backward, 0.0) + half
-        base = max(ar - backward, 0.0)
+        exposed = max(half - backward, last_half) + half
     else:
-        exposed = k * max(ar - backward, 0.0) + half
-        base = max(ar - backward, 0.0)
+        exposed = k * max(ar - backward, last) + half
     tp_comm = 0.0
     if tp > 1 and shape is not None:
         act = shape.micro_batch * shape.seq * shape.hidden * 2
@@ -130,9 +135,14 @@ def largest_model(layout: Layout, dp: int, device_bytes: float, activations: flo
     return max(device_bytes - activations, 0.0) / state_bytes_per_param(layout, dp, mixed)
 
 
+def _params(n: float) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
 def report_model_size(w: Workload, shape: Shape | None, ranks: int, net: Interconnect, *,
                       device_gb: float = 80.0, algorithm: str = "hierarchical", mixed: bool = True,
-                      k: int = 1, layouts=LAYOUTS) -> list[str]:
+                      k: int = 1, layouts=LAYOUTS, fp16: bool = False,
+                      fusion_bytes: float | None = 128 * 2**20) -> list[str]:
     """``hvd-bert simulate --model-size``'s lines: per layout, memory per rank, whether it fits,
     step time, efficiency and the cluster's samples/s for ``w`` (a tensor-parallel group of T
     shares one micro-batch, so T divides the data-parallel width); then the largest model each
@@ -149,7 +159,8 @@ def report_model_size(w: Workload, shape: Shape | None, ranks: int, net: Interco
     for lay in layouts:
         if ranks % lay.tensor_parallel:
             continue
-        p = project_layout(w, shape, ranks, net, lay, algorithm=algorithm, mixed=mixed, k=k)
+        p = project_layout(w, shape, ranks, net, lay, algorithm=algorithm, mixed=mixed, k=k, fp16=fp16,
+                           fusion_bytes=fusion_bytes)
         fits = "yes" if p.memory_bytes <= dev else "no"
         lines.append(f"{str(lay):>13} {p.memory_bytes / GB:>8.1f} {fits:>5} {p.step_s * 1e3:>9.1f} "
                      f"{p.efficiency:>10.1%} {p.extra_comm_s * 1e3:>14.1f} {p.samples_per_s:>11,.0f}")
@@ -159,17 +170,19 @@ def report_model_size(w: Workload, shape: Shape | None, ranks: int, net: Interco
             continue
         act = activation_bytes(shape, lay.tensor_parallel) if shape else 0.0
         n = largest_model(lay, max(1, ranks // lay.tensor_parallel), dev, act, mixed)
-        parts.append(f"{lay}: {n / 1e9:.1f}B")
+        parts.append(f"{lay}: {_params(n)}")
     lines.append("largest model that fits (model state" + (" + these activations" if shape else "") +
                  "): " + "; ".join(parts))
     fit0 = largest_model(Layout(0), ranks, dev, activation_bytes(shape) if shape else 0.0, mixed)
-    fitting = [project_layout(w, shape, ranks, net, lay, algorithm=algorithm, mixed=mixed, k=k)
+    fitting = [project_layout(w, shape, ranks, net, lay, algorithm=algorithm, mixed=mixed, k=k, fp16=fp16,
+                           fusion_bytes=fusion_bytes)
                for lay in layouts if ranks % lay.tensor_parallel == 0]
     fitting = [p for p in fitting if p.memory_bytes <= dev]
     best = max(fitting, key=lambda p: p.samples_per_s) if fitting else None
     need = ("no layout here fits it" if best is None
             else f"the layout with the most samples/s that fits it is {best.layout}")
-    lines.append(f"{w.name}: {need}; ZeRO is needed from {fit0 / 1e9:.1f}B parameters on this cluster "
-                 f"(beyond stage 0's memory)")
+    zero = (f"ZeRO is needed from {_params(fit0)} parameters on this cluster (beyond stage 0's memory)"
+            if fit0 > 0 else "stage 0 holds no model here: the activations alone fill a GPU's memory")
+    lines.append(f"{w.name}: {need}; {zero}")
     return lines
 

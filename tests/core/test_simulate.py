@@ -111,9 +111,16 @@ def test_each_stage_holds_a_bigger_model_and_costs_an_allgather_more():
     assert sizes[0] < sizes[1] < sizes[2] and sizes[3] < sizes[4] < sizes[5]
     p = {lay: M.project_layout(w, shape, 64, net, lay) for lay in M.LAYOUTS}
     assert p[M.Layout(0)].extra_comm_s == 0
-    # the allgather of the weights after the step: half an allreduce's time, exposed
-    half = S.allreduce_time(w.params * 2, 64, net, "hierarchical") / 2
-    assert p[M.Layout(1)].extra_comm_s == pytest.approx(half, rel=1e-6)
+    # the allgather of the weights after the step: half an allreduce's time, exposed (the fp32
+    # gradients in 128 MiB buffers, as the scaling table costs them; the reduce-scatter's last
+    # buffer after the backward pass is half the allreduce's)
+    buffers = -(-w.params * 4 // (128 * 2**20))
+    half = S.allreduce_time(w.params * 4, 64, net, "hierarchical", buffers) / 2
+    last = S.allreduce_time(w.params * 4 / buffers, 64, net, "hierarchical", 1)
+    assert p[M.Layout(1)].extra_comm_s == pytest.approx(half - last / 2, rel=1e-6)
+    # stage 0 is the scaling table's step
+    table = S.project(w, 64, net, algorithm="hierarchical")
+    assert p[M.Layout(0)].step_s == pytest.approx(table.step_s, rel=1e-9)
     assert p[M.Layout(1)].memory_bytes < p[M.Layout(0)].memory_bytes
     # tensor parallelism: 4 allreduces of the activations per layer, so less efficient with T
     effs = [p[M.Layout(1, t)].efficiency for t in (2, 4, 8)]
