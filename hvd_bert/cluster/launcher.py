@@ -70,6 +70,12 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
     problem = scratch_problem() or (descriptor_problem(local) if launcher == "mpi" else None)
     if problem:
         return _fail(err, problem)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if local > cores:  # (said, not refused: a test of a 4-rank layout on a laptop is legitimate)
+        print(f"hvd-bert launch: warning: {local} ranks on this machine's {cores} cores are oversubscribed: "
+              f"each rank gets less than a core, so a step is slower than with {cores}; the global batch is "
+              f"local batch x backward_passes_per_step x {np} ranks (set train.batch.global_batch_size to "
+              f"keep it)", file=err, flush=True)
     python, argv = rank_command(job)
     cmd = launch.command(argv, np=np, launcher=launcher, hosts=hosts, nic=nic, python=python)
     if launcher == "mpi":

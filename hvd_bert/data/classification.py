@@ -171,6 +171,9 @@ def read_texts(path: str | Path, text_a: str = "", text_b: str = "", id_field: s
     import json
 
     p = Path(path)
+    if p.is_dir():
+        raise DatasetError(f"{p} is a folder without prepared data (no dataset.json): give a TSV/CSV with a "
+                           f"header, a .jsonl file, or a folder from hvd-bert prepare-classification")
     if p.suffix.lower() in (".jsonl", ".json"):
         rows = []
         for n, line in enumerate(read_text(p, "input").splitlines()):

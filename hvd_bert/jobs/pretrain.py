@@ -75,6 +75,7 @@ def run(cfg: PretrainConfig, backend) -> dict:
     error = launch.shared(backend.broadcast_object, error, "hvd_bert.pretrain.init")  # every rank stops on it
     if error:
         raise WeightsError(error)
+    dense = backend.param_count(model)  # (before the engine splits it under tensor parallelism)
     train = launch.layout(cfg.train, size)  # (elastic: the global batch laid out on this world)
     engine = backend.engine(model, backend.pretraining_loss, train, sync=launch.syncs_at_start)
     # (a tensor-parallel group reads one batch: the data is split over the data-parallel replicas)
@@ -88,7 +89,10 @@ def run(cfg: PretrainConfig, backend) -> dict:
     log = open_run(cfg, backend, rank, total_steps=total, bert=bert, launch=launch,
                    line_keys=("loss", "mlm_accuracy", "lr", "sequences_per_s"))
     name = f"BERT from {cfg.init_checkpoint}" if init is not None else f"BERT-{cfg.model}"
-    log.print(f"model: {name} ({backend.param_count(model) / 1e6:.1f}M parameters, "
+    tp = cfg.train.tensor_parallel  # (the engine split the layers: this rank holds its share)
+    share = (f", {backend.param_count(model) / 1e6:.1f}M on each of its {tp} tensor-parallel ranks" if tp > 1
+             else "")
+    log.print(f"model: {name} ({dense / 1e6:.1f}M parameters{share}, "
               f"{backend.label}), "
               f"data: {cfg.data} ({meta['total_records']} sequences of {cfg.max_seq_length}, "
               f"{len(meta['shards'])} shards)")

@@ -88,7 +88,9 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
             tp = getattr(getattr(engine, "tp", None), "size", 1)
             n = book.plan.world_size
             groups = (f" ({n} data-parallel replica{'s' if n != 1 else ''}, each a group of {tp} "
-                      f"tensor-parallel ranks)") if tp > 1 else ""
+                      f"tensor-parallel ranks: 1/{tp} of the global batch of the same command without "
+                      f"train.tensor_parallel; set train.batch.global_batch_size to compare the two)"
+                      ) if tp > 1 else ""
             log.print(f"batch: {book.plan.describe()}{groups}")  # printed once
         if hasattr(engine, "memory"):
             log.print(memory_line(engine.memory()))

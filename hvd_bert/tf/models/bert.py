@@ -305,7 +305,8 @@ def read_checkpoint_weights(path: str | Path, model: BertModel | None = None):
     if p.suffix == ".npz":
         return read_weights(p)
     if p.suffix == ".pt":
-        raise WeightsError(f"{p} is a PyTorch checkpoint; convert it with `hvd-bert convert {p} "
+        raise WeightsError(f"{p} is a PyTorch checkpoint: drop --framework tf (or give --framework pt) to "
+                           f"read it with PyTorch, or convert it for TensorFlow with `hvd-bert convert {p} "
                            f"--output weights.npz` and give the .npz")
     if p.is_dir() and p.suffix != ".tf":
         found = latest_checkpoint(p, "tf")
