@@ -42,6 +42,14 @@ class ScalarWriter:
 
         self._event, self._summary = Event, Summary
         self._logdir, self._w = Path(logdir), None
+        self._purge_step: int | None = None
+
+    def purge_from(self, step: int) -> None:
+        """Events of earlier runs of this folder at ``step`` or later are stale (a resume from
+        ``step - 1``, or a start from scratch): the new event file begins with TensorBoard's
+        purge marker (a ``SessionLog.START`` at ``step``, as ``SummaryWriter(purge_step=)``
+        writes), so TensorBoard drops them."""
+        self._purge_step = int(step)
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         if self._w is None:
@@ -49,6 +57,11 @@ class ScalarWriter:
 
             own_folder(self._logdir)  # (not through a link planted in the run folder)
             self._w = EventFileWriter(str(self._logdir))
+            if self._purge_step is not None:
+                from tensorboard.compat.proto.event_pb2 import SessionLog
+
+                self._w.add_event(self._event(wall_time=time.time(), step=self._purge_step,
+                                              session_log=SessionLog(status=SessionLog.START)))
         summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(value))])
         self._w.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
 
@@ -165,6 +178,8 @@ class RunLog:
         after ``step`` (a crashed run logged them, the resumed run logs them again)."""
         if self._file is not None:
             self._truncate_after(step)
+        if self.writer is not None and hasattr(self.writer, "purge_from"):
+            self.writer.purge_from(step + 1)  # (TensorBoard drops an earlier run's points after it)
         self.step = self._start_step = step
         self._t0 = self._last = time.perf_counter()
         if self._bar is not None:
