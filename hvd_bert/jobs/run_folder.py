@@ -18,6 +18,7 @@ from hvd_bert.train.elastic import PlainLaunch
 from hvd_bert.train.identity import (has_checkpoints, rank_identity, ranks_disagree, resume_mismatch,
                                      run_record)
 from hvd_bert.train.log import RunLog
+from hvd_bert.train.trackers import make_writer
 
 __all__ = ["with_run_folder", "open_run", "refuse_output_over_inputs", "finish_line", "ranks_agree"]
 
@@ -92,9 +93,12 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
             # (the batch layout is the checkpoint's to check: the same global batch, the world size)
             mismatch = planted_link(out, RUN_FILES) or resume_mismatch(out, to_dict(cfg), ("train.batch",))
             problem = ("config", mismatch) if mismatch else None
+    writer = None
+    if rank == 0 and not problem:  # (train.report_to: TensorBoard and/or MLflow)
+        tb = backend.summary_writer(out / "tensorboard") if "tensorboard" in cfg.train.report_to else None
+        writer = make_writer(cfg.train.report_to, out, getattr(type(cfg), "JOB", "train"), to_dict(cfg), tb)
     log = RunLog(out, -1 if problem else rank, total_steps=total_steps, progress=cfg.progress,  # -1: silent
-                 writer=backend.summary_writer(out / "tensorboard") if rank == 0 and not problem else None,
-                 line_keys=line_keys)
+                 writer=writer, line_keys=line_keys)
 
     def agree() -> None:
         shared = backend.broadcast_object(problem, "hvd_bert.run.open")

@@ -6,6 +6,7 @@
     elastic     Horovod elastic as a hook of fit; how a job was launched (plain or elastic)
     checkpoint  atomic files, checkpoint names and retention, the run folder's lock
     identity    whether a run folder's checkpoints belong to this run (resume) or another (refuse)
+    trackers    train.report_to: TensorBoard and MLflow, as Trainer's report_to
     watchdog    the stall watchdog: a rank that makes no progress ends the job with one line
     log         what rank 0 shows and records: progress, log lines, metrics.jsonl, TensorBoard
 """

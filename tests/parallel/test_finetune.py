@@ -218,6 +218,49 @@ def predictions_on_your_own_text(task, tmp_path):
         assert [t[1] for t in two[1:]] == [p["label"] for p in one]
 
 
+def test_the_best_loss_is_the_smallest_and_an_mlflow_client_reads_the_run_back(task, tmp_path):
+    """best_metric=eval_loss keeps the smallest loss (the direction comes from the name); with
+    train.report_to=[tensorboard,mlflow] a real MLflow client finds the run's parameters, its
+    per-step metrics and its best model as artifacts; predict and convert take a run folder's
+    best model unless told --checkpoint latest, and say which."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    out, store = tmp_path / "ft", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    res = launch.run(["-m", "hvd_bert", "finetune", "--set", f"data={task['train']}",
+                      "--set", f"eval_data={task['dev']}", "--set", f"init_checkpoint={task['p1']}",
+                      "--set", f"train.output_dir={out}", "--set", "progress=false", "--set", "epochs=3",
+                      "--set", "eval_every=10", "--set", "train.optim.lr=1e-3",
+                      "--set", "train.batch.local_batch_size=16", "--set", "best_metric=eval_loss",
+                      "--set", "train.report_to=[tensorboard,mlflow]"],
+                     np=2, timeout=600, env=dict(os.environ, MLFLOW_TRACKING_URI=store))
+    assert res.ok, res.explain()
+    losses = {m["step"]: m["eval_loss"] for m in metrics_of(out) if "eval_loss" in m}
+    best = json.loads((out / "best.json").read_text())
+    assert len(losses) == 6 and best["greater_is_better"] is False
+    assert best["score"] == min(losses.values()) and best["step"] == min(losses, key=losses.get)
+    client = MlflowClient(store)
+    run_id = (out / "mlflow_run.txt").read_text().strip()
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["train.optim.lr"] == "0.001"
+    assert run.data.params["best_metric"] == "eval_loss"
+    history = client.get_metric_history(run_id, "eval/loss")
+    assert {m.step: m.value for m in history} == pytest.approx(losses)
+    assert len(client.get_metric_history(run_id, "train/loss")) == 6  # (log_every 10 of 60 steps)
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"best.npz", "best.json"}
+    dev = task["root"] / "dev.tsv"
+    for pick, words in ((None, f"the best model, {out / 'best.npz'} (eval_loss"),
+                        ("latest", f"the newest checkpoint, {out / 'ckpt-00000060.pt'}")):
+        res = subprocess.run([sys.executable, "-m", "hvd_bert", "predict", str(out), str(dev), "--output",
+                              str(tmp_path / f"{pick}.jsonl"), *(["--checkpoint", pick] if pick else [])],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0 and words in res.stdout, res.stdout + res.stderr
+    res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(out), "--output",
+                          str(tmp_path / "w.npz")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "(converted the best model" in res.stdout, res.stdout + res.stderr
+
+
 def test_a_dev_set_with_other_labels_is_refused(task, tmp_path):
     other = tmp_path / "other.tsv"
     other.write_text("sentence\tlabel\nthe file\tmaybe\n")
