@@ -322,27 +322,36 @@ def main(argv: list[str] | None = None) -> int:
     """Every subcommand through one error handler: a user error (settings, data, checkpoint,
     weights, a diverged run) is one line naming the problem and the fix, exit status 2, on
     every rank; anything else is a bug and keeps its traceback."""
+    from hvd_bert import stop
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # A signal from the first moment on: a rank's or a launcher's is a stop request (the launcher
+    # relays it to the ranks it starts, hvd_bert.cluster.launcher), any other command's a stop.
+    command = next((a for a in argv if not a.startswith("-")), None)
+    launching = command == "launch" or any(a == "-np" or a.startswith("-np=") for a in argv)
+    if command in TRAINING or launching:
+        stop.STOP.command = f"hvd-bert {command}"
+        stop.STOP.install()
+    else:
+        stop.interrupt_at_once(command or "")
+    try:
+        return _dispatch(argv)
+    except stop.Interrupted as e:
+        return stop.interrupted_line(command or "", e)
+
+
+def _dispatch(argv: list[str]) -> int:
     from hvd_bert.cluster.processes import peer_failed
     from hvd_bert.jobs import user_errors
 
-    from hvd_bert import stop
-
     parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    if args.command in TRAINING and not getattr(args, "np", None):  # a rank: a signal is a stop request
-        stop.STOP.command = f"hvd-bert {args.command}"
-        stop.STOP.install()
-    elif args.command != "launch" and not getattr(args, "np", None):  # (a launcher relays signals itself)
-        stop.interrupt_at_once(args.command)
     try:
         return int(args.func(args) or 0)
-    except stop.Interrupted as e:
-        return stop.interrupted_line(args.command, e)
     except (*user_errors(), UsageError, ValueError) as e:
         if type(e) is ValueError and not args.command.startswith("prepare-"):
             raise  # a bare ValueError outside data preparation is a bug

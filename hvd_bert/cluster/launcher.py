@@ -26,7 +26,8 @@ from typing import Sequence
 from hvd_bert.cluster import launch
 from hvd_bert.cluster.resources import descriptor_problem, scratch_problem
 from hvd_bert.jobs import JOBS
-from hvd_bert.stop import EXIT_INTERRUPTED, EXIT_LOST_RANK, EXIT_STALLED, EXIT_STOPPED, EXIT_USER, StopSignal
+from hvd_bert.stop import (EXIT_INTERRUPTED, EXIT_LOST_RANK, EXIT_STALLED, EXIT_STOPPED, EXIT_USER, STOP,
+                           StopSignal)
 
 __all__ = ["launch_job", "default_launcher"]
 
@@ -77,6 +78,9 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
               f"local batch x backward_passes_per_step x {np} ranks (set train.batch.global_batch_size to "
               f"keep it)", file=err, flush=True)
     python, argv = rank_command(job)
+    if STOP.requested:  # (a signal while this launcher started: hvd_bert.cli installs STOP first)
+        return _fail(err, "stopped by a signal before the job started: nothing ran, nothing to save; run the "
+                          "same command again to start it", EXIT_STOPPED)
     cmd = launch.command(argv, np=np, launcher=launcher, hosts=hosts, nic=nic, python=python)
     if launcher == "mpi":
         cmd.insert(cmd.index("-np"), "--tag-output")
@@ -94,6 +98,8 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
     import psutil  # noqa: F401  (here, not in the handler: a second signal during the import
     # would find psutil half-imported, the handler would raise, and the job would never hear)
     before = {sig: signal.signal(sig, state.handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if STOP.requested:  # (one came between the start of the job and these handlers: relay it now)
+        state.handle(signal.SIGTERM, None)
     try:
         for line, tag in _pieces(proc.stdout):
             if tag is None:  # the launcher's own line
