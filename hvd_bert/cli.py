@@ -311,7 +311,7 @@ def resource_line(e: BaseException, cfg=None) -> str | None:
                     f"its vocabulary does not fit this rank's memory; use a smaller model, max_seq_length or "
                     f"vocabulary, train.zero.stage=2 or train.tensor_parallel over more ranks, or "
                     f"train.precision.mode=bf16")
-        return (f"out of memory ({first}): lower train.batch.local_batch_size and raise "
+        return (f"out of memory for this batch ({first}): lower train.batch.local_batch_size and raise "
                 f"train.batch.backward_passes_per_step to keep the global batch, or use "
                 f"train.precision.mode=bf16; if the model itself does not fit (a large vocabulary, a long "
                 f"max_seq_length), use a smaller one, train.zero.stage=2 or train.tensor_parallel")

@@ -69,6 +69,11 @@ class StopSignal:
         self.first_at: float | None = None
         self.command = "hvd-bert"
 
+    def consumed(self) -> None:
+        """The run this request stopped has ended (saved): a later run in this process starts
+        without it (a script that trains twice, a test worker)."""
+        self.requested, self.first_at = False, None
+
     def install(self, signals=STOP_SIGNALS) -> None:
         for s in signals:
             signal.signal(s, self._handle)

@@ -20,12 +20,13 @@ def output_path(cfg: PredictConfig, suffix: str) -> Path:
     when it would replace or write into the input, the checkpoint or the checkpoint's folder
     (``files.refuse_clash``): checked on every rank before anything is read or written."""
     from hvd_bert.files import refuse_clash
+    from hvd_bert.train.checkpoint import run_folder_of
 
     source = Path(cfg.input).expanduser()
     out = Path(cfg.output).expanduser() if cfg.output else source.with_name(source.name + suffix)
     ckpt = Path(cfg.checkpoint).expanduser()
     refuse_clash(out, {"the input": source, "the checkpoint": ckpt,
-                       "the checkpoint's folder": ckpt if ckpt.is_dir() else ckpt.parent})
+                       "the checkpoint's folder": run_folder_of(ckpt)})
     return out
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from hvd_bert.cluster.horovod import horovod_settings_line, placement_line
 from hvd_bert.weights.portable import write_run_bert_config
 from hvd_bert.files import atomic_write, planted_link, refuse_clash
-from hvd_bert.train.checkpoint import RunFolderBusy, lock_run_folder, release_run_folder
+from hvd_bert.train.checkpoint import RunFolderBusy, lock_run_folder, release_run_folder, run_folder_of
 from hvd_bert.config import ConfigError, to_dict
 from hvd_bert.train.elastic import PlainLaunch
 from hvd_bert.train.identity import (has_checkpoints, rank_identity, ranks_disagree, resume_mismatch,
@@ -63,8 +63,9 @@ def refuse_output_over_inputs(cfg) -> None:
     for key in ("data", "eval_data", "init_checkpoint"):
         value = str(getattr(cfg, key, "") or "")
         if value:
-            p = Path(value).expanduser()
-            reads[key] = p if p.is_dir() or not p.exists() else p.parent
+            reads[key] = Path(value).expanduser()
+            if key == "init_checkpoint" and not reads[key].is_dir():
+                reads["init_checkpoint's run folder"] = run_folder_of(reads[key])
     refuse_clash(cfg.train.output_dir, reads, what="train.output_dir")
 
 

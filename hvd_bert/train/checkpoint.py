@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["zip_damage", "file_digests", "digest_damage", "pick_checkpoint",
+__all__ = ["zip_damage", "file_digests", "digest_damage", "pick_checkpoint", "run_folder_of",
            "release_run_folder", "checkpoint_path", "is_checkpoint_name", "list_checkpoints",
            "latest_checkpoint", "prune", "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
 
@@ -64,6 +64,21 @@ def digest_damage(folder: str | Path, recorded: dict | None) -> str | None:
             return f"{Path(folder) / name} is missing"
         if now[name] != value:
             return f"{Path(folder) / name} is damaged: its CRC-32C no longer matches what was written"
+    return None
+
+
+def run_folder_of(path: str | Path) -> Path | None:
+    """The folder a checkpoint belongs to: ``path`` itself when it is a folder, the folder a
+    checkpoint file sits in when that is a run folder (checkpoints, ``best.npz``, ``config.json``
+    or ``task.json`` beside it); None for a file on its own (a ``.npz`` in the working folder)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return p
+    folder = p.parent
+    marks = ("best.npz", "config.json", "task.json", "bert_config.json")
+    if list_checkpoints(folder, "pt") or list_checkpoints(folder, "tf") or any((folder / m).exists()
+                                                                                  for m in marks):
+        return folder
     return None
 
 

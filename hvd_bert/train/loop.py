@@ -100,6 +100,8 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
         book.finish()
     if own_log:
         log.close()
+    if book.by_signal:
+        STOP.consumed()
     return FitResult(engine.step_count, engine.skipped_steps, book.last_loss, book.checkpoint, book.stopped,
                      log.history, book.by_signal)
 

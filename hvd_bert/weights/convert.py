@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from hvd_bert.files import read_json_object, refuse_clash
-from hvd_bert.train.checkpoint import latest_checkpoint, pick_checkpoint
+from hvd_bert.train.checkpoint import latest_checkpoint, pick_checkpoint, run_folder_of
 from hvd_bert.weights.hf import is_hf_folder, write_hf_folder
 from hvd_bert.weights.portable import WeightsError, save_weights
 
@@ -57,9 +57,8 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
     if not src.exists():
         raise WeightsError(f"{src} does not exist; give a run folder, a ckpt-*.pt / ckpt-*.tf, a .npz or a "
                            f"Hugging Face model folder")
-    folder = src if src.is_dir() else src.parent
-    refuse_clash(output, {"the checkpoint": src, "the checkpoint's folder": folder, "the vocabulary": vocab},
-                 folder=to != "npz")
+    refuse_clash(output, {"the checkpoint": src, "the checkpoint's folder": run_folder_of(src),
+                          "the vocabulary": vocab}, folder=to != "npz")
     picked, what = pick_checkpoint(src, pick)
     framework = reading_framework(picked if what else src, framework)
     src = picked if what else src
