@@ -99,3 +99,44 @@ def test_the_help_examples_of_config_and_set_run(job, capsys):
     finally:
         os.chdir(here)
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("job, recipe, its_job", [("finetune", "recipes/bert-large-phase1.yaml", "pretrain"),
+                                                  ("ncf", "recipes/glue.yaml", "finetune"),
+                                                  ("pretrain", "recipes/ncf-ladder-1-baseline.yaml", "ncf")])
+def test_a_recipe_given_to_another_job_is_refused_naming_both(job, recipe, its_job):
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    p = subprocess.run([sys.executable, "-m", "hvd_bert", job, "--config", recipe], capture_output=True,
+                       text=True, timeout=60, cwd=root)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert f"is a recipe for hvd-bert {its_job}, not {job}" in lines[0]
+    assert f"hvd-bert {its_job} --config {recipe}" in lines[0]
+
+
+def test_every_recipe_names_its_job():
+    from pathlib import Path
+
+    for recipe in sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml")):
+        assert yaml.safe_load(recipe.read_text()).get("job") in ("pretrain", "finetune", "ncf"), recipe
+
+
+def test_a_command_that_is_not_a_training_loop_stops_at_once_on_a_signal(tmp_path):
+    """prepare-bert interrupted: one line, status 130, and no output folder half written."""
+    import os
+    import signal
+    import time
+
+    text = tmp_path / "t.txt"
+    text.write_text(("Some words of a sentence here. Another sentence follows it.\n\n") * 20000)
+    proc = subprocess.Popen([sys.executable, "-m", "hvd_bert", "prepare-bert", "--input", str(text),
+                             "--output", str(tmp_path / "out"), "--no-progress"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [err.strip()] and "interrupted (SIGINT)" in err, err
+    assert not (tmp_path / "out").exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".")]

@@ -85,3 +85,17 @@ def test_empty_input_and_bad_rank_are_errors():
 def test_permutation_depends_only_on_inputs():
     assert np.array_equal(epoch_permutation(10, 2, 3), epoch_permutation(10, 2, 3))
     assert np.array_equal(epoch_permutation(5, 2, 3, shuffle=False), np.arange(5))
+
+
+def test_an_epoch_without_a_batch_for_every_rank_is_found_before_the_first_step_with_the_fix():
+    """Small data (3 records in 8 shards, 5 of them empty): some epoch gives a rank nothing;
+    the check over the run's epochs finds it before training, and names fewer ranks or more
+    data (a smaller batch cannot help at batch 1)."""
+    from hvd_bert.core.sharding import ShardingError, check_epochs
+
+    files, counts = [f"s{i}" for i in range(8)], [1, 1, 1, 0, 0, 0, 0, 0]
+    with pytest.raises(ShardingError, match=r"use fewer ranks .* or more data"):
+        check_epochs(files, counts, 2, 1, micro_steps=200)
+    check_epochs(files[:3], counts[:3], 1, 1, micro_steps=200)  # one rank reads all three
+    with pytest.raises(ShardingError, match="smaller train.batch.local_batch_size"):
+        check_epochs(["a", "b"], [4, 4], 2, 8, micro_steps=10)

@@ -54,6 +54,12 @@ def test_training_beats_the_popularity_baseline(ncf_data, tmp_path, framework):
     best = max(e["hr@10"] for e in evals)
     assert best > popularity + 0.15, (best, popularity)
     assert "best HR@10" in stdout
+    # the best model by HR@10 is kept as NCF's best checkpoint, beside the run's own
+    record = json.loads((tmp_path / "run" / "best.json").read_text())
+    assert record["metric"] == "hr@10" and record["score"] == best and record["greater_is_better"]
+    step = next(e["step"] for e in evals if e["hr@10"] == best)
+    assert record["step"] == step and [p.name for p in (tmp_path / "run" / "best").glob("ckpt-*")] == [
+        f"ckpt-{step:08d}.{framework}"]
 
 
 def test_training_stops_at_the_target_hit_rate(ncf_data, tmp_path):
