@@ -89,13 +89,15 @@ def _owned(rel: Path) -> bool:
 
 
 def refuse_clash(output: str | Path, reads: dict[str, str | Path | None], *, what: str = "--output",
-                 folder: bool = False) -> None:
+                 folder: bool = False, run_folder: bool = False) -> None:
     """Refuse (``OutputClash``) an ``output`` that would replace or write into something the
     command reads or owns: ``reads`` maps a description (``"the input"``, ``"the checkpoint's
     run folder"``) to its path. A file output clashes with a path that is the same file (resolved,
     or the same inode: a hard link), and, inside a folder read, with a file there or a name the
     toolkit gives its own files (``ckpt-*``, ``dataset.json``, ...); a ``folder`` output with any
-    folder read that it is, holds or lies inside. Nothing is written before this check."""
+    folder read that it is, holds or lies inside; a ``run_folder`` (a job's ``train.output_dir``,
+    which only adds files of its own) with one that it is, or that it lies inside under a name the
+    toolkit gives its own files. Nothing is written before this check."""
     out = Path(output).expanduser()
     out_r = out.resolve()
     for desc, path in reads.items():
@@ -106,9 +108,9 @@ def refuse_clash(output: str | Path, reads: dict[str, str | Path | None], *, wha
         same = out_r == p_r or (_identity(out_r) is not None and _identity(out_r) == _identity(p_r))
         if same:
             problem = f"is {desc} {p}"
-        elif p_r.is_dir() and _within(out_r, p_r) and (folder or out_r.exists() or out_r.is_symlink()
-                                                      or _owned(out_r.relative_to(p_r) if p_r in out_r.parents
-                                                                else Path(out_r.name))):
+        elif p_r.is_dir() and _within(out_r, p_r) and (
+                folder or (not run_folder and (out_r.exists() or out_r.is_symlink()))
+                or _owned(out_r.relative_to(p_r) if p_r in out_r.parents else Path(out_r.name))):
             problem = f"would replace a file of {desc} {p}" if not folder else f"lies inside {desc} {p}"
         elif folder and _within(p_r, out_r):
             problem = f"holds {desc} {p}"

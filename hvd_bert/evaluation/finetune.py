@@ -235,11 +235,7 @@ class Evaluation:
         self.cfg, self.total, self.log, self.evaluate = cfg, total_steps, log, evaluate
         self.broadcast, self.positive = broadcast, positive  # positive: the class F1 is of
         self.metric, self.save_best = metric, save_best
-        try:  # (a loss is better smaller: evaluation.direction)
-            self.larger = greater_is_better(metric, getattr(cfg, "greater_is_better", None))
-        except ValueError as e:
-            from hvd_bert.config import ConfigError
-            raise ConfigError(str(e)) from None
+        self.larger: bool | None = None  # (from its name, at the first report)
         self.best: tuple[float, int] | None = None  # (score, step)
         self.since_best = 0
         self.last: tuple[int, dict] | None = None  # the latest report: (step, scores)
@@ -267,6 +263,12 @@ class Evaluation:
             from hvd_bert.config import ConfigError
             raise ConfigError(f"best_metric {self.metric!r} is not among this task's scores "
                               f"{sorted(k for k in res if k.startswith('eval_'))}; give one of those")
+        if self.larger is None:
+            try:
+                self.larger = greater_is_better(self.metric, getattr(self.cfg, "greater_is_better", None))
+            except ValueError as e:
+                from hvd_bert.config import ConfigError
+                raise ConfigError(str(e)) from None
         score = float(res[self.metric])
         if step and better(score, self.best[0] if self.best else None, self.larger):
             self.best, self.since_best = (score, step), 0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hvd_bert.cluster.horovod import horovod_settings_line, placement_line
 from hvd_bert.weights.portable import write_run_bert_config
-from hvd_bert.files import atomic_write, planted_link, refuse_clash
+from hvd_bert.files import OutputClash, atomic_write, planted_link, refuse_clash
 from hvd_bert.train.checkpoint import RunFolderBusy, lock_run_folder, release_run_folder, run_folder_of
 from hvd_bert.config import ConfigError, to_dict
 from hvd_bert.train.elastic import PlainLaunch
@@ -66,7 +66,7 @@ def refuse_output_over_inputs(cfg) -> None:
             reads[key] = Path(value).expanduser()
             if key == "init_checkpoint" and not reads[key].is_dir():
                 reads["init_checkpoint's run folder"] = run_folder_of(reads[key])
-    refuse_clash(cfg.train.output_dir, reads, what="train.output_dir")
+    refuse_clash(cfg.train.output_dir, reads, what="train.output_dir", run_folder=True)
 
 
 def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str, ...], bert=None,
@@ -79,17 +79,19 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
     says: at once, or under Horovod elastic on the first entry and after every change of the world."""
     launch = launch or PlainLaunch()
     out = Path(cfg.train.output_dir)
-    refuse_output_over_inputs(cfg)  # (every rank, before anything is written)
     # One job per run folder: rank 0 locks it before writing anything; every rank learns the outcome.
     # A rerun that would resume another run's checkpoints is refused before anything is written.
     problem = None
     if rank == 0:
         try:
+            refuse_output_over_inputs(cfg)  # (before anything is written; every rank learns the outcome)
             lock = lock_run_folder(out)
             _LOCKS.append(lock)
             atexit.register(release_run_folder, lock)  # a clean exit (0, 2 or 3) leaves no lock file
         except RunFolderBusy as e:
             problem = ("busy", str(e))
+        except OutputClash as e:
+            problem = ("config", e.strerror)
         else:
             # (the batch layout is the checkpoint's to check: the same global batch, the world size)
             mismatch = planted_link(out, RUN_FILES) or resume_mismatch(out, to_dict(cfg), ("train.batch",))

@@ -130,11 +130,15 @@ def test_a_command_that_is_not_a_training_loop_stops_at_once_on_a_signal(tmp_pat
     import time
 
     text = tmp_path / "t.txt"
-    text.write_text(("Some words of a sentence here. Another sentence follows it.\n\n") * 20000)
+    text.write_text("".join(f"Some words of sentence {n} here. Another sentence follows it.\n\n"
+                            for n in range(200_000)))
     proc = subprocess.Popen([sys.executable, "-m", "hvd_bert", "prepare-bert", "--input", str(text),
-                             "--output", str(tmp_path / "out"), "--no-progress"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
+                             "--output", str(tmp_path / "out"), "--no-progress", "--num-shards", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not [p for p in os.listdir(tmp_path) if p.startswith(".out.prepare-")]:  # it is writing
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
