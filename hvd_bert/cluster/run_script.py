@@ -12,7 +12,7 @@ import sys
 
 def main(argv: list[str]) -> None:
     for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=True)
+        stream.reconfigure(write_through=False, line_buffering=True)  # (-u: each write went alone)
     if argv[:1] == ["-m"]:
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)

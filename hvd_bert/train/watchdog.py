@@ -7,9 +7,9 @@ second; when a phase has lasted longer than ``timeout_s``, or ``FACTOR`` times t
 phase took so far if that is longer, the rank prints one line naming itself, the phase and the
 step, and exits with status 5 (``hvd_bert.stop.EXIT_STALLED``); its launcher then ends the
 other ranks. A phase that waits on other ranks (the step's allreduce, the bookkeeping's
-collectives) gets ``WAIT_GRACE_S`` more, so that a rank stuck on its own (a data read that never
-returns) is the one that reports. The last complete checkpoint is left as it is: a stalled rank
-cannot take part in the collectives a new one needs.
+collectives) gets ``WAIT_GRACE_S`` more (at most the timeout itself), so that a rank stuck on
+its own (a data read that never returns) is the one that reports. The last complete checkpoint
+is left as it is: a stalled rank cannot take part in the collectives a new one needs.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Watchdog:
 
     def limit(self, phase: str) -> float:
         base = max(self.timeout, FACTOR * self.longest.get(phase, 0.0))
-        return base + (WAIT_GRACE_S if PHASES[phase][1] else 0.0)
+        return base + (min(WAIT_GRACE_S, self.timeout) if PHASES[phase][1] else 0.0)
 
     def running(self):
         dog = self

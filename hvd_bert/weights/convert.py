@@ -62,6 +62,7 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
     picked, what = pick_checkpoint(src, pick)
     framework = reading_framework(picked if what else src, framework)
     src = picked if what else src
+    which = f" ({what})" if what else ""
     arrays, config = get_backend(framework).read_checkpoint_weights(src)
     if config is None:
         raise WeightsError(f"no bert_config.json beside {src}: it is written into every run folder by "
@@ -72,7 +73,8 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
         from hvd_bert.tf.google_ckpt import write_google  # TensorFlow writes TF1 checkpoints
 
         out = write_google(output, arrays, config, vocab_file=vocab)
-        return f"{src} ({n}) -> {out} (Google TF1: bert_config.json + bert_model.ckpt, as modeling.py reads)"
+        return (f"{src} ({n}) -> {out} (Google TF1: bert_config.json + bert_model.ckpt, as modeling.py reads)"
+                f"{which}")
     if to == "hf":
         from hvd_bert.data.finetune import read_task_record
 
@@ -81,7 +83,7 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
                               labels=task.get("labels"))
         arch = json.loads((out / "config.json").read_text())["architectures"][0]  # the class to load it with
         return (f"{src} ({n}) -> {out} (Hugging Face: transformers.{arch}.from_pretrained({str(out)!r}))"
-                f"{'' if vocab else '; no vocab.txt found: copy one in, or pass --vocab'}")
+                f"{'' if vocab else '; no vocab.txt found: copy one in, or pass --vocab'}{which}")
     out = save_weights(output, arrays, config)
     return (f"{src} ({framework}, {n}) -> {out}; load it with --set init_checkpoint={out} in either framework"
-            f"{f' (converted {what})' if what else ''}")
+            f"{which}")

@@ -82,3 +82,32 @@ def test_a_best_metric_the_task_does_not_have_is_named():
     ev = Evaluation(cfg, 100, _Log(), lambda: {"eval_accuracy": 0.5, "eval_examples": 8}, metric="eval_f2")
     with pytest.raises(ConfigError, match=r"best_metric 'eval_f2' is not among this task's scores"):
         ev(_Step(10))
+
+
+def test_a_loss_is_better_smaller_and_the_best_model_is_the_smallest_loss():
+    """best_metric=eval_loss: 0.6911 -> 0.6845 -> 0.6848 keeps step 20 (the walkthrough's run
+    kept the worst, step 10); early stopping counts the evaluations without a smaller one; an
+    unknown name asks for greater_is_better, which then decides."""
+    import pytest
+
+    from hvd_bert.config import ConfigError, FinetuneConfig, load_config
+    from hvd_bert.evaluation.direction import greater_is_better
+    from hvd_bert.evaluation.finetune import Evaluation
+
+    losses = iter([0.6911, 0.6845, 0.6848, 0.6850])
+    saved = []
+    cfg = load_config(FinetuneConfig, None, ["eval_data=dev", "eval_every=10", "best_metric=eval_loss",
+                                             "early_stopping_patience=2"])
+    ev = Evaluation(cfg, 100, _Log(), lambda: {"eval_loss": next(losses), "eval_examples": 8},
+                    metric="eval_loss", save_best=lambda step, res: saved.append(step))
+    stops = [ev(_Step(s)) for s in (10, 20, 30, 40)]
+    assert ev.best == (0.6845, 20) and saved == [10, 20] and stops == [False, False, False, True]
+    assert not greater_is_better("eval_loss") and not greater_is_better("eval/perplexity")
+    assert greater_is_better("eval_accuracy") and greater_is_better("hr@10") and greater_is_better("eval_f1")
+    with pytest.raises(ValueError, match="greater_is_better"):
+        greater_is_better("eval_my_score")
+    assert greater_is_better("eval_my_score", False) is False
+    cfg = load_config(FinetuneConfig, None, ["eval_data=dev", "eval_every=10", "best_metric=eval_mine"])
+    ev = Evaluation(cfg, 100, _Log(), lambda: {"eval_mine": 1.0, "eval_examples": 8}, metric="eval_mine")
+    with pytest.raises(ConfigError, match="set greater_is_better=true or false"):
+        ev(_Step(10))

@@ -107,7 +107,7 @@ def task(bert_data, phase_one, tmp_path_factory):
     )
 
 
-def finetune(framework, task, init, out, *extra):
+def finetune(framework, task, init, out, *extra, env=None):
     res = launch.run(
         [
             "-m",
@@ -137,6 +137,7 @@ def finetune(framework, task, init, out, *extra):
         ],
         np=2,
         timeout=600,
+        env=env,
     )
     assert res.ok, res.explain()
     return metrics_of(out), res.stdout
@@ -144,8 +145,13 @@ def finetune(framework, task, init, out, *extra):
 
 @pytest.mark.parametrize("framework", ["pt", "tf"])
 def test_finetuning_beats_chance_and_evaluates_every_example_once(framework, task, tmp_path):
+    import os
+
     init = task["p1"] if framework == "pt" else task["p1npz"]
-    metrics, stdout = finetune(framework, task, init, tmp_path / "ft", "--set", "eval_every=20")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # (PyTorch's run is also recorded in MLflow)
+    mlflow = ("--set", "train.report_to=[tensorboard,mlflow]") if framework == "pt" else ()
+    metrics, stdout = finetune(framework, task, init, tmp_path / "ft", "--set", "eval_every=20", *mlflow,
+                               env=dict(os.environ, MLFLOW_TRACKING_URI=store))
     assert "4 epochs = 80 steps" in stdout  # 640 examples / (16 x 2 ranks) = 20 steps an epoch
     evals = [m for m in metrics if "eval_accuracy" in m]
     assert [m["step"] for m in evals] == [20, 40, 60, 80]
@@ -163,16 +169,37 @@ def test_finetuning_beats_chance_and_evaluates_every_example_once(framework, tas
     assert (tmp_path / "ft" / "best.npz").is_file() and f"best eval_accuracy {best['score']:.4f}" in stdout
     assert json.loads((tmp_path / "ft" / "task.json").read_text())["labels"] == ["no", "yes"]
     if framework == "pt":
+        an_mlflow_client_reads_the_run_back(tmp_path / "ft", store, metrics, best)
         what_the_model_predicts_travels_with_it(task, tmp_path)
+
+
+def an_mlflow_client_reads_the_run_back(out, store, metrics, best):
+    """train.report_to=[tensorboard,mlflow]: a real MLflow client finds the run's parameters,
+    its per-step metrics and its best model as artifacts."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store)
+    run_id = (out / "mlflow_run.txt").read_text().strip()
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["train.optim.lr"] == "0.001"
+    assert run.data.params["best_metric"] == ""  # (every setting, under the name --set takes)
+    history = {m.step: m.value for m in client.get_metric_history(run_id, "eval/accuracy")}
+    assert history == pytest.approx({m["step"]: m["eval_accuracy"] for m in metrics if "eval_accuracy" in m})
+    assert len(client.get_metric_history(run_id, "train/loss")) == 8  # (log_every 10 of 80 steps)
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"best.npz", "best.json"}
+    assert best["greater_is_better"] is True
 
 
 def what_the_model_predicts_travels_with_it(task, tmp_path):
     """The fine-tuned run exported to Hugging Face names its labels and the class to load it
     with; a prediction-only run on a dev set prepared with the labels in another order is refused."""
-    for src, dst in ((tmp_path / "ft", "hf"), (tmp_path / "ft" / "best.npz", "hf-best")):
+    for src, dst, pick in ((tmp_path / "ft", "hf", "latest"),
+                           (tmp_path / "ft" / "best.npz", "hf-best", "best")):
         res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(src), "--to", "hf",
-                              "--output", str(tmp_path / dst)], capture_output=True, text=True, timeout=300)
+                              "--output", str(tmp_path / dst), "--checkpoint", pick], capture_output=True,
+                             text=True, timeout=300)
         assert res.returncode == 0, res.stderr
+        assert pick == "best" or "(the newest checkpoint, " in res.stdout, res.stdout
         assert "transformers.BertForSequenceClassification.from_pretrained" in res.stdout
         assert json.loads((tmp_path / dst / "config.json").read_text())["id2label"] == {"0": "no", "1": "yes"}
     subprocess.run([sys.executable, "-m", "hvd_bert", "prepare-classification", str(task["root"] / "dev.tsv"),
@@ -199,6 +226,8 @@ def predictions_on_your_own_text(task, tmp_path):
                           "--output", str(tmp_path / "preds.jsonl")],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
+    # a run folder: its best model by default, and the line says so (--checkpoint latest: the newest)
+    assert f"predicting with the best model, {tmp_path / 'ft' / 'best.npz'} (eval_accuracy" in res.stdout
     one = [json.loads(x) for x in (tmp_path / "preds.jsonl").read_text().splitlines()]
     assert [p["id"] for p in one] == list(range(len(rows))) and {p["label"] for p in one} <= {"no", "yes"}
     assert sum(p["label"] == r[1] for p, r in zip(one, rows)) / len(rows) > 0.8  # the dev accuracy: > 0.8
@@ -216,49 +245,6 @@ def predictions_on_your_own_text(task, tmp_path):
     best_step = json.loads((tmp_path / "ft" / "best.json").read_text())["step"]
     if best_step == 80:  # the best is the last checkpoint: the same model, the same labels
         assert [t[1] for t in two[1:]] == [p["label"] for p in one]
-
-
-def test_the_best_loss_is_the_smallest_and_an_mlflow_client_reads_the_run_back(task, tmp_path):
-    """best_metric=eval_loss keeps the smallest loss (the direction comes from the name); with
-    train.report_to=[tensorboard,mlflow] a real MLflow client finds the run's parameters, its
-    per-step metrics and its best model as artifacts; predict and convert take a run folder's
-    best model unless told --checkpoint latest, and say which."""
-    import os
-
-    from mlflow.tracking import MlflowClient
-
-    out, store = tmp_path / "ft", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    res = launch.run(["-m", "hvd_bert", "finetune", "--set", f"data={task['train']}",
-                      "--set", f"eval_data={task['dev']}", "--set", f"init_checkpoint={task['p1']}",
-                      "--set", f"train.output_dir={out}", "--set", "progress=false", "--set", "epochs=3",
-                      "--set", "eval_every=10", "--set", "train.optim.lr=1e-3",
-                      "--set", "train.batch.local_batch_size=16", "--set", "best_metric=eval_loss",
-                      "--set", "train.report_to=[tensorboard,mlflow]"],
-                     np=2, timeout=600, env=dict(os.environ, MLFLOW_TRACKING_URI=store))
-    assert res.ok, res.explain()
-    losses = {m["step"]: m["eval_loss"] for m in metrics_of(out) if "eval_loss" in m}
-    best = json.loads((out / "best.json").read_text())
-    assert len(losses) == 6 and best["greater_is_better"] is False
-    assert best["score"] == min(losses.values()) and best["step"] == min(losses, key=losses.get)
-    client = MlflowClient(store)
-    run_id = (out / "mlflow_run.txt").read_text().strip()
-    run = client.get_run(run_id)
-    assert run.info.status == "FINISHED" and run.data.params["train.optim.lr"] == "0.001"
-    assert run.data.params["best_metric"] == "eval_loss"
-    history = client.get_metric_history(run_id, "eval/loss")
-    assert {m.step: m.value for m in history} == pytest.approx(losses)
-    assert len(client.get_metric_history(run_id, "train/loss")) == 6  # (log_every 10 of 60 steps)
-    assert {a.path for a in client.list_artifacts(run_id)} >= {"best.npz", "best.json"}
-    dev = task["root"] / "dev.tsv"
-    for pick, words in ((None, f"the best model, {out / 'best.npz'} (eval_loss"),
-                        ("latest", f"the newest checkpoint, {out / 'ckpt-00000060.pt'}")):
-        res = subprocess.run([sys.executable, "-m", "hvd_bert", "predict", str(out), str(dev), "--output",
-                              str(tmp_path / f"{pick}.jsonl"), *(["--checkpoint", pick] if pick else [])],
-                             capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0 and words in res.stdout, res.stdout + res.stderr
-    res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(out), "--output",
-                          str(tmp_path / "w.npz")], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "(converted the best model" in res.stdout, res.stdout + res.stderr
 
 
 def test_a_dev_set_with_other_labels_is_refused(task, tmp_path):
