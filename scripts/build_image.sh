@@ -114,15 +114,34 @@ if [[ $variant == gpu ]]; then
 fi
 [[ -n $target ]] && args+=(--target "$target")
 # the content: the files (not their times), the wheels' versions, the base, the flags
-content=$( {
+# (kept under $CACHE/image-content/ by its hash, so that a rebuild can say what changed)
+manifests=$CACHE/image-content
+mkdir -p "$manifests"
+manifest=$manifests/.new.$$
+{
     (cd "$ctx/src" && find . -type f -print0 | sort -z | xargs -0 sha256sum)
     cat "$ctx/wheels/constraints.txt" "$ROOT/requirements.txt"   # the wheels' versions
     echo "$base_id ${args[*]}"
-} | sha256sum | cut -c1-16)
-if exists "$tag" && [[ $(label "$tag" hvd_bert.content) == "$content" ]]; then
+} >"$manifest"
+content=$(sha256sum <"$manifest" | cut -c1-16)
+mv -f "$manifest" "$manifests/$content"
+ls -t "$manifests" | tail -n +9 | while read -r f; do rm -f "$manifests/$f"; done   # the newest 8
+was=""
+exists "$tag" && was=$(label "$tag" hvd_bert.content)
+if [[ $was == "$content" ]]; then
     echo "==> [image] $tag is up to date (content $content): nothing to build"
     echo "    size: $("$engine" image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1/1e9}')"
     exit 0
+elif [[ -n $was && -f $manifests/$was ]]; then
+    # what differs from the content the tagged image was built from: files, versions, the base
+    echo "==> [image] $tag was built from other content ($was); what changed:"
+    { diff <(sort "$manifests/$was") <(sort "$manifests/$content") || true; } | awk '
+        /^[<>] [0-9a-f]+  \.\// { f[substr($0, 69)] = 1; next }
+        /^[<>] / { v[++n] = $0 }
+        END { for (p in f) files = files " " p
+              if (files != "") print "    files:" files
+              for (i = 1; i <= n; i++) print "    " (substr(v[i], 1, 1) == "<" ? "was " : "now ") substr(v[i], 3) }' \
+        | head -n 20
 fi
 
 # ------------------------------------------------------------------------------ the build

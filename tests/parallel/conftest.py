@@ -3,6 +3,7 @@
 and returns each rank's JSON result. A rank that fails, or a run that outlives its timeout,
 fails the test with the ranks' output."""
 
+import contextlib
 import fcntl
 import json
 import os
@@ -133,11 +134,22 @@ def image():
     inst = subprocess.run(["bash", str(BUILD_IMAGE), "install"], capture_output=True, text=True, timeout=600)
     if inst.returncode != 0:
         pytest.skip(f"podman, runc, debootstrap are not installed and cannot be here: {inst.stderr.strip()}")
-    with open("/tmp/hvd_bert-image-build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        res = subprocess.run(["bash", str(BUILD_IMAGE), "cpu"], capture_output=True, text=True, timeout=3600)
+    with image_build_lock():
+        res = build_image()
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return IMAGE
+
+
+@contextlib.contextmanager
+def image_build_lock():
+    """One build of the image at a time on this machine (the workers share its tag)."""
+    with open("/tmp/hvd_bert-image-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def build_image(timeout=3600):
+    return subprocess.run(["bash", str(BUILD_IMAGE), "cpu"], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
