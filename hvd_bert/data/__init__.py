@@ -13,6 +13,7 @@
     classification  TSV/CSV or GLUE -> classification shards (hvd-bert prepare-classification)
     glue            GLUE's published TSV layouts
     squad           SQuAD v1.1 / v2.0 -> features (hvd-bert prepare-squad)
+    squad_json      SQuAD's JSON files, read and checked against its structure
     finetune        the sets a fine-tuning run takes: its task, checks, steps per epoch
     ncf             MovieLens or synthetic -> NCF data; each epoch's pairs
     movielens       MovieLens ratings in their published formats (ml-100k, ml-1m, ml-20m, ml-25m)

@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 from hvd_bert.data.kinds import KIND_SQUAD
 from hvd_bert.data.records import DatasetError, shard_name, write_examples
 from hvd_bert.data.sidecar import file_sha256, write_sidecar
+from hvd_bert.data.squad_json import read_squad_json, squad_error
 
 __all__ = ["SquadExample", "read_squad", "read_questions", "convert_examples", "prepare_squad", "KIND_SQUAD",
            "FIRST_UNIQUE_ID"]
@@ -107,7 +108,6 @@ def read_questions(path: str | Path) -> tuple[list[SquadExample], dict | None]:
     """Questions to answer and their contexts: a SQuAD file (``{"data": [...]}``; returned as the
     second item when it holds answers, to score against) or JSON lines ``{"question": ...,
     "context": ..., "id": ...}`` (``id`` optional: the line number)."""
-    from hvd_bert.evaluation.squad import read_squad_json, squad_error
 
     p = Path(path).expanduser()
     if p.suffix.lower() == ".jsonl":
@@ -272,7 +272,6 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
     Returns the sidecar on rank 0."""
 
     from hvd_bert.data.output import agree, prepare_output
-    from hvd_bert.evaluation.squad import read_squad_json
 
     out, src = Path(output_dir), Path(input_file)
     examples, skipped, err = [], 0, None

@@ -9,7 +9,7 @@
 
 A job reads top to bottom: the backend's process set-up, the data checked against the config,
 the model, the engine (``backend.engine``: optimizer, schedule, accumulation, precision,
-broadcast), then ``train.engine.fit``. ``backend`` is ``train.backend.get_backend(cfg.framework)``.
+broadcast), then ``train.loop.fit``. ``backend`` is ``train.backend.get_backend(cfg.framework)``.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ class TensorFlowBackend(ModelFunctions):
 
     def engine(self, model, loss_fn, train: TrainConfig, sync: bool = True):
         from hvd_bert.tf.engine import Engine
-        return Engine.from_config(model, loss_fn, train, sync=sync)  # sync: rank 0's weights
+        return Engine.from_config(model, train, loss_fn=loss_fn, sync=sync)  # sync: rank 0's weights
 
     def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
                        seed: int, shuffle_buffer: int, record_striding: bool,

@@ -9,7 +9,7 @@
 * :class:`BroadcastCallback` creates the optimizer state explicitly and broadcasts model and
   optimizer variables from rank 0 before the first batch (Horovod's own callback broadcasts
   after the first batch, so the first update is computed from unsynchronised weights).
-* :class:`ScheduleCallback` sets the LR before every batch from any ``hvd_bert.common``
+* :class:`ScheduleCallback` sets the LR before every batch from any ``hvd_bert.core.schedules``
   schedule, counting optimizer steps from the micro-batch counter (Horovod's LR callbacks
   assume epoch-based warmup and break on optimizers whose momentum is a float).
 * Horovod's ``MetricAverageCallback`` averages the epoch metrics over ranks.
@@ -31,7 +31,7 @@ from hvd_bert.core.batch import optimizer_steps_done
 from hvd_bert.train.checkpoint import latest_checkpoint
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.tf import check_keras
-from hvd_bert.tf.engine import CKPT_SUFFIX, restore_checkpoint, save_checkpoint
+from hvd_bert.tf.checkpoint import CKPT_SUFFIX, restore_checkpoint, save_checkpoint
 
 check_keras()
 keras = tf.keras

@@ -18,9 +18,6 @@ dynamic loss scaling (GradScaler's defaults); a skipped step does not advance th
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,17 +28,16 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from hvd_bert.core.batch import is_sync_step
-from hvd_bert.files import clear_path
-from hvd_bert.train.checkpoint import checkpoint_path, digest_damage, file_digests, list_checkpoints
 from hvd_bert.train.elastic import sync_shards
 from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
-from hvd_bert.train.engine import (CheckpointError, FitResult, StepResult, check_engine_args,
+from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args,
                                    checkpoint_meta, engine_settings, host_rng_state, peak_host_bytes,
                                    resume_on_rank0, rng_for_rank, set_host_rng_state)
 from hvd_bert.train.loop import fit
 from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.tf import check_keras, init_horovod
+from hvd_bert.tf.checkpoint import CKPT_SUFFIX, read_checkpoint_meta, restore_checkpoint, save_checkpoint
 from hvd_bert.tf.optim import build_optimizer
 from hvd_bert.tf.zero import ShardedState
 
@@ -50,7 +46,6 @@ check_keras()  # hvd_bert.tf also switched Keras to generator-based dropout (sav
 __all__ = ["Engine", "StepResult", "fit", "FitResult", "set_precision_policy", "save_checkpoint",
            "restore_checkpoint"]
 
-CKPT_SUFFIX = "tf"
 
 
 def set_precision_policy(mode: str) -> None:
@@ -139,8 +134,10 @@ class Engine:
         self._apply = tf.function(self._apply_impl, autograph=False)  # (k, world size: constants in it)
 
     @classmethod
-    def from_config(cls, model, loss_fn, cfg: TrainConfig, jit_compile: bool = False,
+    def from_config(cls, model, cfg: TrainConfig, *, loss_fn, jit_compile: bool = False,
                     sync: bool = True) -> Engine:
+        """As PyTorch's ``Engine.from_config(model, cfg, loss_fn=...)``: optimizer, schedule (peak LR
+        scaled to the global batch), accumulation, compression, precision and ZeRO from ``cfg``."""
         if cfg.tensor_parallel > 1:
             raise ConfigError("train.tensor_parallel > 1 is PyTorch's (--framework pt); TensorFlow trains "
                               "with train.tensor_parallel=1")
@@ -383,71 +380,3 @@ class Engine:
     def _trackables(self) -> dict:
         return dict(model=self.model, optimizer=self.optimizer, loss_scale=self.loss_scale,
                     good_steps=self.good_steps)
-
-
-def _fsync_tree(folder: Path) -> None:
-    for p in sorted(folder.rglob("*")) + [folder]:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def save_checkpoint(folder: str | Path, step: int, trackables: dict, keep: int = 3,
-                    meta: dict | None = None) -> Path:
-    """Write ``tf.train.Checkpoint(**trackables)`` and ``meta.json`` into a temporary folder,
-    fsync it, then rename it to ``folder/ckpt-<step>.tf`` (atomic: no half-written checkpoint
-    under a final name; an existing one of the same step is replaced only once the new one is
-    complete). Keeps the newest ``keep``."""
-    final = checkpoint_path(folder, step, CKPT_SUFFIX)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    clear_path(tmp)  # a leftover, or a link planted under its name (removed, never written through)
-    tmp.mkdir()
-    try:
-        tf.train.Checkpoint(**trackables).write(str(tmp / "ckpt"))  # (meta.json: each file's CRC-32C)
-        (tmp / "meta.json").write_text(json.dumps({**(meta or {}), "files": file_digests(tmp)}))
-        _fsync_tree(tmp)
-        if final.exists():  # the same step again: move the old one aside, never lose both
-            old = final.with_name(f".{final.name}.old-{os.getpid()}")
-            final.rename(old)
-            tmp.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    for _, stale in list_checkpoints(folder, CKPT_SUFFIX)[:-keep]:
-        shutil.rmtree(stale, ignore_errors=True)
-    return final
-
-
-def read_checkpoint_meta(path: str | Path) -> dict:
-    """The ``meta.json`` of a checkpoint written by :func:`save_checkpoint`."""
-    meta_file = Path(path) / "meta.json"
-    if not meta_file.is_file():
-        raise CheckpointError(f"checkpoint {path} is incomplete (no meta.json); delete it to resume "
-                              f"from the one before")
-    try:
-        return json.loads(meta_file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{meta_file} is not valid JSON ({e}); delete the checkpoint to resume "
-                              f"from the one before") from None
-
-
-def restore_checkpoint(path: str | Path, trackables: dict) -> dict:
-    """Restore a checkpoint written by :func:`save_checkpoint`; returns its meta."""
-    path = Path(path)
-    meta = read_checkpoint_meta(path)
-    damage = digest_damage(path, meta.get("files"))
-    if damage:
-        raise CheckpointError(f"{damage}; delete the checkpoint to resume from the one before, or restore it "
-                              f"from a copy")
-    try:
-        tf.train.Checkpoint(**trackables).read(str(path / "ckpt")).assert_existing_objects_matched()
-    except (tf.errors.OpError, AssertionError, ValueError) as e:
-        raise CheckpointError(f"cannot restore checkpoint {path}: {e}; it was written for another "
-                              f"model or optimizer, or is corrupt") from None
-    return meta

@@ -2,8 +2,8 @@
 (math, config, data, weights, evaluation, the training run), the jobs, the cluster helpers and
 the CLI are imported one by one in a fresh interpreter, which must then hold none of torch,
 tensorflow, horovod, tfrecord (or keras, jax) in ``sys.modules``; the first module that pulls
-one in is named. (The two scripts that Horovod's ranks run, doctor's worker and the allreduce
-probe, import Horovod by design.)"""
+one in is named. (Doctor's worker, a script Horovod's ranks run, imports Horovod by design;
+the allreduce probe imports it only when it runs.)"""
 
 import json
 import pkgutil
@@ -12,7 +12,7 @@ import sys
 
 import hvd_bert
 
-RANK_SCRIPTS = {"hvd_bert.cluster.doctor_worker", "hvd_bert.cluster.allreduce_probe", "hvd_bert.__main__"}
+RANK_SCRIPTS = {"hvd_bert.cluster.doctor_worker", "hvd_bert.__main__"}
 MODULES = sorted(m.name for m in pkgutil.walk_packages(hvd_bert.__path__, "hvd_bert.")
                  if not m.name.startswith(("hvd_bert.pt", "hvd_bert.tf")) and m.name not in RANK_SCRIPTS)
 JOBS = ["hvd_bert.jobs.pretrain", "hvd_bert.jobs.finetune", "hvd_bert.jobs.ncf", "hvd_bert.cli"]
