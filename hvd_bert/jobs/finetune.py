@@ -149,10 +149,8 @@ def run(cfg: FinetuneConfig, backend) -> dict:
                   + (f"; predictions in {out}" if task == SQUAD else ""), flush=True)
         backend.broadcast_object(None, "hvd_bert.finished")
         return {"steps": 0, "stopped": False, **final}
-    t = cfg.train
-    res = fit(engine, batches_from, total_steps=steps, output_dir=out, checkpoint_every=t.checkpoint_every,
-              keep_checkpoints=t.keep_checkpoints, log_every=t.log_every, log=log, unit="examples",
-              on_step=on_step, max_skipped_steps=t.max_skipped_steps)
+    res = fit(engine, batches_from, total_steps=steps, output_dir=out, log=log, unit="examples",
+              on_step=on_step)
     final = on_step.report(res.steps) if cfg.eval_data else {}
     log.close()
     kept = (f"; best {metric} {on_step.best[0]:.4f} at step {on_step.best[1]}: {out / 'best.npz'}"

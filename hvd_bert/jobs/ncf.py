@@ -74,10 +74,8 @@ def run(cfg: NCFConfig, backend) -> dict:
         for u, i, y in epochs.stream(micro_step):
             yield backend.ncf_batch(u, i, y)
 
-    t = cfg.train
-    res = fit(engine, batches_from, total_steps=total, output_dir=out, checkpoint_every=t.checkpoint_every,
-              keep_checkpoints=t.keep_checkpoints, log_every=t.log_every, log=log, unit="samples",
-              on_step=on_step, max_skipped_steps=t.max_skipped_steps)
+    res = fit(engine, batches_from, total_steps=total, output_dir=out, log=log, unit="samples",
+              on_step=on_step)
     log.close()
     best = on_step.best
     kept = f": {out / 'best'}" if best.get("step") else ""

@@ -125,11 +125,9 @@ def run(cfg: PretrainConfig, backend) -> dict:
             heldout(result.step)
         return False
 
-    t = cfg.train
-    elastic = launch.hook(backend, t, make_writer=lambda: backend.summary_writer(out / "tensorboard"))
-    res = fit(engine, batches_from, total_steps=total, output_dir=out, checkpoint_every=t.checkpoint_every,
-              keep_checkpoints=t.keep_checkpoints, log_every=t.log_every, log=log, unit="sequences",
-              on_step=on_step, max_skipped_steps=t.max_skipped_steps, elastic=elastic)
+    elastic = launch.hook(backend, cfg.train, make_writer=lambda: backend.summary_writer(out / "tensorboard"))
+    res = fit(engine, batches_from, total_steps=total, output_dir=out, log=log, unit="sequences",
+              on_step=on_step, elastic=elastic)
     final = heldout(res.steps) if cfg.eval_data and not res.stopped_by_signal else {}
     log.close()
     finish_line(res, engine.rank, f"checkpoint: {res.checkpoint or 'unchanged'}", backend, out)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import json
 import re
 import socket
@@ -11,19 +10,17 @@ from pathlib import Path
 
 from hvd_bert.cluster.horovod import horovod_settings_line, placement_line
 from hvd_bert.weights.portable import write_run_bert_config
-from hvd_bert.files import OutputClash, atomic_write, planted_link, refuse_clash
-from hvd_bert.train.checkpoint import RunFolderBusy, lock_run_folder, release_run_folder, run_folder_of
+from hvd_bert.files import atomic_write
+from hvd_bert.train.checkpoint import run_folder_of
 from hvd_bert.config import ConfigError, to_dict
 from hvd_bert.train.elastic import PlainLaunch
-from hvd_bert.train.identity import (has_checkpoints, rank_identity, ranks_disagree, resume_mismatch,
-                                     run_record)
+from hvd_bert.train.identity import has_checkpoints, rank_identity, ranks_disagree, run_record
 from hvd_bert.train.log import RunLog
+from hvd_bert.train.run_folder import claim_run_folder, raise_problem
 from hvd_bert.train.trackers import make_writer
 
-__all__ = ["with_run_folder", "open_run", "refuse_output_over_inputs", "finish_line", "ranks_agree"]
+__all__ = ["with_run_folder", "open_run", "finish_line", "ranks_agree"]
 
-_LOCKS: list = []  # the run folders this process holds (released when it exits)
-RUN_FILES = ("metrics.jsonl", "tensorboard")  # what a job appends to or writes into, by name
 
 
 def ranks_agree(cfg, backend, launch=None) -> None:
@@ -56,9 +53,9 @@ def with_run_folder(cfg, job: str):
     return replace(cfg, train=replace(cfg.train, output_dir=str(Path("runs") / name)))
 
 
-def refuse_output_over_inputs(cfg) -> None:
-    """``train.output_dir`` must not be, or lie inside, what the job reads: its data, held-out
-    data or initial checkpoint (``files.refuse_clash``, by path and by inode)."""
+def _reads(cfg) -> dict:
+    """What a job reads, which its ``train.output_dir`` must not be nor lie inside: its data,
+    held-out data and initial checkpoint (and that checkpoint's run folder)."""
     reads = {}
     for key in ("data", "eval_data", "init_checkpoint"):
         value = str(getattr(cfg, key, "") or "")
@@ -66,7 +63,7 @@ def refuse_output_over_inputs(cfg) -> None:
             reads[key] = Path(value).expanduser()
             if key == "init_checkpoint" and not reads[key].is_dir():
                 reads["init_checkpoint's run folder"] = run_folder_of(reads[key])
-    refuse_clash(cfg.train.output_dir, reads, what="train.output_dir", run_folder=True)
+    return reads
 
 
 def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str, ...], bert=None,
@@ -79,23 +76,9 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
     says: at once, or under Horovod elastic on the first entry and after every change of the world."""
     launch = launch or PlainLaunch()
     out = Path(cfg.train.output_dir)
-    # One job per run folder: rank 0 locks it before writing anything; every rank learns the outcome.
-    # A rerun that would resume another run's checkpoints is refused before anything is written.
-    problem = None
-    if rank == 0:
-        try:
-            refuse_output_over_inputs(cfg)  # (before anything is written; every rank learns the outcome)
-            lock = lock_run_folder(out)
-            _LOCKS.append(lock)
-            atexit.register(release_run_folder, lock)  # a clean exit (0, 2 or 3) leaves no lock file
-        except RunFolderBusy as e:
-            problem = ("busy", str(e))
-        except OutputClash as e:
-            problem = ("config", e.strerror)
-        else:
-            # (the batch layout is the checkpoint's to check: the same global batch, the world size)
-            mismatch = planted_link(out, RUN_FILES) or resume_mismatch(out, to_dict(cfg), ("train.batch",))
-            problem = ("config", mismatch) if mismatch else None
+    # One job per run folder: rank 0 claims it (train.run_folder: the checks and the lock) before
+    # anything is written; every rank learns the outcome.
+    problem = claim_run_folder(out, to_dict(cfg), reads=_reads(cfg)).problem if rank == 0 else None
     writer = None
     if rank == 0 and not problem:  # (train.report_to: TensorBoard and/or MLflow)
         tb = backend.summary_writer(out / "tensorboard") if "tensorboard" in cfg.train.report_to else None
@@ -104,10 +87,7 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
                  writer=writer, line_keys=line_keys)
 
     def agree() -> None:
-        shared = backend.broadcast_object(problem, "hvd_bert.run.open")
-        if shared:
-            kind, message = shared
-            raise RunFolderBusy(message) if kind == "busy" else ConfigError(message)
+        raise_problem(backend.broadcast_object(problem, "hvd_bert.run.open"))
         if rank == 0:
             def record() -> None:
                 record_ = run_record(to_dict(cfg))

@@ -193,7 +193,7 @@ class ElasticHook:
 
     def run(self, engine, log: RunLog, book, batches_from: Callable[[int], Iterator[Any]], total_steps: int,
             output_dir: str | Path | None) -> None:
-        from hvd_bert.train.loop import resume_line, train_steps
+        from hvd_bert.train.loop import start, train_steps
 
         values = self.values
         self.engine, self.total_steps = engine, total_steps
@@ -208,10 +208,8 @@ class ElasticHook:
             if not values["started"]:
                 self.on_first_entry()
                 engine.target_global_batch = values["target"]
-                data = engine.resume(output_dir) if output_dir is not None else None
-                log.resumed()
+                data = start(engine, log, book, output_dir, total_steps)  # (fit's own start-up)
                 if engine.step_count:
-                    log.print(resume_line(engine, output_dir, total_steps))
                     values["samples"] = (data or {}).get("samples", engine.step_count * values["target"])
                 values["started"] = True
                 state.save()

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hvd_bert.core.batch import BatchPlan
-from hvd_bert.train.engine import Engine, FitResult, ResumeError, StepResult, memory_line
+from hvd_bert.train.engine import Engine, FitResult, StepResult, memory_line
 from hvd_bert.stop import STOP
 from hvd_bert.train.log import DivergedError, RunLog, ScalarWriter
 from hvd_bert.train.watchdog import Watchdog
 
-__all__ = ["fit", "train_steps", "resume_line", "StepBook", "MetricWindow"]
+__all__ = ["fit", "start", "train_steps", "resume_line", "batch_line", "StepBook", "MetricWindow"]
 
 
 def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_steps: int | None = None,
@@ -58,11 +58,11 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
     total_steps, output_dir, checkpoint_every, keep_checkpoints, log_every, max_skipped_steps = _settings(
         getattr(engine, "config", None), total_steps, output_dir, checkpoint_every, keep_checkpoints,
         log_every, max_skipped_steps)
-    own_log = log is None
+    own_log, claim = log is None, None
     if own_log:  # a script's own run: its run folder gets what a job's does (metrics, TensorBoard, config)
         writer = write_config = None
         if output_dir is not None:
-            write_config = _claim_run_folder(engine, Path(output_dir), getattr(engine, "config", None))
+            claim, write_config = _claim(engine, Path(output_dir), getattr(engine, "config", None))
             writer = ScalarWriter(Path(output_dir) / "tensorboard") if engine.rank == 0 else None
         log = RunLog(output_dir, engine.rank, total_steps=total_steps, initial_step=engine.step_count,
                      progress=progress, line_keys=("loss", "lr", f"{unit}_per_s", "grad_norm"), writer=writer)
@@ -75,35 +75,50 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
                     stall_timeout_s=getattr(getattr(engine, "config", None), "stall_timeout_s", 0.0))
     engine.install_stop_handler()
     engine.total_steps = total_steps  # (recorded in checkpoints: a resume says when it changed)
-    if elastic is not None:  # the same loop, inside Horovod's elastic.run (train.elastic)
-        elastic.run(engine, log, book, batches_from, total_steps, output_dir)
-    else:
-        if output_dir is not None:
-            engine.resume(output_dir)
-        log.resumed()
-        book.saved_step = book.logged_step = engine.step_count
-        book.t0 = time.perf_counter()
-        log.set_step(engine.step_count)
-        if book.plan is not None:
-            tp = getattr(getattr(engine, "tp", None), "size", 1)
-            n = book.plan.world_size
-            groups = (f" ({n} data-parallel replica{'s' if n != 1 else ''}, each a group of {tp} "
-                      f"tensor-parallel ranks: 1/{tp} of the global batch of the same command without "
-                      f"train.tensor_parallel; set train.batch.global_batch_size to compare the two)"
-                      ) if tp > 1 else ""
-            log.print(f"batch: {book.plan.describe()}{groups}")  # printed once
-        if hasattr(engine, "memory"):
-            log.print(memory_line(engine.memory()))
-        if engine.step_count and output_dir is not None:
-            log.print(resume_line(engine, output_dir, total_steps))
-        train_steps(engine, iter(batches_from(engine.micro_step)), book, total_steps)
-        book.finish()
+    try:
+        if elastic is not None:  # the same loop, inside Horovod's elastic.run (train.elastic)
+            elastic.run(engine, log, book, batches_from, total_steps, output_dir)
+        else:
+            start(engine, log, book, output_dir, total_steps)
+            if book.plan is not None:
+                log.print(batch_line(book.plan, getattr(getattr(engine, "tp", None), "size", 1)))  # once
+            if hasattr(engine, "memory"):
+                log.print(memory_line(engine.memory()))
+            train_steps(engine, iter(batches_from(engine.micro_step)), book, total_steps)
+            book.finish()
+    finally:
+        if claim is not None:  # (a job's run folder stays claimed until the job exits)
+            claim.release()
     if own_log:
         log.close()
     if book.by_signal:
         STOP.consumed()
     return FitResult(engine.step_count, engine.skipped_steps, book.last_loss, book.checkpoint, book.stopped,
                      log.history, book.by_signal)
+
+
+def start(engine: Engine, log: RunLog, book: StepBook, output_dir, total_steps: int) -> Any:
+    """The loop's start-up, the same for a plain run and an elastic run's first entry: resume
+    from ``output_dir``'s newest checkpoint (on every rank, a collective), the log's records past
+    it dropped, the step counters and the clock set, and the resume line. Returns the data state
+    the checkpoint holds (None without one)."""
+    data = engine.resume(output_dir) if output_dir is not None else None
+    log.resumed()
+    book.saved_step = book.logged_step = engine.step_count
+    book.t0 = time.perf_counter()
+    log.set_step(engine.step_count)
+    if engine.step_count and output_dir is not None:
+        log.print(resume_line(engine, output_dir, total_steps))
+    return data
+
+
+def batch_line(plan: BatchPlan, tp: int = 1) -> str:
+    """The batch arithmetic, printed once (under tensor parallelism: the replicas and groups)."""
+    n = plan.world_size
+    groups = (f" ({n} data-parallel replica{'s' if n != 1 else ''}, each a group of {tp} tensor-parallel "
+              f"ranks: 1/{tp} of the global batch of the same command without train.tensor_parallel; set "
+              f"train.batch.global_batch_size to compare the two)") if tp > 1 else ""
+    return f"batch: {plan.describe()}{groups}"
 
 
 def _settings(config, total_steps, output_dir, checkpoint_every, keep_checkpoints, log_every,
@@ -127,25 +142,25 @@ def _settings(config, total_steps, output_dir, checkpoint_every, keep_checkpoint
             pick(max_skipped_steps, c.max_skipped_steps))
 
 
-def _claim_run_folder(engine: Engine, out: Path, config):
-    """For a script's own ``fit`` on a run folder, as a job does: rank 0 refuses checkpoints of a
-    run with other settings (``train.identity``); every rank raises. Returns what writes the
-    resolved ``config.json`` (``config``: the engine's TrainConfig, from
-    ``Engine.from_config``) once the checkpoint was resumed (None on other ranks)."""
+def _claim(engine: Engine, out: Path, config):
+    """A script's own ``fit`` on a run folder claims it as a job does (``train.run_folder``: the
+    lock, planted links, checkpoints of a run with other settings), until it returns. Returns
+    the claim (None off rank 0) and what writes the resolved ``config.json`` once the checkpoint
+    was resumed (None on other ranks or without the engine's TrainConfig)."""
     from hvd_bert.config import to_dict
     from hvd_bert.files import atomic_write
-    from hvd_bert.train.identity import resume_mismatch
+    from hvd_bert.train.run_folder import claim_run_folder, raise_problem
 
-    problem = None
-    if engine.rank == 0 and config is not None:
-        new = {"train": to_dict(config)}
-        # (the batch layout is the checkpoint's to check: the same global batch, the world size)
-        problem = resume_mismatch(out, new, ("train.batch",))
+    record = {"train": to_dict(config)} if config is not None else {}
+    claim = claim_run_folder(out, record, hold_until_exit=False) if engine.rank == 0 else None
+    problem = claim.problem if claim is not None else None
     if engine.any_rank(problem is not None, "hvd_bert.fit.config"):  # Horovod: every rank stops
-        raise ResumeError(problem or f"rank 0 refused to resume {out} (its message says why)")
-    if engine.rank != 0 or config is None:
-        return None
-    return lambda: atomic_write(out / "config.json", lambda t: t.write_text(json.dumps(new, indent=1)))
+        raise_problem(problem or ("resume", f"rank 0 refused to use {out} as the run folder (its message "
+                                            f"says why)"))
+    if claim is None or config is None:
+        return claim, None
+    return claim, lambda: atomic_write(out / "config.json",
+                                       lambda t: t.write_text(json.dumps(record, indent=1)))
 
 
 def resume_line(engine: Engine, output_dir, total_steps: int) -> str:

@@ -148,6 +148,7 @@ def test_fit_of_a_scripts_own_model_writes_the_run_folder_and_refuses_other_sett
     takes the run's length, folder and logging from the engine's config (train.*)."""
     import json
 
+    from hvd_bert.train.checkpoint import RunFolderBusy, lock_run_folder, release_run_folder
     from hvd_bert.train.engine import ResumeError
     from hvd_bert.train.loop import fit
 
@@ -168,6 +169,15 @@ def test_fit_of_a_scripts_own_model_writes_the_run_folder_and_refuses_other_sett
     assert run(0.01, 5).steps == 5  # the same settings, a longer horizon: a resume
     with pytest.raises(ResumeError, match=r"other settings.*optim.lr: 0.01 -> 0.02"):
         run(0.02, 6)
+    # the folder is claimed as a job claims it (train.run_folder): locked while fit runs, and a
+    # folder another job holds is refused before anything is written
+    held = lock_run_folder(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(RunFolderBusy, match="in use by another job"):
+        run(0.01, 7)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    release_run_folder(held)
+    assert run(0.01, 7).steps == 7 and not (tmp_path / ".hvd_bert.lock").exists()
     # arguments win over the config; output_dir=False: no run folder
     cfg = apply_overrides(TrainConfig(), ["train.optim.name=sgd", "train.batch.local_batch_size=4",
                                           "train.batch.backward_passes_per_step=1",
