@@ -4,7 +4,7 @@
     engine      Horovod's DistributedOptimizer, accumulation, AMP, checkpoints (train.engine.Engine)
     optim       LAMB, NVLAMB, LARS as torch optimizers (checked against core.optim)
     zero        ZeRO stages 1 and 2: the optimizer state (and gradients) split over the ranks
-    zero_rules  the optimizer updates of a ZeRO shard (LAMB, LARS, AdamW, SGD)
+    optim_parts what an optimizer's rule runs over: parts of tensors, their norms; torch's SGD and AdamW rules
     tensor_parallel  BERT's layers split over a group of ranks (Megatron-style), process sets
     data        the TFRecord reader (the core's reading order)
     checkpoint  reading checkpoint files without unpickling code

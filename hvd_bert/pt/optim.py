@@ -11,6 +11,14 @@ tensors of a parameter group, no Python loop over elements. Per-group options:
 ``bias`` and ``LayerNorm``) through :class:`hvd_bert.config.OptimConfig`, and
 :func:`build_optimizer` makes any of the toolkit's optimizers from that config.
 
+Each optimizer's rule is written once, as ``update(parts, norms, clip)`` over *parts* of its
+tensors (:class:`Part`: a parameter group's tensors whole, or the pieces of them a ZeRO shard
+holds) with the whole tensors' norms completed by the caller (:class:`Norms`: locally for a
+plain ``step()``, by an allreduce over the ranks for ``hvd_bert.pt.zero``), the way DeepSpeed's
+stages hand their partition to the wrapped optimizer. A plain ``step()`` on the CPU takes the C
+kernels of :mod:`hvd_bert.pt.kernels.optim` instead (the same rule, tested against it).
+:func:`piece_rule` gives the rule of any optimizer ZeRO supports (torch's SGD and AdamW too).
+
 ``init_state()`` creates the zero state explicitly. Horovod's ``broadcast_optimizer_state``
 otherwise creates it by taking a fake step with zero gradients, which advances LAMB's step
 count (its bias correction) and applies one weight decay.
@@ -19,13 +27,14 @@ count (its bias correction) and applies one weight decay.
 from __future__ import annotations
 
 import math
-import os
 from typing import Iterable, Sequence
 
 import torch
 
 from hvd_bert.config import OptimConfig
 from hvd_bert.pt.kernels import optim as fused_optim
+from hvd_bert.pt.optim_parts import (Norms, Part, add_sq_norms, clipped, local_norms, plan_slices,
+                                     trust_ratios, views, whole_parts)
 
 __all__ = ["Lamb", "NVLamb", "Lars", "param_groups", "build_optimizer", "init_state"]
 
@@ -55,46 +64,6 @@ def _group_tensors(group, state, names: Sequence[str]):
     grads = [p.grad for p in params]
     bufs = [[state[p][n] for p in params] for n in names]
     return params, grads, bufs
-
-
-# Elementwise work runs over slices of about this many elements (small tensors grouped,
-# large ones cut), so the chain of ops over one slice stays in the CPU cache instead of
-# streaming every array from memory once per op. On CUDA, and with 0, whole tensors are used.
-CHUNK_ELEMENTS = int(os.environ.get("HVD_BERT_FOREACH_CHUNK", 1 << 18))
-
-
-def _plan_slices(tensors: list[torch.Tensor]) -> list[list[tuple[int, slice]]]:
-    """Chunks of (tensor index, flat element range) covering every tensor once."""
-    if not tensors:
-        return []
-    cpu = tensors[0].device.type == "cpu"
-    if not cpu or CHUNK_ELEMENTS <= 0 or not all(t.is_contiguous() for t in tensors):
-        return [[(i, slice(0, t.numel())) for i, t in enumerate(tensors)]]
-    chunks, cur, acc = [], [], 0
-    for i, t in enumerate(tensors):
-        n = t.numel()
-        for lo in range(0, max(n, 1), CHUNK_ELEMENTS):
-            hi = min(lo + CHUNK_ELEMENTS, n)
-            cur.append((i, slice(lo, hi)))
-            acc += hi - lo
-            if acc >= CHUNK_ELEMENTS:
-                chunks.append(cur)
-                cur, acc = [], 0
-    if cur:
-        chunks.append(cur)
-    return chunks
-
-
-def _views(tensors: list[torch.Tensor], chunk: list[tuple[int, slice]]) -> list[torch.Tensor]:
-    return [tensors[i].view(-1)[sl] for i, sl in chunk]
-
-
-def _trust_ratios(w_norms: list[torch.Tensor], u_norms: list[torch.Tensor]) -> torch.Tensor:
-    """||w|| / ||u|| per tensor, 1 where either norm is zero."""
-    w = torch.stack(w_norms)
-    u = torch.stack(u_norms)
-    ok = (w > 0) & (u > 0)
-    return torch.where(ok, w / torch.where(ok, u, torch.ones_like(u)), torch.ones_like(w))
 
 
 class Lamb(torch.optim.Optimizer):
@@ -151,24 +120,35 @@ class Lamb(torch.optim.Optimizer):
         # g / (G / max) when G > max, unchanged otherwise (apex FusedLAMB; a clip, not a scale).
         return torch.where(gnorm > max_norm, max_norm / gnorm, torch.ones_like(gnorm))
 
+    buffers = ("exp_avg", "exp_avg_sq")  # the state a ZeRO shard holds a piece of
+    has_step = True
+
+    def clip_limit(self) -> float | None:
+        """NVLAMB's global gradient norm limit (None: no clip), which ZeRO applies as step() does."""
+        return self.param_groups[0]["max_grad_norm"]
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = _closure_loss(closure)
         self.init_state()
         clip = self._clip_factor()
+        steps, fused = [], True
         for gi, group in enumerate(self.param_groups):
-            params, grads, (steps, m, v) = _group_tensors(
-                group, self.state, ("step", "exp_avg", "exp_avg_sq"))
-            if not params:
-                continue
+            params, grads, (st, m, v) = _group_tensors(group, self.state, ("step", "exp_avg", "exp_avg_sq"))
             if any(g.is_sparse for g in grads):
                 raise RuntimeError("Lamb does not support sparse gradients")
-            beta1, beta2 = group["betas"]
-            torch._foreach_add_(steps, 1.0)
-            t = self._step_of(gi, steps)
-            c1 = 1.0 - beta1 ** t if group["bias_correction"] else 1.0
-            c2 = 1.0 - beta2 ** t if group["bias_correction"] else 1.0
-            self._update(group, params, grads, m, v, clip, c1, c2)
+            if params:
+                torch._foreach_add_(st, 1.0)
+            steps.append(self._step_of(gi, st) if params else 0)
+            fused = fused and (not params or fused_optim.usable(params, grads, m, v))
+        if fused:  # CPU: the C kernels, group by group (the norms are local)
+            for group, t in zip(self.param_groups, steps):
+                params, grads, (m, v) = _group_tensors(group, self.state, self.buffers)
+                if params:
+                    self._update_fused(group, params, grads, m, v, 1.0 if clip is None else float(clip),
+                                       *self._corrections(group, t), self._adapt(group))
+            return loss
+        self.update(whole_parts(self, self.buffers, steps), local_norms(self), clip)
         return loss
 
     def _step_of(self, gi: int, steps: list[torch.Tensor]) -> int:
@@ -183,62 +163,66 @@ class Lamb(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         self._host_steps = {}
 
-    def _update(self, group, params, grads, m, v, clip, c1, c2) -> None:
-        """Two passes over cache-sized slices: (1) moments, the update u and the squared
-        norms of w and u; (2) recompute u and apply w -= lr * ratio * u. Recomputing u costs
-        arithmetic but no full-size temporary (and no extra trip through memory). ``clip``
-        (a 0-d tensor or None) scales the gradient slices on the device: no host sync."""
+    def _corrections(self, group, t: int) -> tuple[float, float]:
+        """(sqrt(c2), 1 / c1): Adam's bias corrections at step t (1 without them)."""
         beta1, beta2 = group["betas"]
-        wd, eps, adapt = group["weight_decay"], group["eps"], self._adapt(group)
-        sqrt_c2 = math.sqrt(c2)
-        if fused_optim.usable(params, grads, m, v):
-            # CPU: the clip factor and the norms are host numbers anyway (no device to sync)
-            self._update_fused(group, params, grads, m, v, 1.0 if clip is None else float(clip),
-                               sqrt_c2, 1.0 / c1, adapt)
-            return
-        plan = _plan_slices(params)
+        if not group["bias_correction"]:
+            return 1.0, 1.0
+        return math.sqrt(1.0 - beta2 ** t), 1.0 / (1.0 - beta1 ** t)
 
-        def update_of(w, mm, vv):
-            # u = (m / c1) / (sqrt(v) * (1 / sqrt(c2)) + eps) + wd w
+    @torch.no_grad()
+    def update(self, parts: Sequence[Part], norms: Norms, clip=None) -> None:
+        """LAMB's rule over ``parts`` (whole tensors or a shard's pieces), in two passes over
+        cache-sized slices: (1) the moments, the update u = m_hat / (sqrt(v_hat) + eps) + wd w
+        and the squared norms of w and u; then each whole tensor's norms (``norms.complete``) and
+        (2) u again and w -= lr * ratio * u. Recomputing u costs arithmetic but no full-size
+        temporary. ``clip`` (a 0-d tensor, a number or None) scales the gradient slices on the
+        device: no host sync."""
+        like = self.param_groups[0]["params"][0]
+        sq = torch.zeros(2, norms.count, dtype=torch.float64, device=like.device)
+        adapting = any(self._adapt(g) for g in self.param_groups)
+
+        def update_of(part, w, mm, vv):
+            sqrt_c2, rc1 = self._corrections(part.group, part.step)
+            wd, eps = part.group["weight_decay"], part.group["eps"]
             denom = torch._foreach_sqrt(vv)
             torch._foreach_mul_(denom, 1.0 / sqrt_c2)
             torch._foreach_add_(denom, eps)
             if wd:
                 u = torch._foreach_mul(w, wd)
-                torch._foreach_addcdiv_(u, mm, denom, value=1.0 / c1)
+                torch._foreach_addcdiv_(u, mm, denom, value=rc1)
             else:
                 u = torch._foreach_div(mm, denom)
-                if c1 != 1.0:
-                    torch._foreach_mul_(u, 1.0 / c1)
+                if rc1 != 1.0:
+                    torch._foreach_mul_(u, rc1)
             return u
 
-        acc_dtype = torch.float64 if params[0].dtype == torch.float64 else torch.float32
-        w_sq = torch.zeros(len(params), dtype=acc_dtype, device=params[0].device)
-        u_sq = torch.zeros_like(w_sq)
-        for chunk in plan:
-            w, g, mm, vv = (_views(t, chunk) for t in (params, grads, m, v))
-            if clip is not None:  # the clipped gradient c g, a cache-sized temporary
-                g = torch._foreach_mul(g, clip.to(g[0].dtype))
-            # m = b1 m + (1 - b1) g ; v = b2 v + (1 - b2) g^2
-            torch._foreach_lerp_(mm, g, 1.0 - beta1)
-            torch._foreach_mul_(vv, beta2)
-            torch._foreach_addcmul_(vv, g, g, value=1.0 - beta2)
-            if adapt:
-                u = update_of(w, mm, vv)
-                idx = torch.tensor([i for i, _ in chunk], device=w_sq.device)
-                w_sq.index_add_(0, idx, torch.stack(torch._foreach_norm(w)).to(acc_dtype) ** 2)
-                u_sq.index_add_(0, idx, torch.stack(torch._foreach_norm(u)).to(acc_dtype) ** 2)
-        if adapt:
-            ratios = _trust_ratios(list(w_sq.sqrt().unbind()), list(u_sq.sqrt().unbind()))
-            scales = (-group["lr"] * ratios).to(params[0].dtype).unbind()
-        for chunk in plan:
-            w, mm, vv = (_views(t, chunk) for t in (params, m, v))
-            u = update_of(w, mm, vv)
-            if adapt:
-                # w -= lr * ratio * u in one pass: addcmul with a 0-d scale per slice
-                torch._foreach_addcmul_(w, u, [scales[i] for i, _ in chunk])
-            else:
-                torch._foreach_add_(w, u, alpha=-group["lr"])
+        for part in parts:  # pass 1
+            beta1, beta2 = part.group["betas"]
+            m, v = (part.state[n] for n in self.buffers)
+            for chunk in plan_slices(part.w):
+                w, g, mm, vv = (views(t, chunk) for t in (part.w, part.g, m, v))
+                g = clipped(g, clip)
+                torch._foreach_lerp_(mm, g, 1.0 - beta1)
+                torch._foreach_mul_(vv, beta2)
+                torch._foreach_addcmul_(vv, g, g, value=1.0 - beta2)
+                if self._adapt(part.group):
+                    add_sq_norms(sq, 0, chunk, part, w)
+                    add_sq_norms(sq, 1, chunk, part, update_of(part, w, mm, vv))
+        if adapting:
+            norm = norms.complete(sq).sqrt()
+            ratios = trust_ratios(list(norm[0].unbind()), list(norm[1].unbind()))
+        for part in parts:  # pass 2
+            m, v = (part.state[n] for n in self.buffers)
+            adapt, lr = self._adapt(part.group), part.group["lr"]
+            scales = (-lr * ratios[part.index]).to(like.dtype).unbind() if adapt and part.index else None
+            for chunk in plan_slices(part.w):
+                w, mm, vv = (views(t, chunk) for t in (part.w, m, v))
+                u = update_of(part, w, mm, vv)
+                if adapt:  # w -= lr * ratio * u in one pass: addcmul with a 0-d scale per slice
+                    torch._foreach_addcmul_(w, u, [scales[i] for i, _ in chunk])
+                else:
+                    torch._foreach_add_(w, u, alpha=-lr)
 
     @staticmethod
     def _update_fused(group, params, grads, m, v, clip, sqrt_c2, rc1, adapt) -> None:
@@ -295,30 +279,59 @@ class Lars(torch.optim.Optimizer):
         """A zero momentum buffer and step 0 for every parameter that has none yet."""
         _fill_state(self, ("momentum_buffer",))
 
+    buffers = ("momentum_buffer",)  # the state a ZeRO shard holds a piece of
+    has_step = True
+
+    def clip_limit(self) -> float | None:
+        return None
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = _closure_loss(closure)
         self.init_state()
+        fused = True
         for group in self.param_groups:
             params, grads, (steps, bufs) = _group_tensors(group, self.state, ("step", "momentum_buffer"))
-            if not params:
-                continue
-            torch._foreach_add_(steps, 1.0)
+            if params:
+                torch._foreach_add_(steps, 1.0)
+                fused = fused and fused_optim.usable(params, grads, bufs)
+        if fused:  # CPU: the C kernels, group by group (the norms are local)
+            for group in self.param_groups:
+                params, grads, (bufs,) = _group_tensors(group, self.state, self.buffers)
+                if params:
+                    self._update_fused(group, params, grads, bufs)
+            return loss
+        self.update(whole_parts(self, self.buffers, [1] * len(self.param_groups)), local_norms(self))
+        return loss
+
+    @torch.no_grad()
+    def update(self, parts: Sequence[Part], norms: Norms, clip=None) -> None:
+        """LARS's rule over ``parts`` (whole tensors or a shard's pieces): the norms of w and g
+        (each whole tensor's: ``norms.complete``), then one pass over cache-sized slices:
+        d = (g + wd w) lr trust; v = mu v + d; w -= v."""
+        like = self.param_groups[0]["params"][0]
+        sq = torch.zeros(2, norms.count, dtype=torch.float64, device=like.device)
+        for part in parts:
+            if part.group["adapt"]:
+                for chunk in plan_slices(part.w):
+                    add_sq_norms(sq, 0, chunk, part, views(part.w, chunk))
+                    add_sq_norms(sq, 1, chunk, part, clipped(views(part.g, chunk), clip))
+        if any(g["adapt"] for g in self.param_groups):
+            wn, gn = norms.complete(sq).sqrt().unbind()
+        for part in parts:
+            group = part.group
             lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
-            if fused_optim.usable(params, grads, bufs):
-                self._update_fused(group, params, grads, bufs)
-                continue
             scales = None
-            if group["adapt"]:  # one pass over w and g for the norms
-                w = torch.stack(torch._foreach_norm(params))
-                g = torch.stack(torch._foreach_norm(grads))
+            if group["adapt"] and part.index:
+                w, g = wn[part.index], gn[part.index]
                 ok = (w > 0) & (g > 0)
                 trust = torch.where(ok, group["eta"] * w / (g + wd * w + group["eps"]).clamp_min(1e-38),
                                     torch.ones_like(w))
-                scales = (lr * trust).to(params[0].dtype).unbind()
-            # then one pass over cache-sized slices: d = (g + wd w) lr trust; v = mu v + d; w -= v
-            for chunk in _plan_slices(params):
-                ws, gs, vs = (_views(t, chunk) for t in (params, grads, bufs))
+                scales = (lr * trust).to(like.dtype).unbind()
+            (bufs,) = (part.state[n] for n in self.buffers)
+            for chunk in plan_slices(part.w):
+                ws, vs = views(part.w, chunk), views(bufs, chunk)
+                gs = clipped(views(part.g, chunk), clip)
                 torch._foreach_mul_(vs, mu)
                 if scales is None:
                     torch._foreach_add_(vs, gs, alpha=lr)
@@ -327,7 +340,6 @@ class Lars(torch.optim.Optimizer):
                     torch._foreach_mul_(d, [scales[i] for i, _ in chunk])
                     torch._foreach_add_(vs, d)
                 torch._foreach_sub_(ws, vs)
-        return loss
 
     @staticmethod
     def _update_fused(group, params, grads, bufs) -> None:

@@ -36,35 +36,15 @@ import torch
 import horovod.torch as hvd
 
 from hvd_bert.core import zero as Z
-from hvd_bert.pt.optim import Lamb, Lars
-from hvd_bert.pt.zero_rules import UpdateRules, sumsq
+from hvd_bert.pt.kernels import optim as fused_optim
+from hvd_bert.pt.optim_parts import SUPPORTED, Norms, Part, piece_rule
 
 __all__ = ["ShardedOptimizer", "state_bytes", "update_loss_scale", "SUPPORTED"]
 
-SUPPORTED = "lamb, nvlamb, lars, adamw and sgd"
 IN_FLIGHT = 4  # buckets queued to Horovod at once (it fuses what is queued in one cycle)
 
 
-def _kind(opt: torch.optim.Optimizer) -> tuple[str, tuple[str, ...], bool]:
-    """(the update, the state buffers, whether the state has a step) of a supported optimizer."""
-    if isinstance(opt, Lamb):
-        return "lamb", ("exp_avg", "exp_avg_sq"), True
-    if isinstance(opt, Lars):
-        return "lars", ("momentum_buffer",), True
-    if isinstance(opt, torch.optim.AdamW):
-        bad = [k for k in ("amsgrad", "maximize", "capturable") if any(g.get(k) for g in opt.param_groups)]
-        if not bad:
-            return "adamw", ("exp_avg", "exp_avg_sq"), True
-    elif isinstance(opt, torch.optim.SGD):
-        bad = [k for k in ("dampening", "maximize") if any(g.get(k) for g in opt.param_groups)]
-        if not bad:
-            momentum = any(g.get("momentum", 0) for g in opt.param_groups)
-            return "sgd", ("momentum_buffer",) if momentum else (), False
-    raise ValueError(f"train.zero.stage > 0 supports {SUPPORTED} (as hvd_bert builds them), "
-                     f"not {type(opt).__name__} with these options")
-
-
-class ShardedOptimizer(UpdateRules):
+class ShardedOptimizer:
     """The optimizer state of this rank's shard, and the collectives of a ZeRO step.
 
     ``optimizer`` is the unsharded optimizer over the model's parameters: its parameter groups
@@ -75,7 +55,9 @@ class ShardedOptimizer(UpdateRules):
                  bucket_mb: float = 32.0, process_set=None, norm_set=None, norm_weights=None):
         self.optimizer = optimizer
         self.stage = stage
-        self.kind, self.buffers, self.has_step = _kind(optimizer)
+        # the optimizer's own rule over this shard's pieces (hvd_bert.pt.optim_parts.piece_rule)
+        self.rule = piece_rule(optimizer)
+        self.buffers, self.has_step = tuple(self.rule.buffers), self.rule.has_step
         # process_set: the data-parallel ranks the state is split over (stage 0, under tensor
         # parallelism only: not split); norm_set and norm_weights: the ranks whose per-tensor sums
         # of squares make each whole tensor's, and what each rank's counts (a tensor held whole
@@ -258,8 +240,26 @@ class ShardedOptimizer(UpdateRules):
         return hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Sum, name=name,
                              process_set=self.norm_set)
 
-    def _group(self, i: int) -> dict:
-        return self.optimizer.param_groups[self.group_of[i]]
+    def _complete(self, sq: torch.Tensor) -> torch.Tensor:
+        """The whole tensors' sums of squares from this rank's pieces' (``Norms.complete``): each
+        weighted by what this rank's copy counts (tensor parallelism), summed over the ranks."""
+        weights = torch.tensor(self.weights, dtype=torch.float64)
+        total = hvd.allreduce(sq.cpu() * weights, op=hvd.Sum, name="hvd_bert.zero.piece_norms",
+                              process_set=self.norm_set)
+        return total.to(sq.device)
+
+    def _parts(self) -> list[Part]:
+        """This rank's pieces, group by group, with the same pieces of the state's shards."""
+        groups = self.optimizer.param_groups
+        parts = [Part(g, [], [], [], {n: [] for n in self.buffers}, self.step_count) for g in groups]
+        for i, wp, gp, pos, n in self._pieces():
+            part = parts[self.group_of[i]]
+            part.index.append(i)
+            part.w.append(wp)
+            part.g.append(gp)
+            for name in self.buffers:
+                part.state[name].append(self.state[name][pos:pos + n])
+        return parts
 
     @torch.no_grad()
     def step(self, *, inv_scale: float = 1.0, max_grad_norm: float | None = None) -> tuple[bool, float]:
@@ -269,28 +269,22 @@ class ShardedOptimizer(UpdateRules):
         norm)``; on a non-finite norm nothing changes on any rank."""
         if self.stage == 2 and self.grad_shard is None:
             raise RuntimeError("ZeRO stage 2: step() with no gradients reduced")
-        k = len(self.params)
-        wsq, gsq = [0.0] * k, [0.0] * k
-        for i, wp, gp, _, _ in self._pieces():
+        gsq = 0.0
+        for i, _, gp, _, _ in self._pieces():
             if inv_scale != 1.0:
                 gp.mul_(inv_scale)
-            gsq[i] = sumsq(gp) * self.weights[i]
-            if self.kind in ("lamb", "lars"):
-                wsq[i] = sumsq(wp) * self.weights[i]
-        first = self._allreduce(wsq + gsq + [sum(gsq)], "hvd_bert.zero.norms")
-        total = float(first[-1])
+            gsq += sumsq(gp) * self.weights[i]
+        total = float(self._allreduce([gsq], "hvd_bert.zero.norms")[0])
         if not math.isfinite(total):
             self.grad_shard = None
             return False, float("inf")
         gnorm = math.sqrt(total)
-        limit = self.optimizer.param_groups[0].get("max_grad_norm") if self.kind == "lamb" else None
+        limit = self.rule.clip_limit()
         clip = max_grad_norm_factor(gnorm, limit if limit is not None else max_grad_norm)
-        if clip != 1.0:
-            for _, _, gp, _, _ in self._pieces():
-                gp.mul_(clip)
         self.step_count += 1
-        wn, gn = first[:k].sqrt(), first[k:2 * k].sqrt() * clip
-        getattr(self, "_" + self.kind)(wn, gn)
+        # the optimizer's rule on this rank's pieces, the whole tensors' norms by an allreduce
+        self.rule.update(self._parts(), Norms(len(self.params), self._complete),
+                         None if clip == 1.0 else clip)
         self.grad_shard = None
         if self.size > 1:
             self.allgather_params()
@@ -387,6 +381,15 @@ class ShardedOptimizer(UpdateRules):
         self.grad_shard = None
         for p in self.params:
             p.grad = None
+
+
+def sumsq(x: torch.Tensor) -> float:
+    """The sum of squares of ``x``, in double (the C kernel on a CPU: no temporary)."""
+    if x.numel() == 0:
+        return 0.0
+    if fused_optim.usable([x]):
+        return fused_optim.sumsq([x])
+    return float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
 
 
 def max_grad_norm_factor(gnorm: float, limit: float | None) -> float:

@@ -58,7 +58,7 @@ def chunking(request, monkeypatch):
     """Run the update through the fused CPU kernels (the default where a C compiler is
     present), or the foreach path over cache-sized slices (7 elements: tensors cut across
     slices and slices spanning tensors) or whole tensors (0)."""
-    import hvd_bert.pt.optim as optim_mod
+    import hvd_bert.pt.optim_parts as optim_mod
     if request.param == "fused":
         monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "1")  # also under a user's HVD_BERT_FUSED_OPTIM=0
         assert fused_optim.usable([torch.zeros(1)]), "the fused CPU kernels did not build here"

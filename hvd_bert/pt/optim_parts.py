@@ -1,0 +1,208 @@
+"""What an optimizer's rule runs over in hvd_bert's PyTorch frontend: the *parts* of its tensors
+(:class:`Part`: a parameter group's tensors whole, or the pieces of them a ZeRO shard holds) and
+the whole tensors' norms (:class:`Norms`: local for a plain step, completed by an allreduce for
+``hvd_bert.pt.zero``), the cache-sized slices the elementwise work runs over, and
+:func:`piece_rule`: the rule of any optimizer ZeRO supports (the toolkit's own, whose
+``update(parts, norms, clip)`` is their rule, and torch's SGD and AdamW, whose piece rules are
+here)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+__all__ = ["Part", "Norms", "whole_parts", "local_norms", "plan_slices", "views", "trust_ratios",
+           "sq_norms", "add_sq_norms", "clipped", "piece_rule", "SUPPORTED"]
+
+
+# Elementwise work runs over slices of about this many elements (small tensors grouped,
+# large ones cut), so the chain of ops over one slice stays in the CPU cache instead of
+# streaming every array from memory once per op. On CUDA, and with 0, whole tensors are used.
+CHUNK_ELEMENTS = int(os.environ.get("HVD_BERT_FOREACH_CHUNK", 1 << 18))
+
+
+def plan_slices(tensors: list[torch.Tensor]) -> list[list[tuple[int, slice]]]:
+    """Chunks of (tensor index, flat element range) covering every tensor once."""
+    if not tensors:
+        return []
+    cpu = tensors[0].device.type == "cpu"
+    if not cpu or CHUNK_ELEMENTS <= 0 or not all(t.is_contiguous() for t in tensors):
+        return [[(i, slice(0, t.numel())) for i, t in enumerate(tensors)]]
+    chunks, cur, acc = [], [], 0
+    for i, t in enumerate(tensors):
+        n = t.numel()
+        for lo in range(0, max(n, 1), CHUNK_ELEMENTS):
+            hi = min(lo + CHUNK_ELEMENTS, n)
+            cur.append((i, slice(lo, hi)))
+            acc += hi - lo
+            if acc >= CHUNK_ELEMENTS:
+                chunks.append(cur)
+                cur, acc = [], 0
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def views(tensors: list[torch.Tensor], chunk: list[tuple[int, slice]]) -> list[torch.Tensor]:
+    return [tensors[i].view(-1)[sl] for i, sl in chunk]
+
+
+def trust_ratios(w_norms: list[torch.Tensor], u_norms: list[torch.Tensor]) -> torch.Tensor:
+    """||w|| / ||u|| per tensor, 1 where either norm is zero."""
+    w = torch.stack(w_norms)
+    u = torch.stack(u_norms)
+    ok = (w > 0) & (u > 0)
+    return torch.where(ok, w / torch.where(ok, u, torch.ones_like(u)), torch.ones_like(w))
+
+
+@dataclass
+class Part:
+    """One parameter group's share of an update: its tensors (``index``: each one's place among
+    the optimizer's parameters, over all groups), as whole tensors or as the pieces of them a
+    shard holds (contiguous views, updated in place), the same pieces of their gradients and
+    of each state buffer, and the group's step number (t = 1 for the first)."""
+
+    group: dict
+    index: list[int]
+    w: list[torch.Tensor]
+    g: list[torch.Tensor]
+    state: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    step: int = 1
+
+
+@dataclass
+class Norms:
+    """What completes the per-tensor sums of squares of an update's pieces into the whole
+    tensors' (``complete``: a ``[rows, count]`` float64 tensor in, the same out; every rank calls
+    it alike). Locally (a plain step) the pieces are the tensors: nothing to add."""
+
+    count: int
+    complete: Callable[[torch.Tensor], torch.Tensor] = lambda sq: sq
+
+
+def whole_parts(opt: torch.optim.Optimizer, buffers: Sequence[str], steps: Sequence[int]) -> list[Part]:
+    """The parts of a plain step: each group's parameters with a gradient, whole (flat views)."""
+    parts, start = [], 0
+    for group, t in zip(opt.param_groups, steps):
+        ps = group["params"]
+        have = [i for i, p in enumerate(ps) if p.grad is not None]
+        parts.append(Part(group, [start + i for i in have], [ps[i].view(-1) for i in have],
+                          [ps[i].grad.view(-1) for i in have],
+                          {n: [opt.state[ps[i]][n].view(-1) for i in have] for n in buffers}, t))
+        start += len(ps)
+    return parts
+
+
+def local_norms(opt: torch.optim.Optimizer) -> Norms:
+    """A plain step's norms: every tensor whole on this rank."""
+    return Norms(sum(len(g["params"]) for g in opt.param_groups))
+
+
+def sq_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Each tensor's sum of squares, in double."""
+    return torch.stack(torch._foreach_norm(tensors)).double() ** 2
+
+
+def add_sq_norms(sq: torch.Tensor, row: int, chunk, part: Part, tensors: list[torch.Tensor]) -> None:
+    """Add the sums of squares of a chunk's slices to their tensors' entries of ``sq[row]``."""
+    idx = torch.tensor([part.index[i] for i, _ in chunk], device=sq.device)
+    sq[row].index_add_(0, idx, sq_norms(tensors).to(sq.device))
+
+
+def clipped(g: list[torch.Tensor], clip) -> list[torch.Tensor]:
+    """The clipped gradient slices (a cache-sized temporary), or ``g`` without a clip."""
+    if clip is None:
+        return g
+    return torch._foreach_mul(g, clip.to(g[0].dtype) if torch.is_tensor(clip) else clip)
+
+
+# ---------------------------------------------------------------------- torch's own optimizers
+class _TorchAdamW:
+    """``torch.optim.AdamW``'s rule over parts (its options as hvd_bert builds it: no amsgrad,
+    maximize or capturable): w *= 1 - lr wd; the moments; w -= lr m_hat / (sqrt(v_hat) + eps)."""
+
+    buffers, has_step = ("exp_avg", "exp_avg_sq"), True
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.param_groups = optimizer.param_groups
+
+    def clip_limit(self) -> float | None:
+        return None
+
+    @torch.no_grad()
+    def update(self, parts: Sequence[Part], norms: Norms, clip=None) -> None:
+        for part in parts:
+            if not part.w:
+                continue
+            group, t = part.group, part.step
+            beta1, beta2 = group["betas"]
+            m, v = (part.state[n] for n in self.buffers)
+            g = clipped(part.g, clip)
+            torch._foreach_mul_(part.w, 1.0 - group["lr"] * group["weight_decay"])
+            torch._foreach_lerp_(m, g, 1.0 - beta1)
+            torch._foreach_mul_(v, beta2)
+            torch._foreach_addcmul_(v, g, g, value=1.0 - beta2)
+            denom = torch._foreach_sqrt(v)
+            torch._foreach_div_(denom, math.sqrt(1.0 - beta2 ** t))
+            torch._foreach_add_(denom, group["eps"])
+            torch._foreach_addcdiv_(part.w, m, denom, value=-group["lr"] / (1.0 - beta1 ** t))
+
+
+class _TorchSGD:
+    """``torch.optim.SGD``'s rule over parts (no dampening or maximize): d = g + wd w; with
+    momentum b = mu b + d and d = b (Nesterov: d + mu b); w -= lr d."""
+
+    has_step = False
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.param_groups = optimizer.param_groups
+        self.buffers = ("momentum_buffer",) if any(g.get("momentum", 0) for g in self.param_groups) else ()
+
+    def clip_limit(self) -> float | None:
+        return None
+
+    @torch.no_grad()
+    def update(self, parts: Sequence[Part], norms: Norms, clip=None) -> None:
+        for part in parts:
+            if not part.w:
+                continue
+            group = part.group
+            d = clipped(part.g, clip)
+            if group["weight_decay"]:
+                d = torch._foreach_add(d, part.w, alpha=group["weight_decay"])
+            if self.buffers and group["momentum"]:
+                bufs = part.state["momentum_buffer"]
+                torch._foreach_mul_(bufs, group["momentum"])
+                torch._foreach_add_(bufs, d)
+                d = torch._foreach_add(d, bufs, alpha=group["momentum"]) if group["nesterov"] else bufs
+            torch._foreach_add_(part.w, d, alpha=-group["lr"])
+
+
+SUPPORTED = "lamb, nvlamb, lars, adamw and sgd"
+
+
+def piece_rule(optimizer: torch.optim.Optimizer):
+    """The rule ``update(parts, norms, clip)`` of ``optimizer`` with its ``buffers``, ``has_step``
+    and ``clip_limit()``: the optimizer itself when it has one (the toolkit's LAMB, NVLAMB, LARS,
+    or a user's optimizer written the same way), else torch's SGD and AdamW as hvd_bert builds
+    them. ValueError for anything else."""
+    if all(hasattr(optimizer, a) for a in ("update", "buffers", "has_step", "clip_limit")):
+        return optimizer
+    def used(*options):
+        return [k for k in options if any(g.get(k) for g in optimizer.param_groups)]
+    bad = []
+    if isinstance(optimizer, torch.optim.AdamW):
+        bad = used("amsgrad", "maximize", "capturable")
+        if not bad:
+            return _TorchAdamW(optimizer)
+    elif isinstance(optimizer, torch.optim.SGD):
+        bad = used("dampening", "maximize")
+        if not bad:
+            return _TorchSGD(optimizer)
+    raise ValueError(f"train.zero.stage > 0 supports {SUPPORTED} (as hvd_bert builds them, or an optimizer "
+                     f"with update(parts, norms, clip)), not {type(optimizer).__name__}"
+                     + (f" with {', '.join(bad)}" if bad else ""))
