@@ -13,6 +13,13 @@ optax; tfa's LAMB instead falls back to the weight-decay exclusions), NVLAMB ski
 there is no weight decay (apex) unless ``use_nvlamb=True``, LARS gives excluded variables
 neither trust ratio nor weight decay.
 
+Each optimizer's rule is written once, as ``update(w, g, state, pieces, t, lr, complete)``: a
+pure function of flat tensors that are one whole variable (``update_step``, the plain step) or
+the pieces of many that a ZeRO shard holds (:class:`Pieces` says which element belongs to
+which variable), with the whole variables' norms completed by ``complete`` (ZeRO: an allreduce
+over the ranks; the plain step: nothing to add), the way DeepSpeed's stages hand their
+partition to the wrapped optimizer.
+
 The base class's own ``weight_decay`` (applied before the update, outside the trust ratio)
 stays off: LAMB's decay is part of the update. NVLAMB's global-norm clip is the base class's
 ``global_clipnorm``, applied inside ``apply_gradients``: after Horovod's allreduce and after
@@ -22,7 +29,8 @@ stays off: LAMB's decay is part of the update. NVLAMB's global-norm clip is the 
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
@@ -33,7 +41,7 @@ from hvd_bert.tf import check_keras
 check_keras()
 keras = tf.keras
 
-__all__ = ["Lamb", "NVLamb", "AdamW", "Lars", "SGD", "build_optimizer"]
+__all__ = ["Lamb", "NVLamb", "AdamW", "Lars", "SGD", "Pieces", "build_optimizer"]
 
 
 def _matches(name: str, patterns: Sequence[str] | None) -> bool:
@@ -53,6 +61,37 @@ def _trust_ratio(w_norm, u_norm):
     """||w|| / ||u||, 1 where either is zero."""
     ok = tf.logical_and(w_norm > 0, u_norm > 0)
     return tf.where(ok, w_norm / tf.where(ok, u_norm, tf.ones_like(u_norm)), tf.ones_like(w_norm))
+
+
+@dataclass
+class Pieces:
+    """Which variable each element of an update's flat tensors belongs to (``seg``; None: one
+    whole variable) among ``count``, and each variable's weight decay and trust ratio flags."""
+
+    decays: Sequence[bool]
+    adapts: Sequence[bool]
+    seg: tf.Tensor | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.decays)
+
+    def sums(self, x):
+        """Per variable, the sum of squares of its elements here."""
+        if self.seg is None:
+            return tf.reshape(tf.reduce_sum(x * x), [1])
+        return tf.math.unsorted_segment_sum(x * x, self.seg, self.count)
+
+    def spread(self, per_variable, dtype):
+        """A per-variable value on each element (a scalar for one whole variable)."""
+        values = tf.cast(per_variable, dtype)
+        return values[0] if self.seg is None else tf.gather(values, self.seg)
+
+    def norms(self, rows: list, complete: Callable | None):
+        """The whole variables' norms from these elements' sums of squares (``complete``: the sum
+        over the ranks holding pieces of them, a ``[rows, count]`` tensor in and out)."""
+        sq = tf.stack([self.sums(x) for x in rows])
+        return tf.sqrt(sq if complete is None else complete(sq))
 
 
 class _HvdBertOptimizer(keras.optimizers.Optimizer):
@@ -89,11 +128,29 @@ class _HvdBertOptimizer(keras.optimizers.Optimizer):
         self._applied.assign_add(1)
         return result
 
-    def _decays(self, variable) -> bool:
+    def decays(self, variable) -> bool:
+        """Whether ``variable`` gets weight decay."""
         return self.decay_rate != 0.0 and not _matches(variable.name, self.exclude_from_weight_decay_patterns)
 
-    def _adapts(self, variable) -> bool:
+    def adapts(self, variable) -> bool:
+        """Whether ``variable`` gets the layer-wise trust ratio."""
         return not _matches(variable.name, self.exclude_from_layer_adaptation_patterns)
+
+    def slots(self, name: str) -> list:
+        """The optimizer's state variables ``name`` (one of ``buffers``), one per variable."""
+        return self._slots[name]
+
+    def update_step(self, gradient, variable):
+        """The plain step: the rule on one whole variable with its own norms."""
+        dtype = variable.dtype
+        i = self._index_dict[self._var_key(variable)]
+        state = {n: self._slots[n][i] for n in self.buffers}
+        w, new = self.update(variable, tf.cast(_dense(gradient), dtype), state,
+                             Pieces([self.decays(variable)], [self.adapts(variable)]),
+                             self._applied + 1, self.learning_rate)
+        for n, value in new.items():
+            state[n].assign(value)
+        variable.assign(w)
 
     def get_config(self):
         config = super().get_config()
@@ -109,12 +166,14 @@ class _HvdBertOptimizer(keras.optimizers.Optimizer):
 class _MomentumOptimizer(_HvdBertOptimizer):
     """One momentum buffer per variable (SGD, LARS)."""
 
+    buffers = ("momentum",)
+
     def build(self, var_list):
         super().build(var_list)
         if getattr(self, "_built", False):
             return
         self._built = True
-        self._buf = [self.add_variable_from_reference(v, "momentum") for v in var_list]
+        self._slots = {"momentum": [self.add_variable_from_reference(v, "momentum") for v in var_list]}
 
 
 @keras.utils.register_keras_serializable(package="hvd_bert")
@@ -132,34 +191,34 @@ class Lamb(_HvdBertOptimizer):
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
         self.bias_correction = bias_correction
 
+    buffers = ("m", "v")
+
     def build(self, var_list):
         super().build(var_list)
         if getattr(self, "_built", False):
             return
         self._built = True
-        self._m = [self.add_variable_from_reference(v, "m") for v in var_list]
-        self._v = [self.add_variable_from_reference(v, "v") for v in var_list]
+        self._slots = {n: [self.add_variable_from_reference(v, n) for v in var_list] for n in self.buffers}
 
-    def update_step(self, gradient, variable):
-        dtype = variable.dtype
-        g = tf.cast(_dense(gradient), dtype)
-        lr = tf.cast(self.learning_rate, dtype)
+    def update(self, w, g, state: dict, pieces: Pieces, t, lr, complete=None):
+        """LAMB's rule: the moments, u = m_hat / (sqrt(v_hat) + eps) + wd w, and w - lr ratio u
+        with ratio = ||w|| / ||u|| of each whole variable (1 on a zero norm). ``(w, state)``."""
+        dtype = w.dtype
         b1, b2 = _c(self.beta_1, dtype), _c(self.beta_2, dtype)
-        i = self._index_dict[self._var_key(variable)]
-        m, v = self._m[i], self._v[i]
-        m.assign(b1 * m + (1.0 - b1) * g)
-        v.assign(b2 * v + (1.0 - b2) * g * g)
+        m = b1 * state["m"] + (1.0 - b1) * g
+        v = b2 * state["v"] + (1.0 - b2) * g * g
         m_hat, v_hat = m, v
         if self.bias_correction:
-            t = tf.cast(self._applied + 1, dtype)
-            m_hat = m / (1.0 - tf.pow(b1, t))
-            v_hat = v / (1.0 - tf.pow(b2, t))
+            t = tf.cast(t, dtype)
+            m_hat, v_hat = m / (1.0 - tf.pow(b1, t)), v / (1.0 - tf.pow(b2, t))
         u = m_hat / (tf.sqrt(v_hat) + _c(self.epsilon, dtype))
-        if self._decays(variable):
-            u = u + _c(self.decay_rate, dtype) * variable
-        if self._adapts(variable):
-            u = u * _trust_ratio(tf.norm(variable), tf.norm(u))
-        variable.assign_sub(lr * u)
+        if any(pieces.decays):
+            u = u + _c(self.decay_rate, dtype) * pieces.spread(pieces.decays, dtype) * w
+        if any(pieces.adapts):
+            norm = tf.cast(pieces.norms([w, u], complete), dtype)
+            ratio = tf.where(tf.constant(list(pieces.adapts)), _trust_ratio(norm[0], norm[1]), 1.0)
+            u = u * pieces.spread(ratio, dtype)
+        return w - tf.cast(lr, dtype) * u, {"m": m, "v": v}
 
     def get_config(self):
         config = super().get_config()
@@ -183,8 +242,8 @@ class NVLamb(Lamb):
                          exclude_from_weight_decay, None, max_grad_norm, name=name, **kwargs)
         self.use_nvlamb = use_nvlamb
 
-    def _adapts(self, variable) -> bool:
-        return self.use_nvlamb or self._decays(variable)
+    def adapts(self, variable) -> bool:
+        return self.use_nvlamb or self.decays(variable)
 
     def get_config(self):
         config = super().get_config()
@@ -208,7 +267,7 @@ class AdamW(Lamb):
         super().__init__(learning_rate, beta_1, beta_2, epsilon, weight_decay, True,
                          exclude_from_weight_decay, None, None, name=name, **kwargs)
 
-    def _adapts(self, variable) -> bool:
+    def adapts(self, variable) -> bool:
         return False  # no trust ratio: plain Adam steps
 
     def get_config(self):
@@ -232,22 +291,21 @@ class Lars(_MomentumOptimizer):
         super().__init__(name, learning_rate, weight_decay, exclude, exclude, None, **kwargs)
         self.momentum, self.eta, self.epsilon = momentum, eta, epsilon
 
-    def update_step(self, gradient, variable):
-        dtype = variable.dtype
-        g = tf.cast(_dense(gradient), dtype)
-        lr = tf.cast(self.learning_rate, dtype)
-        mu = _c(self.momentum, dtype)
-        buf = self._buf[self._index_dict[self._var_key(variable)]]
-        if self._adapts(variable):
-            wd = _c(self.decay_rate, dtype)
-            w_norm, g_norm = tf.norm(variable), tf.norm(g)
-            ok = tf.logical_and(w_norm > 0, g_norm > 0)
-            denom = g_norm + wd * w_norm + _c(self.epsilon, dtype)
-            trust = tf.where(ok, _c(self.eta, dtype) * w_norm / tf.where(ok, denom, 1.0), 1.0)
-            buf.assign(mu * buf + lr * trust * (g + wd * variable))
-        else:
-            buf.assign(mu * buf + lr * g)
-        variable.assign_sub(buf)
+    def update(self, w, g, state: dict, pieces: Pieces, t, lr, complete=None):
+        """LARS's rule: trust = eta ||w|| / (||g|| + wd ||w|| + eps) of each whole variable;
+        v = mu v + lr trust (g + wd w) (excluded variables: mu v + lr g); w - v. ``(w, state)``."""
+        dtype = w.dtype
+        lr, mu, wd = tf.cast(lr, dtype), _c(self.momentum, dtype), _c(self.decay_rate, dtype)
+        d = g
+        if any(pieces.adapts):
+            wn, gn = tf.unstack(tf.cast(pieces.norms([w, g], complete), dtype))
+            ok = tf.logical_and(tf.constant(list(pieces.adapts)), tf.logical_and(wn > 0, gn > 0))
+            denom = gn + wd * wn + _c(self.epsilon, dtype)
+            trust = tf.where(ok, _c(self.eta, dtype) * wn / tf.where(ok, denom, 1.0), 1.0)
+            on = pieces.spread(pieces.adapts, dtype) > 0
+            d = tf.where(on, pieces.spread(trust, dtype) * (g + wd * w), g)
+        buf = mu * state["momentum"] + lr * d
+        return w - buf, {"momentum": buf}
 
     def get_config(self):
         config = super().get_config()
@@ -272,16 +330,16 @@ class SGD(_MomentumOptimizer):
                          **kwargs)
         self.momentum, self.nesterov = momentum, nesterov
 
-    def update_step(self, gradient, variable):
-        dtype = variable.dtype
-        d = tf.cast(_dense(gradient), dtype)
-        if self._decays(variable):
-            d = d + _c(self.decay_rate, dtype) * variable
+    def update(self, w, g, state: dict, pieces: Pieces, t, lr, complete=None):
+        """SGD's rule: d = g + wd w; v = mu v + d; w - lr v (Nesterov: w - lr (d + mu v))."""
+        dtype = w.dtype
+        d = g
+        if any(pieces.decays):
+            d = d + _c(self.decay_rate, dtype) * pieces.spread(pieces.decays, dtype) * w
         mu = _c(self.momentum, dtype)
-        buf = self._buf[self._index_dict[self._var_key(variable)]]
-        buf.assign(mu * buf + d)
+        buf = mu * state["momentum"] + d
         step = d + mu * buf if self.nesterov else buf
-        variable.assign_sub(tf.cast(self.learning_rate, dtype) * step)
+        return w - tf.cast(lr, dtype) * step, {"momentum": buf}
 
     def get_config(self):
         config = super().get_config()

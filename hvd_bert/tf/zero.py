@@ -8,9 +8,11 @@ same step on a rank's shard, the same consolidated checkpoints.
 * **stage 2**: no accumulators: every micro-batch's gradients are reduced at once into a shard
   accumulator (NCCL's reduce-scatter on a GPU; on a CPU an allreduce of which the rank keeps its
   part: under Gloo Horovod 0.28.1's CPU reduce-scatter takes 1.6x an allreduce).
-* The optimizer (hvd_bert's tf-keras Lamb, NVLamb, AdamW, Lars or SGD) gives the
-  hyperparameters and, per variable, the weight-decay and trust-ratio exclusions; its slots are
-  never built. A checkpoint holds a freshly built optimizer of the same configuration with the
+* The optimizer (hvd_bert's tf-keras Lamb, NVLamb, AdamW, Lars or SGD) does the step: its own
+  rule (``update``) runs on the shard, told which variable each element belongs to
+  (``tf.optim.Pieces``), with the whole variables' norms completed by an allreduce; this module
+  keeps only the partition, the reduction, the norms' allreduce and the allgather. The
+  optimizer's slots are never built. A checkpoint holds a freshly built optimizer of the same configuration with the
   consolidated state in its slots: stage 0's format, written by rank 0, resumable at any stage
   and world size.
 """
@@ -26,24 +28,16 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from hvd_bert.core import zero as Z
-from hvd_bert.tf.optim import Lamb, Lars, SGD, AdamW
+from hvd_bert.tf.optim import Pieces
 
 __all__ = ["ShardedState"]
 
 
-def _kind(opt) -> tuple[str, tuple[str, ...]]:
-    if isinstance(opt, (Lamb, AdamW)):  # (NVLamb and AdamW are Lambs: AdamW without the trust ratio)
-        return "lamb", ("m", "v")
-    if isinstance(opt, Lars):
-        return "lars", ("momentum",)
-    if isinstance(opt, SGD):
-        return "sgd", ("momentum",)
-    raise ValueError(f"train.zero.stage > 0 supports hvd_bert's Lamb, NVLamb, AdamW, Lars and SGD, not "
-                     f"{type(opt).__name__}")
-
-
-def _slots(opt, name: str) -> list:
-    return {"m": lambda: opt._m, "v": lambda: opt._v, "momentum": lambda: opt._buf}[name]()
+def _check(opt) -> None:
+    if not all(hasattr(opt, a) for a in ("update", "buffers", "slots", "decays", "adapts")):
+        raise ValueError(f"train.zero.stage > 0 supports hvd_bert's Lamb, NVLamb, AdamW, Lars and SGD (an "
+                         f"optimizer with update(w, g, state, pieces, t, lr, complete)), not "
+                         f"{type(opt).__name__}")
 
 
 class ShardedState:
@@ -51,13 +45,14 @@ class ShardedState:
 
     def __init__(self, optimizer, variables: list, *, stage: int, compression=hvd.Compression.none):
         self.optimizer, self.variables, self.stage = optimizer, variables, stage
-        self.kind, self.buffers = _kind(optimizer)
+        _check(optimizer)
+        self.buffers = tuple(optimizer.buffers)
         self.compression = compression
         self.starts = [0]
         for v in variables:
             self.starts.append(self.starts[-1] + int(tf.size(v)))
-        self.decays = [optimizer._decays(v) for v in variables]
-        self.adapts = [optimizer._adapts(v) for v in variables]
+        self.decays = [optimizer.decays(v) for v in variables]
+        self.adapts = [optimizer.adapts(v) for v in variables]
         self.step_count = 0
         self.native_reduce_scatter = bool(tf.config.list_physical_devices("GPU"))
         self.repartition()
@@ -68,6 +63,11 @@ class ShardedState:
         self.rank, self.size = hvd.rank(), hvd.size()
         self.part = Z.partition([int(tf.size(v)) for v in self.variables], self.size)
         self.pieces = self.part.pieces(self.rank)
+        # which variable each element of the shard belongs to (the padding: one more, excluded)
+        seg = np.full(self.part.shard, len(self.variables), np.int32)
+        for i, _, pos, n in self.pieces:
+            seg[pos:pos + n] = i
+        self.shard_pieces = Pieces(self.decays + [False], self.adapts + [False], tf.constant(seg))
         self.state = {n: tf.Variable(tf.zeros([self.part.shard], tf.float32), trainable=False)
                       for n in self.buffers}
         self.grad_shard = tf.Variable(tf.zeros([self.part.shard], tf.float32), trainable=False) \
@@ -100,20 +100,6 @@ class ShardedState:
                                  compression=self.compression)[self.rank]
         self.grad_shard.assign_add(mine)
 
-    def _per_element(self, values, fill=0.0) -> tf.Tensor:
-        parts = [tf.fill([n], tf.constant(float(values[i]), tf.float32)) for i, _, _, n in self.pieces]
-        covered = sum(n for *_, n in self.pieces)
-        parts.append(tf.fill([self.part.shard - covered], tf.constant(fill, tf.float32)))
-        return tf.concat(parts, 0)
-
-    def _sums(self, x: tf.Tensor) -> list[float]:
-        """Per variable, the sum of squares of this rank's piece of the shard ``x``."""
-        out = [0.0] * len(self.variables)
-        for i, _, pos, n in self.pieces:
-            piece = tf.cast(x[pos:pos + n], tf.float64)
-            out[i] = float(tf.reduce_sum(piece * piece))
-        return out
-
     @staticmethod
     def _allreduce(values: list[float], name: str) -> list[float]:
         return hvd.allreduce(tf.constant(values, tf.float64), op=hvd.Sum, name=name).numpy().tolist()
@@ -131,57 +117,29 @@ class ShardedState:
             g = self._shard(grads)
         g = g * inv_scale
         w = self._shard(self.variables)
-        k = len(self.variables)
-        wsq = self._sums(w) if self.kind != "sgd" else [0.0] * k
-        gsq = self._sums(g)
-        first = self._allreduce(wsq + gsq + [sum(gsq)], "hvd_bert.zero.norms")
-        if not math.isfinite(first[-1]):
+        gsq = float(tf.reduce_sum(tf.square(tf.cast(g, tf.float64))))
+        total = self._allreduce([gsq], "hvd_bert.zero.norms")[0]
+        if not math.isfinite(total):
             return False, float("inf")
-        gnorm = math.sqrt(first[-1])
-        limit = getattr(self.optimizer, "max_grad_norm", None) if self.kind == "lamb" else None
+        gnorm = math.sqrt(total)
+        limit = getattr(self.optimizer, "max_grad_norm", None)
         limit = limit if limit is not None else max_grad_norm
         clip = limit / gnorm if limit is not None and gnorm > limit else 1.0
         g = g * clip
         self.step_count += 1
-        wn = [math.sqrt(x) for x in first[:k]]
-        gn = [math.sqrt(x) * clip for x in first[k:2 * k]]
-        w = getattr(self, "_" + self.kind)(w, g, wn, gn, lr)
+        # the optimizer's rule on this rank's pieces, the whole variables' norms by an allreduce
+        w, new = self.optimizer.update(w, g, {n: self.state[n].read_value() for n in self.buffers},
+                                       self.shard_pieces, self.step_count, lr, complete=self._complete)
+        for n in self.buffers:
+            self.state[n].assign(new[n])
         self._allgather(w)
         return True, gnorm
 
-    def _lamb(self, w, g, wn, gn, lr):
-        o, t = self.optimizer, self.step_count
-        m = o.beta_1 * self.state["m"] + (1.0 - o.beta_1) * g
-        v = o.beta_2 * self.state["v"] + (1.0 - o.beta_2) * g * g
-        self.state["m"].assign(m)
-        self.state["v"].assign(v)
-        if o.bias_correction:
-            m, v = m / (1.0 - o.beta_1 ** t), v / (1.0 - o.beta_2 ** t)
-        u = m / (tf.sqrt(v) + o.epsilon)
-        u = u + o.decay_rate * self._per_element([1.0 if d else 0.0 for d in self.decays]) * w
-        un = [math.sqrt(x) for x in self._allreduce(self._sums(u), "hvd_bert.zero.update_norms")]
-        ratio = [wn[i] / un[i] if self.adapts[i] and wn[i] > 0 and un[i] > 0 else 1.0 for i in range(len(un))]
-        return w - lr * self._per_element(ratio, 1.0) * u
-
-    def _lars(self, w, g, wn, gn, lr):
-        o = self.optimizer
-        wd = o.decay_rate
-        trust = []
-        for i in range(len(wn)):
-            ok = self.adapts[i] and wn[i] > 0 and gn[i] > 0
-            trust.append(o.eta * wn[i] / (gn[i] + wd * wn[i] + o.epsilon) if ok else 1.0)
-        on = self._per_element([1.0 if a else 0.0 for a in self.adapts])
-        d = tf.where(on > 0, self._per_element(trust) * (g + wd * w), g)
-        buf = o.momentum * self.state["momentum"] + lr * d
-        self.state["momentum"].assign(buf)
-        return w - buf
-
-    def _sgd(self, w, g, wn, gn, lr):
-        o = self.optimizer
-        d = g + o.decay_rate * self._per_element([1.0 if x else 0.0 for x in self.decays]) * w
-        buf = o.momentum * self.state["momentum"] + d
-        self.state["momentum"].assign(buf)
-        return w - lr * (d + o.momentum * buf if o.nesterov else buf)
+    @staticmethod
+    def _complete(sq: tf.Tensor) -> tf.Tensor:
+        """The whole variables' sums of squares from every rank's pieces (a collective)."""
+        total = hvd.allreduce(tf.cast(sq, tf.float64), op=hvd.Sum, name="hvd_bert.zero.piece_norms")
+        return tf.cast(total, sq.dtype)
 
     def _allgather(self, w: tf.Tensor) -> None:
         full = tf.reshape(hvd.allgather(w[None], name="hvd_bert.zero.ag"), [-1])
@@ -209,20 +167,20 @@ class ShardedState:
                     flat.append(got)
             if fresh is not None:
                 full = tf.concat(flat, 0)
-                for i, slot in enumerate(_slots(fresh, name)):
+                for i, slot in enumerate(fresh.slots(name)):
                     slot.assign(tf.reshape(full[self.starts[i]:self.starts[i + 1]], slot.shape))
         if fresh is not None:
-            fresh._applied.assign(self.step_count)
+            fresh.applied_steps.assign(self.step_count)
             fresh.iterations.assign(self.step_count)
             fresh.learning_rate.assign(self.optimizer.learning_rate)
         return fresh
 
     def load_sharded(self, fresh) -> None:
         """This rank's shard of the state a restored optimizer holds on rank 0 (a collective)."""
-        step = int(fresh._applied.numpy()) if fresh is not None else 0
+        step = int(fresh.applied_steps.numpy()) if fresh is not None else 0
         self.step_count = hvd.broadcast_object(step, root_rank=0, name="hvd_bert.zero.load.step")
         for name in self.buffers:
-            full = self._flat(_slots(fresh, name)) if fresh is not None else None
+            full = self._flat(fresh.slots(name)) if fresh is not None else None
             for r in range(self.size):
                 shard = tf.zeros([self.part.shard], tf.float32)
                 if full is not None:
