@@ -14,7 +14,10 @@ the step's hyperparameters, the state kept as :class:`AdamState` / :class:`Momen
 This is the single home of the update rules; the PyTorch and TensorFlow optimizers
 implement the same math and are tested against these functions on the same inputs.
 Norms are L2 over one flattened tensor (a "layer"). ``state.step`` counts applied updates
-(t = 1 for the first); a step skipped for overflow is simply not taken.
+(t = 1 for the first); a step skipped for overflow is simply not taken. The whole tensors' norms
+come from a :class:`Norms` (``norms=``): :data:`LOCAL` when the arrays are the whole tensors;
+for the pieces of them a ZeRO shard holds, one that completes them by an allreduce over the
+ranks (:func:`hvd_bert.core.zero.sharded_step`). So a rule is written once, here, for both.
 
 Per-tensor behaviour comes from two boolean masks, built from parameter names with
 :func:`name_mask`:
@@ -44,7 +47,7 @@ __all__ = [
     "adam_init", "momentum_init", "lamb_step", "nvlamb_step", "lars_step", "sgd_step",
     "adamw_step", "OPTIMIZERS", "init_state", "apply_step", "Transform", "chain", "clip_by_global_norm_tx",
     "scale_by_adam", "add_decayed_weights", "scale_by_trust_ratio", "scale_by_lars", "trace", "scale",
-    "apply_updates", "TrustRatios",
+    "apply_updates", "TrustRatios", "Norms", "LOCAL",
 ]
 
 # BERT's parameters without weight decay (and, for NVLAMB by default, without trust ratio).
@@ -66,8 +69,12 @@ def _as_arrays(xs: Iterable) -> Arrays:
     return [np.asarray(x) for x in xs]
 
 
+def _sq(x: np.ndarray) -> float:
+    return float(np.sum(np.square(x, dtype=np.float64)))
+
+
 def _norm(x: np.ndarray) -> float:
-    return float(np.sqrt(np.sum(np.square(x, dtype=np.float64))))
+    return math.sqrt(_sq(x))
 
 
 def global_norm(tensors: Iterable[np.ndarray]) -> float:
@@ -97,6 +104,39 @@ def lars_trust_ratio(w_norm: float, g_norm: float, eta: float, weight_decay: flo
     if w_norm == 0.0 or g_norm == 0.0:
         return 1.0
     return eta * w_norm / (g_norm + weight_decay * w_norm + eps)
+
+
+@dataclass(frozen=True)
+class Norms:
+    """The whole tensors' norms for the arrays an update runs over. Without ``index`` each array
+    is a whole tensor (:data:`LOCAL`). With it, the arrays are pieces (``index[j]``: piece j's
+    tensor among ``count``), and ``allreduce`` sums a vector over the ranks holding the other
+    pieces (every rank calls it alike, once per call here)."""
+
+    index: tuple[int, ...] | None = None
+    count: int = 0
+    allreduce: Callable[[np.ndarray], np.ndarray] | None = None
+
+    def of(self, *lists: Sequence[np.ndarray]) -> list[list[float]]:
+        """For each list of arrays, each array's whole tensor's norm."""
+        if self.index is None:
+            return [[_norm(x) for x in xs] for xs in lists]
+        sums = np.zeros((len(lists), self.count))
+        for row, xs in enumerate(lists):
+            for i, x in zip(self.index, xs):
+                sums[row, i] += _sq(x)
+        total = np.sqrt(np.asarray(self.allreduce(sums.ravel()), dtype=np.float64)).reshape(sums.shape)
+        return [[float(total[row, i]) for i in self.index] for row in range(len(lists))]
+
+    def global_norm(self, xs: Sequence[np.ndarray]) -> float:
+        """One norm across all the tensors (the pieces' over every rank)."""
+        if self.index is None:
+            return global_norm(xs)
+        local = sum(_sq(x) for x in xs)
+        return math.sqrt(float(np.asarray(self.allreduce(np.array([local])))[0]))
+
+
+LOCAL = Norms()
 
 
 @dataclass(frozen=True)
@@ -178,11 +218,15 @@ def chain(*transforms: Transform) -> Transform:
     return Transform(init, update)
 
 
-def clip_by_global_norm_tx(max_norm: float | None) -> Transform:
+def clip_by_global_norm_tx(max_norm: float | None, norms: Norms = LOCAL) -> Transform:
     """Scale the updates by ``max_norm / G`` when their global norm ``G`` exceeds it (None: never)."""
     if max_norm is None:
         return _stateless(lambda u, params: u)
-    return _stateless(lambda u, params: clip_by_global_norm(u, max_norm)[0])
+
+    def clip(u, params):
+        g = norms.global_norm(u)
+        return [x / (g / max_norm) for x in u] if g > max_norm else list(u)
+    return _stateless(clip)
 
 
 def scale_by_adam(beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-6,
@@ -213,21 +257,24 @@ class TrustRatios:
     ratios: tuple[float, ...] = ()
 
 
-def scale_by_trust_ratio(mask: Sequence[bool]) -> Transform:
+def scale_by_trust_ratio(mask: Sequence[bool], norms: Norms = LOCAL) -> Transform:
     """LAMB's layer adaptation: ``u * ||w|| / ||u||`` where ``mask`` is True (1 on a zero norm);
     the state after an update holds the ratios."""
     def update(u, state, params):
-        ratios = [lamb_trust_ratio(_norm(w), _norm(x)) if a else 1.0 for x, w, a in zip(u, params, mask)]
+        wn, un = norms.of(params, u)
+        ratios = [lamb_trust_ratio(a_, b_) if a else 1.0 for a_, b_, a in zip(wn, un, mask)]
         return [r * x for r, x in zip(ratios, u)], TrustRatios(tuple(ratios))
     return Transform(lambda params: TrustRatios(), update)
 
 
-def scale_by_lars(eta: float, weight_decay: float, eps: float, mask: Sequence[bool]) -> Transform:
+def scale_by_lars(eta: float, weight_decay: float, eps: float, mask: Sequence[bool],
+                  norms: Norms = LOCAL) -> Transform:
     """LARS in the MLPerf form: ``eta ||w|| / (||g|| + wd ||w|| + eps) * (g + wd w)`` where
     ``mask`` is True (the ratio from the raw gradient), ``g`` elsewhere; the ratios as state."""
     def update(g, state, params):
-        ratios = [lars_trust_ratio(_norm(w), _norm(x), eta, weight_decay, eps) if a else 1.0
-                  for x, w, a in zip(g, params, mask)]
+        wn, gn = norms.of(params, g)
+        ratios = [lars_trust_ratio(a_, b_, eta, weight_decay, eps) if a else 1.0
+                  for a_, b_, a in zip(wn, gn, mask)]
         u = [r * (x + weight_decay * w) if a else x for r, x, w, a in zip(ratios, g, params, mask)]
         return u, TrustRatios(tuple(ratios))
     return Transform(lambda params: TrustRatios(), update)
@@ -262,7 +309,7 @@ def lamb_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: 
               lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-6,
               weight_decay: float = 0.0, bias_correction: bool = True,
               decay_mask: Sequence[bool] | None = None, adapt_mask: Sequence[bool] | None = None,
-              max_grad_norm: float | None = None) -> tuple[Arrays, AdamState, StepInfo]:
+              max_grad_norm: float | None = None, norms: Norms = LOCAL) -> tuple[Arrays, AdamState, StepInfo]:
     """One LAMB update (You et al., Algorithm 2; REFERENCE section 1).
 
     m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; r = m_hat / (sqrt(v_hat) + eps);
@@ -272,16 +319,17 @@ def lamb_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: 
     params, grads = _as_arrays(params), _as_arrays(grads)
     _check_lengths(params, grads, state.m, state.v)
     decay, adapt = _masks(len(params), decay_mask, adapt_mask)
-    tx = chain(clip_by_global_norm_tx(max_grad_norm), scale_by_adam(beta1, beta2, eps, bias_correction),
-               add_decayed_weights(weight_decay, decay), scale_by_trust_ratio(adapt), scale(-lr))
+    tx = chain(clip_by_global_norm_tx(max_grad_norm, norms),
+               scale_by_adam(beta1, beta2, eps, bias_correction),
+               add_decayed_weights(weight_decay, decay), scale_by_trust_ratio(adapt, norms), scale(-lr))
     new_w, (_, adam, _, trust, _) = _run(tx, params, grads, (None, state, None, TrustRatios(), None))
-    return new_w, adam, StepInfo(trust.ratios, global_norm(grads))
+    return new_w, adam, StepInfo(trust.ratios, norms.global_norm(grads))
 
 
 def nvlamb_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: AdamState, *,
                 lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-6,
                 weight_decay: float = 0.01, max_grad_norm: float = 1.0,
-                decay_mask: Sequence[bool] | None = None, use_nvlamb: bool = False,
+                decay_mask: Sequence[bool] | None = None, use_nvlamb: bool = False, norms: Norms = LOCAL,
                 ) -> tuple[Arrays, AdamState, StepInfo]:
     """NVLAMB (apex FusedLAMB): clip the global gradient norm to ``max_grad_norm``, then LAMB
     with bias correction. The trust ratio is skipped for tensors without weight decay
@@ -291,12 +339,12 @@ def nvlamb_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state
     adapt = [True] * n if use_nvlamb else [d and weight_decay != 0.0 for d in decay]
     return lamb_step(params, grads, state, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                      weight_decay=weight_decay, bias_correction=True, decay_mask=decay,
-                     adapt_mask=adapt, max_grad_norm=max_grad_norm)
+                     adapt_mask=adapt, max_grad_norm=max_grad_norm, norms=norms)
 
 
 def lars_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: MomentumState, *,
               lr: float, momentum: float = 0.9, weight_decay: float = 0.0, eta: float = 1e-3,
-              eps: float = 0.0, adapt_mask: Sequence[bool] | None = None,
+              eps: float = 0.0, adapt_mask: Sequence[bool] | None = None, norms: Norms = LOCAL,
               ) -> tuple[Arrays, MomentumState, StepInfo]:
     """One LARS update (You, Gitman, Ginsburg 2017, in the MLPerf form).
 
@@ -307,14 +355,15 @@ def lars_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: 
     params, grads = _as_arrays(params), _as_arrays(grads)
     _check_lengths(params, grads, state.v)
     _, adapt = _masks(len(params), None, adapt_mask)
-    tx = chain(scale_by_lars(eta, weight_decay, eps, adapt), scale(lr), trace(momentum), scale(-1.0))
+    tx = chain(scale_by_lars(eta, weight_decay, eps, adapt, norms), scale(lr), trace(momentum), scale(-1.0))
     new_w, (trust, _, mom, _) = _run(tx, params, grads, (TrustRatios(), None, state, None))
-    return new_w, mom, StepInfo(trust.ratios, global_norm(grads))
+    return new_w, mom, StepInfo(trust.ratios, norms.global_norm(grads))
 
 
 def sgd_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: MomentumState, *,
              lr: float, momentum: float = 0.9, weight_decay: float = 0.0, nesterov: bool = False,
-             decay_mask: Sequence[bool] | None = None) -> tuple[Arrays, MomentumState, StepInfo]:
+             decay_mask: Sequence[bool] | None = None, norms: Norms = LOCAL,
+             ) -> tuple[Arrays, MomentumState, StepInfo]:
     """SGD with momentum in PyTorch's form: d = g + wd w; v = mu v + d; w -= lr v
     (Nesterov: w -= lr (d + mu v)). PyTorch starts the buffer at the first d; v0 = 0 is the same."""
     params, grads = _as_arrays(params), _as_arrays(grads)
@@ -322,12 +371,12 @@ def sgd_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: M
     decay, _ = _masks(len(params), decay_mask, None)
     tx = chain(add_decayed_weights(weight_decay, decay), trace(momentum, nesterov), scale(-lr))
     new_w, (_, mom, _) = _run(tx, params, grads, (None, state, None))
-    return new_w, mom, StepInfo((1.0,) * len(params), global_norm(grads))
+    return new_w, mom, StepInfo((1.0,) * len(params), norms.global_norm(grads))
 
 
 def adamw_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: AdamState, *,
                lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
-               weight_decay: float = 0.0, decay_mask: Sequence[bool] | None = None,
+               weight_decay: float = 0.0, decay_mask: Sequence[bool] | None = None, norms: Norms = LOCAL,
                ) -> tuple[Arrays, AdamState, StepInfo]:
     """AdamW (Loshchilov & Hutter, decoupled weight decay): w -= lr (m_hat / (sqrt(v_hat) + eps) + wd w)."""
     params, grads = _as_arrays(params), _as_arrays(grads)
@@ -335,7 +384,7 @@ def adamw_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state:
     decay, _ = _masks(len(params), decay_mask, None)
     tx = chain(scale_by_adam(beta1, beta2, eps), add_decayed_weights(weight_decay, decay), scale(-lr))
     new_w, (adam, _, _) = _run(tx, params, grads, (state, None, None))
-    return new_w, adam, StepInfo((1.0,) * len(params), global_norm(grads))
+    return new_w, adam, StepInfo((1.0,) * len(params), norms.global_norm(grads))
 
 
 # name -> (state initialiser, step function); the frontends use the same names.

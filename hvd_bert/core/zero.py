@@ -8,13 +8,14 @@ against.
 * A trust ratio (LAMB, LARS) needs each whole tensor's norm. Each rank sums the squares of its
   pieces per tensor (:func:`partial_sq_sums`); one allreduce (a sum) of that vector completes
   every norm at once, and NVLAMB's global gradient norm is one more element of it.
-* :func:`sharded_step` is one optimizer step of one rank on its shard, given that allreduce;
-  run on every rank it gives exactly the weights of ``core.optim``'s step on the whole model.
+* :func:`sharded_step` is one optimizer step of one rank on its shard, given that allreduce: the
+  same chain as ``core.optim``'s step on the whole model, with the norms completed from outside;
+  run on every rank it gives exactly the weights of that step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -86,60 +87,34 @@ def partial_sq_sums(shard: np.ndarray, part: Partition, rank: int) -> np.ndarray
     return out
 
 
-def _per_element(values: Sequence, part: Partition, rank: int, fill=0.0) -> np.ndarray:
-    """A per-tensor value spread over the elements of rank ``rank``'s shard."""
-    out = np.full(part.shard, fill, dtype=np.float64)
-    for i, _, pos, n in part.pieces(rank):
-        out[pos:pos + n] = values[i]
-    return out
-
-
 def sharded_step(name: str, w: np.ndarray, g: np.ndarray, state: dict, part: Partition, rank: int, *,
-                 allreduce: Callable[[np.ndarray], np.ndarray], lr: float, weight_decay: float = 0.0,
-                 beta1: float = 0.9, beta2: float = 0.999, eps: float | None = None, momentum: float = 0.9,
-                 eta: float = 1e-3, max_grad_norm: float | None = None, bias_correction: bool = True,
-                 decay_mask: Sequence[bool] | None = None, adapt_mask: Sequence[bool] | None = None,
-                 ) -> tuple[np.ndarray, dict]:
-    """One ``lamb``, ``nvlamb`` or ``lars`` step of rank ``rank`` on its shard ``w`` with its
-    reduced gradient shard ``g`` (as ``core.optim``'s steps; NVLAMB: apex's adapt mask) and its
-    shard of the state (``{"step", "m", "v"}`` or ``{"step", "v"}``; ``{}`` at first).
-    ``allreduce`` sums a vector over the ranks, every rank calling it alike: LARS once (the
-    per-tensor partial sums of squares of the weights and the gradients), LAMB twice (the
-    weights' with the gradient's total, then the updates')."""
-    k = len(part.sizes)
-    decay = [True] * k if decay_mask is None else list(decay_mask)
-    if name == "nvlamb":
-        adapt = [d and weight_decay != 0.0 for d in decay]
-        max_grad_norm = 1.0 if max_grad_norm is None else max_grad_norm
-    else:
-        adapt = [True] * k if adapt_mask is None else list(adapt_mask)
+                 allreduce: Callable[[np.ndarray], np.ndarray], **hparams) -> tuple[np.ndarray, dict]:
+    """One step of ``core.optim``'s optimizer ``name`` by rank ``rank`` on its shard ``w`` with its
+    reduced gradient shard ``g`` and its shard of the state (``{"step", <buffer>: flat}``; ``{}``
+    at first): the same chain as the whole model's step, run on the pieces of tensors the shard
+    holds, with the whole tensors' norms completed by ``allreduce`` (a sum over the ranks, every
+    rank calling it alike: ``core.optim.Norms``). ``hparams`` are the step's (``decay_mask`` and
+    ``adapt_mask`` per tensor, as for the whole model)."""
+    init, step = O.OPTIMIZERS[name]
+    pieces = part.pieces(rank)
+
+    def views(x: np.ndarray) -> list[np.ndarray]:
+        return [x[pos:pos + n] for _, _, pos, n in pieces]
+    for key in ("decay_mask", "adapt_mask"):  # per tensor -> per piece
+        if hparams.get(key) is not None:
+            hparams[key] = [hparams[key][i] for i, *_ in pieces]
     w, g = w.astype(np.float64), g.astype(np.float64)
-    eps = (0.0 if name == "lars" else 1e-6) if eps is None else eps  # (core.optim's defaults)
-    if name == "lars":
-        sums = allreduce(np.concatenate([partial_sq_sums(w, part, rank), partial_sq_sums(g, part, rank)]))
-        wn, gn = np.sqrt(sums[:k]), np.sqrt(sums[k:])
-        ratio = [O.lars_trust_ratio(wn[i], gn[i], eta, weight_decay, eps) if adapt[i] else 1.0
-                 for i in range(k)]
-        on = _per_element([1.0 if a else 0.0 for a in adapt], part, rank)
-        u = np.where(on > 0, _per_element(ratio, part, rank) * (g + weight_decay * w), g)
-        v = momentum * state.get("v", np.zeros_like(w)) + lr * u
-        return w - v, {"step": state.get("step", 0) + 1, "v": v}
-    if name not in ("lamb", "nvlamb"):
-        raise ValueError(f"sharded_step has lamb, nvlamb and lars, not {name!r}")
-    # The gradient's global norm (clipping) and the weights' norms need no update yet: the
-    # update's norms do, so LAMB allreduces twice in this reference (an engine can fold the
-    # first into the gradient's reduce-scatter).
-    first = allreduce(np.concatenate([partial_sq_sums(w, part, rank), [float(np.dot(g, g))]]))
-    wn, gnorm = np.sqrt(first[:k]), float(np.sqrt(first[k]))
-    if max_grad_norm is not None and gnorm > max_grad_norm:
-        g = g * (max_grad_norm / gnorm)
-    t = state.get("step", 0) + 1
-    m = beta1 * state.get("m", np.zeros_like(w)) + (1.0 - beta1) * g
-    v = beta2 * state.get("v", np.zeros_like(w)) + (1.0 - beta2) * g * g
-    c1, c2 = (1.0 - beta1 ** t, 1.0 - beta2 ** t) if bias_correction else (1.0, 1.0)
-    u = (m / c1) / (np.sqrt(v / c2) + eps)
-    if weight_decay:
-        u = u + weight_decay * _per_element([1.0 if d else 0.0 for d in decay], part, rank) * w
-    un = np.sqrt(allreduce(partial_sq_sums(u, part, rank)))
-    ratio = [O.lamb_trust_ratio(wn[i], un[i]) if adapt[i] else 1.0 for i in range(k)]
-    return w - lr * _per_element(ratio, part, rank, 1.0) * u, {"step": t, "m": m, "v": v}
+    zero = init(views(w))
+    buffers = [f.name for f in fields(zero) if f.name != "step"]
+    st = replace(zero, step=state.get("step", 0),
+                 **{b: tuple(views(state[b])) for b in buffers if b in state})
+    norms = O.Norms(tuple(i for i, *_ in pieces), len(part.sizes), allreduce)
+    new_w, new_st, _ = step(views(w), views(g), st, norms=norms, **hparams)
+    out, new_state = w.copy(), {"step": new_st.step}
+    for b in buffers:
+        new_state[b] = np.zeros_like(w)
+    for j, (_, _, pos, n) in enumerate(pieces):
+        out[pos:pos + n] = new_w[j]
+        for b in buffers:
+            new_state[b][pos:pos + n] = getattr(new_st, b)[j]
+    return out, new_state

@@ -49,7 +49,10 @@ def run_ranks(world, fn):
 
 FULL = {"lamb": (O.lamb_step, O.adam_init, dict(weight_decay=0.01, max_grad_norm=1.0)),
         "nvlamb": (O.nvlamb_step, O.adam_init, dict(weight_decay=0.01, max_grad_norm=1.0)),
-        "lars": (O.lars_step, O.momentum_init, dict(weight_decay=5e-4, eta=1e-3, momentum=0.9))}
+        "lars": (O.lars_step, O.momentum_init, dict(weight_decay=5e-4, eta=1e-3, momentum=0.9)),
+        # (no norms: the shards' steps are the whole model's element for element)
+        "sgd": (O.sgd_step, O.momentum_init, dict(weight_decay=1e-4, momentum=0.9, nesterov=True)),
+        "adamw": (O.adamw_step, O.adam_init, dict(weight_decay=0.01))}
 
 
 @pytest.mark.parametrize("name", sorted(FULL))
