@@ -23,18 +23,19 @@ OPTIM_FIELDS = {
     "lamb": {"beta1", "beta2", "eps", "weight_decay", "bias_correction", "trust_ratio_on_excluded"},
     "nvlamb": {"beta1", "beta2", "eps", "weight_decay", "trust_ratio_on_excluded"},
     "lars": {"momentum", "weight_decay", "eta", "eps", "trust_ratio_on_excluded"},
+    "lion": {"beta1", "beta2", "weight_decay"},
 }
 _OPTIM_ALL = {"name", "lr", "lr_scaling", "base_batch_size", "max_grad_norm", "exclude"}
 
 
-OptimName = Literal["sgd", "adamw", "lamb", "nvlamb", "lars"]
+OptimName = Literal["sgd", "adamw", "lamb", "nvlamb", "lars", "lion"]
 
 
 @dataclass(frozen=True)
 class OptimConfig:
     """The optimizer and its hyperparameters (names as in ``hvd_bert.core.optim``)."""
 
-    name: OptimName = doc("lamb", "optimizer: sgd (momentum), adamw, lamb, nvlamb or lars")
+    name: OptimName = doc("lamb", "optimizer: sgd (momentum), adamw, lamb, nvlamb, lars or lion")
     lr: float = doc(1e-3, "peak learning rate at base_batch_size (before lr_scaling)")
     lr_scaling: Literal["none", "linear", "sqrt"] = doc(
         "none", "scale lr from base_batch_size to the global batch: none, linear (Goyal) or sqrt")
@@ -127,6 +128,8 @@ class OptimConfig:
         if self.name == "lars":
             return dict(momentum=self.momentum, weight_decay=self.weight_decay, eta=self.eta,
                         eps=self.eps, adapt_mask=adapt)
+        if self.name == "lion":
+            return dict(beta1=self.beta1, beta2=self.beta2, weight_decay=self.weight_decay, decay_mask=decay)
         kw = dict(beta1=self.beta1, beta2=self.beta2, eps=self.eps,
                   weight_decay=self.weight_decay, decay_mask=decay)
         if self.name == "nvlamb":

@@ -7,6 +7,7 @@ updates and state; :func:`chain` runs several in order; an optimizer is a chain,
     LARS   = chain(scale_by_lars(eta, wd, mask), scale(lr), trace(momentum), scale(-1))
     SGD    = chain(add_decayed_weights(mask), trace(momentum, nesterov), scale(-lr))
     AdamW  = chain(scale_by_adam, add_decayed_weights(mask), scale(-lr))
+    Lion   = chain(scale_by_lion, add_decayed_weights(mask), scale(-lr))
 
 and ``params + updates`` is the new weights. ``lamb_step`` and the others are these chains with
 the step's hyperparameters, the state kept as :class:`AdamState` / :class:`MomentumState`.
@@ -30,6 +31,7 @@ References:
         global gradient norm to ``max_grad_norm``.
     LARS: You, Gitman, Ginsburg 2017, arXiv:1708.03888, in the MLPerf reference form.
     AdamW: Loshchilov & Hutter 2019, arXiv:1711.05101.
+    Lion: Chen et al. 2023, arXiv:2302.06675, Algorithm 2.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ __all__ = [
     "BERT_EXCLUDE", "LARS_EXCLUDE", "name_mask", "global_norm", "clip_by_global_norm",
     "lamb_trust_ratio", "lars_trust_ratio", "AdamState", "MomentumState", "StepInfo",
     "adam_init", "momentum_init", "lamb_step", "nvlamb_step", "lars_step", "sgd_step",
-    "adamw_step", "OPTIMIZERS", "init_state", "apply_step", "Transform", "chain", "clip_by_global_norm_tx",
+    "adamw_step", "lion_step", "scale_by_lion", "OPTIMIZERS", "init_state", "apply_step", "Transform",
+    "chain", "clip_by_global_norm_tx",
     "scale_by_adam", "add_decayed_weights", "scale_by_trust_ratio", "scale_by_lars", "trace", "scale",
     "apply_updates", "TrustRatios", "Norms", "LOCAL",
 ]
@@ -290,6 +293,16 @@ def trace(momentum: float, nesterov: bool = False) -> Transform:
     return Transform(momentum_init, update)
 
 
+def scale_by_lion(beta1: float = 0.9, beta2: float = 0.99) -> Transform:
+    """Lion's direction ``sign(b1 m + (1 - b1) g)``, then ``m = b2 m + (1 - b2) g``; the state a
+    :class:`MomentumState` (its ``v`` is Lion's m)."""
+    def update(g, state: MomentumState, params):
+        u = [np.sign(beta1 * m + (1.0 - beta1) * x) for m, x in zip(state.v, g)]
+        m = [beta2 * m + (1.0 - beta2) * x for m, x in zip(state.v, g)]
+        return u, MomentumState(state.step + 1, tuple(m))
+    return Transform(momentum_init, update)
+
+
 def scale(factor: float) -> Transform:
     """``factor * u`` (``scale(-lr)``: a descent step of the learning rate)."""
     return _stateless(lambda u, params: [factor * x for x in u])
@@ -387,6 +400,20 @@ def adamw_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state:
     return new_w, adam, StepInfo((1.0,) * len(params), norms.global_norm(grads))
 
 
+def lion_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: MomentumState, *,
+              lr: float, beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0,
+              decay_mask: Sequence[bool] | None = None, norms: Norms = LOCAL,
+              ) -> tuple[Arrays, MomentumState, StepInfo]:
+    """Lion (Chen et al. 2023, Algorithm 2): w -= lr (sign(b1 m + (1 - b1) g) + wd w);
+    m = b2 m + (1 - b2) g. Every element moves by lr (plus the decay): no norms."""
+    params, grads = _as_arrays(params), _as_arrays(grads)
+    _check_lengths(params, grads, state.v)
+    decay, _ = _masks(len(params), decay_mask, None)
+    tx = chain(scale_by_lion(beta1, beta2), add_decayed_weights(weight_decay, decay), scale(-lr))
+    new_w, (mom, _, _) = _run(tx, params, grads, (state, None, None))
+    return new_w, mom, StepInfo((1.0,) * len(params), norms.global_norm(grads))
+
+
 # name -> (state initialiser, step function); the frontends use the same names.
 OPTIMIZERS = {
     "sgd": (momentum_init, sgd_step),
@@ -394,6 +421,7 @@ OPTIMIZERS = {
     "lamb": (adam_init, lamb_step),
     "nvlamb": (adam_init, nvlamb_step),
     "lars": (momentum_init, lars_step),
+    "lion": (momentum_init, lion_step),
 }
 
 

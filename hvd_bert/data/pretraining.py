@@ -33,7 +33,7 @@ from hvd_bert.data.sidecar import SIDECAR, file_sha256, read_sidecar, write_side
 from hvd_bert.data.kinds import KIND_PRETRAIN
 from hvd_bert.data.masking import PretrainingSettings, create_instances, masked_records, special_ids
 from hvd_bert.data.output import agree, bcast, commit_shards, refuse_existing
-from hvd_bert.data.vocab import load_tokenizer, train_vocab
+from hvd_bert.data.vocab import encode_ids, load_tokenizer, train_vocab
 
 __all__ = ["PretrainingSettings", "prepare_bert", "phase_one_data", "like_phase_one",
            "check_pretraining_data"]
@@ -291,8 +291,7 @@ def _prepare(srcs, units, num_shards, tmp, out, vocab_file, vocab_size, settings
         for shard in range(rank, num_shards, world_size):
             mine_docs = _shard_docs(tmp, shard)
             flat = [s for d in mine_docs for s in d]
-            fast = getattr(tok._tokenizer, "encode_batch_fast", tok._tokenizer.encode_batch)  # no offsets
-            encoded = iter(e.ids for e in fast(flat, add_special_tokens=False))
+            encoded = iter(encode_ids(tok, flat))
             tokenized = [[t for t in (next(encoded) for _ in d) if t] for d in mine_docs]
             rng = random.Random(f"{settings.seed}-{shard}")
             gen = np.random.default_rng([settings.seed % (1 << 63), shard])   # the masking's

@@ -242,7 +242,7 @@ def convert_examples(examples: Sequence[SquadExample], tokenize_words: Callable[
     return features
 
 
-def _tokenizer(vocab_file: Path, do_lower_case: bool):
+def _wordpiece(vocab_file: Path, do_lower_case: bool):
     from hvd_bert.data.vocab import load_tokenizer
 
     tok = load_tokenizer(vocab_file, do_lower_case)
@@ -300,7 +300,7 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
     if comm is not None:
         err = comm.bcast(err, root=0)
     agree(None, err)
-    tok, tokenize_words = _tokenizer(out / "vocab.txt", do_lower_case)
+    tok, tokenize_words = _wordpiece(out / "vocab.txt", do_lower_case)
     vocab = tok.get_vocab()
     mine = {s: convert_examples([examples[e] for e in range(s, len(examples), num_shards)], tokenize_words,
                                 vocab, max_seq_length, doc_stride, max_query_length, is_training,

@@ -19,7 +19,7 @@ from hvd_bert.data.records import DatasetError
 from hvd_bert.files import read_json_object
 
 __all__ = ["ResolvedVocab", "resolve_vocab", "SPECIAL_TOKENS", "vocab_tokens",
-           "train_vocab", "load_tokenizer", "vocab_and_case"]
+           "train_vocab", "load_tokenizer", "encode_ids", "vocab_and_case"]
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -213,6 +213,14 @@ def load_tokenizer(vocab_file: str | Path, do_lower_case: bool = True):
     if missing:
         raise DatasetError(f"vocab file {p} lacks the special tokens {missing}; it is not a BERT vocab")
     return BertWordPieceTokenizer(str(p), lowercase=do_lower_case, strip_accents=do_lower_case)
+
+
+def encode_ids(tok, texts: list[str]) -> list[list[int]]:
+    """The token ids of ``texts`` (no special tokens) by a :func:`load_tokenizer` tokenizer, in one
+    batch, without the character offsets when the ``tokenizers`` version can skip them."""
+    inner = tok._tokenizer  # the Rust Tokenizer the wrapper holds (its own batch call keeps offsets)
+    fast = getattr(inner, "encode_batch_fast", inner.encode_batch)
+    return [e.ids for e in fast(texts, add_special_tokens=False)]
 
 
 def vocab_and_case(vocab: str | None, cased: bool = False, uncased: bool = False, say=print):

@@ -33,10 +33,10 @@ import torch
 
 from hvd_bert.config import OptimConfig
 from hvd_bert.pt.kernels import optim as fused_optim
-from hvd_bert.pt.optim_parts import (Norms, Part, add_sq_norms, clipped, local_norms, plan_slices,
-                                     trust_ratios, views, whole_parts)
+from hvd_bert.pt.optim_parts import (Norms, Part, add_sq_norms, clipped, init_state, local_norms,
+                                     plan_slices, trust_ratios, views, whole_parts)
 
-__all__ = ["Lamb", "NVLamb", "Lars", "param_groups", "build_optimizer", "init_state"]
+__all__ = ["Lamb", "NVLamb", "Lars", "Lion", "param_groups", "build_optimizer", "init_state"]
 
 
 @torch.no_grad()
@@ -349,33 +349,54 @@ class Lars(torch.optim.Optimizer):
                                                                           "eta", "eps", "adapt")))
 
 
-@torch.no_grad()
-def init_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create ``optimizer``'s zero state without taking a step (see the module docstring).
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023, arXiv:2302.06675), as ``hvd_bert.core.optim.lion_step``:
+    w -= lr (sign(b1 m + (1 - b1) g) + wd w); m = b2 m + (1 - b2) g."""
 
-    Supports the toolkit's optimizers and torch's SGD, Adam and AdamW."""
-    opt = optimizer
-    if hasattr(opt, "init_state"):
-        opt.init_state()
-        return
-    for group in opt.param_groups:
-        for p in group["params"]:
-            st = opt.state[p]
-            if st:
-                continue
-            if isinstance(opt, torch.optim.SGD):
-                if group.get("momentum", 0):
-                    st["momentum_buffer"] = torch.zeros_like(p)
-            elif isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
-                st["step"] = torch.zeros((), dtype=torch.float32)
-                st["exp_avg"] = torch.zeros_like(p)
-                st["exp_avg_sq"] = torch.zeros_like(p)
-                if group.get("amsgrad"):
-                    st["max_exp_avg_sq"] = torch.zeros_like(p)
-            else:
-                raise TypeError(
-                    f"cannot create the state of {type(opt).__name__} without a step; use one of "
-                    f"hvd_bert's optimizers or torch's SGD/Adam/AdamW, or give it an init_state() method")
+    buffers = ("exp_avg",)
+    has_step = True
+
+    def __init__(self, params, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
+                 weight_decay: float = 0.0):
+        if lr <= 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"invalid Lion hyperparameters: lr={lr}, betas={betas}, "
+                             f"weight_decay={weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
+
+    def clip_limit(self) -> float | None:
+        return None
+
+    def init_state(self) -> None:
+        _fill_state(self, self.buffers)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = _closure_loss(closure)
+        self.init_state()
+        for group in self.param_groups:
+            params, _, (steps,) = _group_tensors(group, self.state, ("step",))
+            if params:
+                torch._foreach_add_(steps, 1.0)
+        self.update(whole_parts(self, self.buffers, [1] * len(self.param_groups)), local_norms(self))
+        return loss
+
+    @torch.no_grad()
+    def update(self, parts: Sequence[Part], norms: Norms, clip=None) -> None:
+        """Lion's rule over ``parts``, slice by cache-sized slice (no norms)."""
+        for part in parts:
+            beta1, beta2 = part.group["betas"]
+            lr, wd = part.group["lr"], part.group["weight_decay"]
+            for chunk in plan_slices(part.w):
+                w, m = views(part.w, chunk), views(part.state["exp_avg"], chunk)
+                g = clipped(views(part.g, chunk), clip)
+                c = torch._foreach_mul(m, beta1)
+                torch._foreach_add_(c, g, alpha=1.0 - beta1)
+                c = torch._foreach_sign(c)
+                if wd:
+                    torch._foreach_add_(c, w, alpha=wd)
+                torch._foreach_add_(w, c, alpha=-lr)
+                torch._foreach_mul_(m, beta2)
+                torch._foreach_add_(m, g, alpha=1.0 - beta2)
 
 
 def param_groups(named_parameters: Iterable[tuple[str, torch.nn.Parameter]], cfg: OptimConfig,
@@ -411,6 +432,8 @@ def build_optimizer(named_parameters, cfg: OptimConfig, lr: float | None = None)
     if cfg.name == "lars":
         return Lars(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                     eta=cfg.eta, eps=cfg.eps)
+    if cfg.name == "lion":
+        return Lion(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
     for g in groups:
         g.pop("adapt")
     if cfg.name == "sgd":

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import torch
 
 __all__ = ["Part", "Norms", "whole_parts", "local_norms", "plan_slices", "views", "trust_ratios",
-           "sq_norms", "add_sq_norms", "clipped", "piece_rule", "SUPPORTED"]
+           "sq_norms", "add_sq_norms", "clipped", "piece_rule", "init_state", "SUPPORTED"]
 
 
 # Elementwise work runs over slices of about this many elements (small tensors grouped,
@@ -121,6 +121,35 @@ def clipped(g: list[torch.Tensor], clip) -> list[torch.Tensor]:
 
 
 # ---------------------------------------------------------------------- torch's own optimizers
+@torch.no_grad()
+def init_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create ``optimizer``'s zero state without taking a step (see the module docstring).
+
+    Supports the toolkit's optimizers and torch's SGD, Adam and AdamW."""
+    opt = optimizer
+    if hasattr(opt, "init_state"):
+        opt.init_state()
+        return
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state[p]
+            if st:
+                continue
+            if isinstance(opt, torch.optim.SGD):
+                if group.get("momentum", 0):
+                    st["momentum_buffer"] = torch.zeros_like(p)
+            elif isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+                st["step"] = torch.zeros((), dtype=torch.float32)
+                st["exp_avg"] = torch.zeros_like(p)
+                st["exp_avg_sq"] = torch.zeros_like(p)
+                if group.get("amsgrad"):
+                    st["max_exp_avg_sq"] = torch.zeros_like(p)
+            else:
+                raise TypeError(
+                    f"cannot create the state of {type(opt).__name__} without a step; use one of "
+                    f"hvd_bert's optimizers or torch's SGD/Adam/AdamW, or give it an init_state() method")
+
+
 class _TorchAdamW:
     """``torch.optim.AdamW``'s rule over parts (its options as hvd_bert builds it: no amsgrad,
     maximize or capturable): w *= 1 - lr wd; the moments; w -= lr m_hat / (sqrt(v_hat) + eps)."""

@@ -41,7 +41,7 @@ from hvd_bert.tf import check_keras
 check_keras()
 keras = tf.keras
 
-__all__ = ["Lamb", "NVLamb", "AdamW", "Lars", "SGD", "Pieces", "build_optimizer"]
+__all__ = ["Lamb", "NVLamb", "AdamW", "Lars", "SGD", "Lion", "Pieces", "build_optimizer"]
 
 
 def _matches(name: str, patterns: Sequence[str] | None) -> bool:
@@ -349,6 +349,34 @@ class SGD(_MomentumOptimizer):
         return config
 
 
+@keras.utils.register_keras_serializable(package="hvd_bert")
+class Lion(_MomentumOptimizer):
+    """Lion (Chen et al. 2023, arXiv:2302.06675), as ``hvd_bert.core.optim.lion_step``:
+    w -= lr (sign(b1 m + (1 - b1) g) + wd w); m = b2 m + (1 - b2) g (m: the ``momentum`` slot)."""
+
+    def __init__(self, learning_rate=1e-4, beta_1=0.9, beta_2=0.99, weight_decay=0.0,
+                 exclude_from_weight_decay=None, name="Lion", **kwargs):
+        kwargs.pop("exclude_from_layer_adaptation", None)
+        kwargs.pop("max_grad_norm", None)
+        super().__init__(name, learning_rate, weight_decay, exclude_from_weight_decay, None, None, **kwargs)
+        self.beta_1, self.beta_2 = beta_1, beta_2
+
+    def update(self, w, g, state: dict, pieces: Pieces, t, lr, complete=None):
+        dtype = w.dtype
+        b1, b2, m = _c(self.beta_1, dtype), _c(self.beta_2, dtype), state["momentum"]
+        u = tf.sign(b1 * m + (1.0 - b1) * g)
+        if any(pieces.decays):
+            u = u + _c(self.decay_rate, dtype) * pieces.spread(pieces.decays, dtype) * w
+        return w - tf.cast(lr, dtype) * u, {"momentum": b2 * m + (1.0 - b2) * g}
+
+    def get_config(self):
+        config = super().get_config()
+        for k in ("exclude_from_layer_adaptation", "max_grad_norm"):
+            config.pop(k, None)
+        config.update(beta_1=self.beta_1, beta_2=self.beta_2)
+        return config
+
+
 def build_optimizer(cfg: OptimConfig, lr: float | None = None) -> keras.optimizers.Optimizer:
     """The optimizer ``cfg.name`` with ``cfg``'s hyperparameters and name-based exclusions."""
     lr = cfg.lr if lr is None else lr
@@ -367,6 +395,8 @@ def build_optimizer(cfg: OptimConfig, lr: float | None = None) -> keras.optimize
         return Lars(lr, cfg.momentum, cfg.weight_decay, cfg.eta, cfg.eps, exclude=exclude)
     if cfg.name == "sgd":
         return SGD(lr, cfg.momentum, cfg.weight_decay, cfg.nesterov, exclude_from_weight_decay=exclude)
+    if cfg.name == "lion":
+        return Lion(lr, cfg.beta1, cfg.beta2, cfg.weight_decay, exclude_from_weight_decay=exclude)
     if cfg.name == "adamw":
         return AdamW(lr, beta_1=cfg.beta1, beta_2=cfg.beta2, epsilon=cfg.eps, weight_decay=cfg.weight_decay,
                      exclude_from_weight_decay=exclude)

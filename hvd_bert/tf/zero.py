@@ -12,9 +12,9 @@ same step on a rank's shard, the same consolidated checkpoints.
   rule (``update``) runs on the shard, told which variable each element belongs to
   (``tf.optim.Pieces``), with the whole variables' norms completed by an allreduce; this module
   keeps only the partition, the reduction, the norms' allreduce and the allgather. The
-  optimizer's slots are never built. A checkpoint holds a freshly built optimizer of the same configuration with the
-  consolidated state in its slots: stage 0's format, written by rank 0, resumable at any stage
-  and world size.
+  optimizer's slots are never built. A checkpoint holds a freshly built optimizer of the same
+  configuration with the consolidated state in its slots: stage 0's format, written by rank 0,
+  resumable at any stage and world size.
 """
 
 from __future__ import annotations

@@ -119,6 +119,26 @@ def test_sgd_nesterov_matches_hand_computation():
     close(w1, W0 - 0.1 * (G1 + 0.9 * G1))
 
 
+def test_lion_two_steps_match_the_papers_algorithm():
+    """Chen et al. 2023, Algorithm 2, line by line: c = b1 m + (1 - b1) g; w -= lr (sign(c) + wd w);
+    m = b2 m + (1 - b2) g (the decay only where the mask says)."""
+    b1, b2, lr, wd = 0.9, 0.99, 0.01, 0.1
+    params = [W0, W0.copy()]
+    s = O.momentum_init(params)
+    p, s, _ = O.lion_step(params, [G1, G1], s, lr=lr, beta1=b1, beta2=b2, weight_decay=wd,
+                          decay_mask=[True, False])
+    m = np.zeros_like(W0)
+    want = W0 - lr * (np.sign(b1 * m + (1 - b1) * G1) + wd * W0)
+    close(p[0], want)
+    close(p[1], W0 - lr * np.sign(G1))
+    m = b2 * m + (1 - b2) * G1
+    (w2, _), s, _ = O.lion_step(p, [G2, G2], s, lr=lr, beta1=b1, beta2=b2, weight_decay=wd,
+                                decay_mask=[True, False])
+    close(w2, want - lr * (np.sign(b1 * m + (1 - b1) * G2) + wd * want))
+    close(s.v[0], b2 * m + (1 - b2) * G2)
+    assert s.step == 2
+
+
 def test_adamw_first_step_is_sign_step_plus_decay():
     (w1,), _, _ = O.adamw_step([W0], [G1], O.adam_init([W0]), lr=0.01, weight_decay=0.1, eps=0.0)
     close(w1, W0 - 0.01 * (np.sign(G1) + 0.1 * W0))

@@ -52,7 +52,8 @@ FULL = {"lamb": (O.lamb_step, O.adam_init, dict(weight_decay=0.01, max_grad_norm
         "lars": (O.lars_step, O.momentum_init, dict(weight_decay=5e-4, eta=1e-3, momentum=0.9)),
         # (no norms: the shards' steps are the whole model's element for element)
         "sgd": (O.sgd_step, O.momentum_init, dict(weight_decay=1e-4, momentum=0.9, nesterov=True)),
-        "adamw": (O.adamw_step, O.adam_init, dict(weight_decay=0.01))}
+        "adamw": (O.adamw_step, O.adam_init, dict(weight_decay=0.01)),
+        "lion": (O.lion_step, O.momentum_init, dict(weight_decay=0.1, beta1=0.9, beta2=0.99))}
 
 
 @pytest.mark.parametrize("name", sorted(FULL))

@@ -21,7 +21,7 @@ from closeness import assert_close  # noqa: E402
 from conftest import launch_ranks  # noqa: E402
 
 FRAMEWORKS = ["pt", "tf"]
-OPTIMS = ["sgd", "lamb", "nvlamb", "lars", "adamw"]
+OPTIMS = ["sgd", "lamb", "nvlamb", "lars", "adamw", "lion"]  # lion: added as docs/architecture.md says
 STAGES = [0, 1, 2]
 STEPS = 5
 # a bucket of 100 bytes: the toy model's 244 parameters go out in several buckets, several in flight

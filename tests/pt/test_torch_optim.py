@@ -113,7 +113,7 @@ def test_lars_matches_common(dtype, zero_first, chunking):
         assert_close(a, b, **TOL[dtype], site=f"pt/optim::test_lars_matches_common/{dtype}")
 
 
-@pytest.mark.parametrize("name", ["sgd", "adamw", "lamb", "nvlamb", "lars"])
+@pytest.mark.parametrize("name", ["sgd", "adamw", "lamb", "nvlamb", "lars", "lion"])
 def test_build_optimizer_from_config_matches_common(name):
     torch.manual_seed(seed_of(0))
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from hvd_bert.core import optim as O
 from hvd_bert.config import OptimConfig
-from hvd_bert.tf.optim import SGD, AdamW, Lamb, Lars, NVLamb, build_optimizer
+from hvd_bert.tf.optim import SGD, AdamW, Lamb, Lars, Lion, NVLamb, build_optimizer
 
 keras = tf.keras
 SHAPES = [(3,), (), (1,), (4, 5), (2, 3, 4), (7,)]
@@ -91,7 +91,7 @@ def test_sgd_matches_common(dtype, nesterov):
                                           nesterov=nesterov, decay_mask=DECAY), dtype)
 
 
-@pytest.mark.parametrize("name", ["sgd", "adamw", "lamb", "nvlamb", "lars"])
+@pytest.mark.parametrize("name", ["sgd", "adamw", "lamb", "nvlamb", "lars", "lion"])
 def test_build_optimizer_from_config_matches_common(name):
     cfg = OptimConfig(name=name, lr=0.05, weight_decay=0.01)
     ws, gs, vs = case(seed_of(5), tf.float64)
@@ -106,7 +106,7 @@ def test_reference_vectors_in_float32():
                  site="tf/keras_optim::test_reference_vectors_in_float32")
 
 
-@pytest.mark.parametrize("cls", [Lamb, NVLamb, AdamW, Lars, SGD])
+@pytest.mark.parametrize("cls", [Lamb, NVLamb, AdamW, Lars, SGD, Lion])
 def test_config_round_trip(cls):
     opt = cls(learning_rate=0.123, weight_decay=0.02)
     again = cls.from_config(opt.get_config())

@@ -30,7 +30,7 @@ def rank_rows(rank: int, world: int, local_b: int, k: int, micro: int) -> np.nda
     return global_rows(step, world * local_b * k)[rank * local_b * k + i * local_b:][:local_b]
 
 
-LR = {"sgd": 0.05, "lamb": 0.02, "nvlamb": 0.02, "lars": 2.0, "adamw": 0.01}
+LR = {"sgd": 0.05, "lamb": 0.02, "nvlamb": 0.02, "lars": 2.0, "adamw": 0.01, "lion": 0.003}
 
 
 def overrides(optim: str, local_b: int, k: int, steps: int, *extra: str) -> list[str]:
