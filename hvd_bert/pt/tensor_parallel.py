@@ -1,10 +1,11 @@
 """Tensor (Megatron-style) parallelism for BERT's layers over Horovod process sets (Shoeybi et
-al. 2019, REFERENCE section 9). The layers, their groups and the gathering of their shares are
-here; ``hvd_bert.pt.engine`` uses them with ``train.tensor_parallel`` > 1: the gradients
-averaged over the data-parallel group (Horovod's process set), every trust ratio and the global
-gradient norm over whole tensors (``pt.zero``'s per-tensor sums, weighted by :func:`norm_weights`),
-one batch per group, checkpoints in the dense format (gathered by the first group, sent to every
-rank tensor by tensor on a resume).
+al. 2019, REFERENCE section 9). The parallel layers are ``hvd_bert.pt.parallel_layers``' and the
+split is BERT's plan (``BertLayer.TP_PLAN``, beside the model); the groups, the split of a dense
+model and the gathering of its shares are here. ``hvd_bert.pt.engine`` uses them with
+``train.tensor_parallel`` > 1: the gradients averaged over the data-parallel group (Horovod's
+process set), every trust ratio and the global gradient norm over whole tensors (``pt.zero``'s
+per-tensor sums, weighted by :func:`norm_weights`), one batch per group, checkpoints in the
+dense format (gathered by the first group, sent to every rank tensor by tensor on a resume).
 
 N ranks form N/T tensor-parallel groups of T consecutive ranks (one node's GPUs) and T
 data-parallel groups of the ranks with the same place in their group:
@@ -23,39 +24,37 @@ across the data-parallel group.
 
 :func:`split_layers` turns a dense model's layers into this rank's share (the same parameter
 names, so that the optimizer's groups and the checkpoints keep them), :func:`gather_state_dict`
-rebuilds the dense ``state_dict`` from the shares, :func:`SPLIT_DIMS` says which tensors are
-split along which dimension.
+rebuilds the dense ``state_dict`` from the shares, :func:`split_dim` says which tensors are
+split along which dimension (the plan's, as each parallel layer declares it).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import horovod.torch as hvd
 
-from hvd_bert.pt.kernels.dropout import dropout_add
-from hvd_bert.pt.kernels.gelu import bias_gelu
+from hvd_bert.pt.models.bert import BertLayer
+from hvd_bert.pt.parallel_layers import COLUMN, ROW, ColumnParallelLinear, RowParallelLinear, parallelize
 
-__all__ = ["Groups", "make_groups", "split_layers", "gather", "gather_state_dict", "split_dim", "TPBertLayer",
+__all__ = ["Groups", "make_groups", "split_layers", "gather", "gather_state_dict", "split_dim",
            "setup", "norm_weights", "broadcast_in_group", "gather_optimizer_state", "scatter_from_rank0"]
 
-# the layer tensors that are split, and along which dimension (0: output features, 1: input)
-_SPLIT = {"query.weight": 0, "query.bias": 0, "key.weight": 0, "key.bias": 0, "value.weight": 0,
-          "value.bias": 0, "intermediate.weight": 0, "intermediate.bias": 0,
-          "attention_output.weight": 1, "output.weight": 1}
+_LAYERS = {COLUMN: ColumnParallelLinear, ROW: RowParallelLinear}
 
 
 def split_dim(name: str) -> int | None:
-    """The dimension along which a parameter called ``name`` is split (None: whole on every rank)."""
+    """The dimension along which a parameter called ``name`` is split (None: whole on every rank):
+    BERT's plan says how its layer's submodule is split, and that parallel layer which of its
+    parameters along which dimension."""
     if ".layers." not in f".{name}":
         return None
-    tail = name.split(".")[-2:]
-    return _SPLIT.get(".".join(tail))
+    module, param = name.split(".")[-2:]
+    layer = _LAYERS.get(BertLayer.TP_PLAN.get(module))
+    return None if layer is None else layer.SPLIT.get(param)
 
 
 @dataclass
@@ -90,96 +89,22 @@ def make_groups(tp: int) -> Groups:
 _GROUPS: dict = {}
 
 
-class _Copy(torch.autograd.Function):
-    """f: the identity forward; the gradient summed over the group backward."""
-
-    @staticmethod
-    def forward(ctx, x, pset):
-        ctx.pset = pset
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        return hvd.allreduce(grad.contiguous(), op=hvd.Sum, process_set=ctx.pset), None
-
-
-class _Reduce(torch.autograd.Function):
-    """g: the partial outputs summed over the group forward; the identity backward."""
-
-    @staticmethod
-    def forward(ctx, x, pset):
-        return hvd.allreduce(x.contiguous(), op=hvd.Sum, process_set=pset)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-class TPBertLayer(nn.Module):
-    """One rank's share of a ``BertLayer`` (``hvd_bert.pt.models.bert``): heads/T heads and
-    intermediate/T features, the same parameter names."""
-
-    def __init__(self, c, groups: Groups):
-        super().__init__()
-        t = groups.size
-        if c.num_heads % t or c.intermediate_size % t:
-            raise ValueError(f"a tensor-parallel group of {t} must divide the heads ({c.num_heads}) and "
-                             f"the intermediate size ({c.intermediate_size})")
-        self.c, self.groups = c, groups
-        h, hl, il = c.hidden_size, c.hidden_size // t, c.intermediate_size // t
-        self.heads = c.num_heads // t
-        self.query, self.key, self.value = nn.Linear(h, hl), nn.Linear(h, hl), nn.Linear(h, hl)
-        self.attention_output = _RowLinear(hl, h)
-        self.attention_LayerNorm = nn.LayerNorm(h, eps=c.layer_norm_eps)
-        self.intermediate = nn.Linear(h, il)
-        self.output = _RowLinear(il, h)
-        self.output_LayerNorm = nn.LayerNorm(h, eps=c.layer_norm_eps)
-
-    def forward(self, x, attn_bias):
-        from hvd_bert.pt.models.bert import attention
-
-        b, s, _ = x.shape
-        pset, p, train = self.groups.tp_set, self.c.hidden_dropout, self.training
-        xi = _Copy.apply(x, pset)
-        w = torch.cat([self.query.weight, self.key.weight, self.value.weight])
-        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        qkv = F.linear(xi, w, bias).chunk(3, dim=-1)
-        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in qkv)
-        ctx = attention(q, k, v, attn_bias, self.c.attention_dropout, train).transpose(1, 2).reshape(b, s, -1)
-        out = _Reduce.apply(F.linear(ctx, self.attention_output.weight), pset) + self.attention_output.bias
-        x = self.attention_LayerNorm(dropout_add(out, x, p, train))
-        xi = _Copy.apply(x, pset)
-        mid = bias_gelu(F.linear(xi, self.intermediate.weight), self.intermediate.bias, self.c.gelu)
-        out = _Reduce.apply(F.linear(mid, self.output.weight), pset) + self.output.bias
-        return self.output_LayerNorm(dropout_add(out, x, p, train))
-
-
-class _RowLinear(nn.Module):
-    """A row-parallel projection's share: the weight's input columns, the whole bias (added
-    once, after the sum)."""
-
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.zeros(out_features))
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-
-
 def _share(t: torch.Tensor, dim: int, groups: Groups) -> torch.Tensor:
     return t.detach().chunk(groups.size, dim=dim)[groups.rank].clone()
 
 
 @torch.no_grad()
 def split_layers(model: nn.Module, groups: Groups) -> nn.Module:
-    """Replace ``model.layers`` (dense ``BertLayer`` modules) by this rank's shares of them, the
-    weights cut from the dense ones; in place, returns ``model``."""
-    for i, layer in enumerate(model.layers):
-        tp = TPBertLayer(layer.c, groups).to(next(layer.parameters()).device)
-        dense = dict(layer.named_parameters())
-        for name, param in tp.named_parameters():
-            dim = _SPLIT.get(name)
-            param.copy_(dense[name] if dim is None else _share(dense[name], dim, groups))
-        model.layers[i] = tp
+    """Replace each of ``model.layers`` (dense ``BertLayer`` modules) by this rank's share of it
+    (``BertLayer.TP_PLAN`` applied by ``parallel_layers.parallelize``, the weights cut from the
+    dense ones); in place, returns ``model``."""
+    t = groups.size
+    for layer in model.layers:
+        c = layer.c
+        if c.num_heads % t or c.intermediate_size % t:
+            raise ValueError(f"a tensor-parallel group of {t} must divide the heads ({c.num_heads}) and "
+                             f"the intermediate size ({c.intermediate_size})")
+        parallelize(layer, type(layer).TP_PLAN, groups.tp_set, t, groups.rank)
     return model
 
 

@@ -204,5 +204,9 @@ class LinearGELU(torch.nn.Module):
         self.bias = lin.bias
         self.approximate = approximate
 
+    def fused_bias_activation(self, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """gelu(y + bias), the bias add fused (what a tensor-parallel share of this layer keeps)."""
+        return bias_gelu(y, bias, self.approximate)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return bias_gelu(F.linear(x, self.weight), self.bias, self.approximate)
+        return self.fused_bias_activation(F.linear(x, self.weight), self.bias)

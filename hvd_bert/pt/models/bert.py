@@ -73,30 +73,32 @@ class _QKV(torch.autograd.Function):
     @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx, x, nh, wq, bq, wk, bk, wv, bv):
         b, s, h = x.shape
+        hq = wq.shape[0]  # the projections' width: h, or this rank's share of it (tensor parallel)
         x2 = x.reshape(b * s, h)
         w = torch.cat((wq, wk, wv))
         y = torch.addmm(torch.cat((bq, bk, bv)), x2, w.t())
         ctx.save_for_backward(x2, w)
-        ctx.shape = (b, s, h, nh)
-        q, k, v = y.view(b, s, 3, nh, h // nh).unbind(2)
+        ctx.shape = (b, s, h, hq, nh)
+        q, k, v = y.view(b, s, 3, nh, hq // nh).unbind(2)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, dq, dk, dv):
         x2, w = ctx.saved_tensors
-        b, s, h, nh = ctx.shape
+        b, s, h, hq, nh = ctx.shape
         dtype = next(g.dtype for g in (dq, dk, dv) if g is not None)
-        dy = torch.empty(b, s, 3, nh, h // nh, dtype=dtype, device=x2.device)
+        dy = torch.empty(b, s, 3, nh, hq // nh, dtype=dtype, device=x2.device)
         for i, g in enumerate((dq, dk, dv)):
             if g is None:
                 dy[:, :, i].zero_()
             else:
                 dy[:, :, i].copy_(g.transpose(1, 2))
-        dy = dy.view(b * s, 3 * h)
+        dy = dy.view(b * s, 3 * hq)
         dx = (dy @ w.to(dtype)).view(b, s, h) if ctx.needs_input_grad[0] else None
         dw = (dy.t() @ x2.to(dtype)).to(w.dtype)
         db = dy.sum(0).to(w.dtype)
+        h = hq
         return (dx, None, dw[:h], db[:h], dw[h:2 * h], db[h:2 * h], dw[2 * h:], db[2 * h:])
 
 
@@ -106,8 +108,8 @@ def qkv_heads(x, query: nn.Linear, key: nn.Linear, value: nn.Linear, num_heads: 
     if fused_qkv_enabled():
         return _QKV.apply(x, num_heads, query.weight, query.bias, key.weight, key.bias, value.weight,
                           value.bias)
-    b, s, h = x.shape
-    return tuple(m(x).view(b, s, num_heads, h // num_heads).transpose(1, 2) for m in (query, key, value))
+    b, s, _ = x.shape
+    return tuple(m(x).view(b, s, num_heads, -1).transpose(1, 2) for m in (query, key, value))
 
 
 def fused_qkv_enabled() -> bool:
@@ -116,10 +118,20 @@ def fused_qkv_enabled() -> bool:
 
 
 class BertLayer(nn.Module):
+    """One encoder layer. Its tensor-parallel plan (``TP_PLAN``, applied by
+    ``hvd_bert.pt.tensor_parallel``): the input copied into the group once per block, the query,
+    key, value and first MLP projections split by output features (so the heads and the MLP's
+    features are split T ways), the attention output and second MLP projections by input
+    features. The same forward runs dense and split: the heads are counted from the query's width."""
+
+    TP_PLAN = {"enter": "copy", "query": "column", "key": "column", "value": "column",
+               "attention_output": "row", "intermediate": "column", "output": "row"}
+
     def __init__(self, c: BertConfig):
         super().__init__()
         self.c = c
         h = c.hidden_size
+        self.enter = nn.Identity()  # (tensor parallel: f, the input's gradient summed over the group)
         self.query, self.key, self.value = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
         self.attention_output = nn.Linear(h, h)
         self.attention_LayerNorm = nn.LayerNorm(h, eps=c.layer_norm_eps)
@@ -129,12 +141,14 @@ class BertLayer(nn.Module):
 
     def forward(self, x, attn_bias):
         b, s, h = x.shape
-        q, k, v = qkv_heads(x, self.query, self.key, self.value, self.c.num_heads)
+        heads = self.c.num_heads * self.query.weight.shape[0] // h  # (this rank's, when split)
+        q, k, v = qkv_heads(self.enter(x), self.query, self.key, self.value, heads)
         ctx = attention(q, k, v, attn_bias, self.c.attention_dropout, self.training)
-        ctx = ctx.transpose(1, 2).reshape(b, s, h)
+        ctx = ctx.transpose(1, 2).reshape(b, s, -1)
         p, train = self.c.hidden_dropout, self.training
         x = self.attention_LayerNorm(dropout_add(self.attention_output(ctx), x, p, train))
-        return self.output_LayerNorm(dropout_add(self.output(self.intermediate(x)), x, p, train))
+        mid = self.intermediate(self.enter(x))
+        return self.output_LayerNorm(dropout_add(self.output(mid), x, p, train))
 
 
 class BertModel(nn.Module):
