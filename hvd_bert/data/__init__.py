@@ -1,7 +1,9 @@
 """Data preparation and readers, framework-free: published formats in, TFRecord shards with a
 ``dataset.json`` sidecar out, and the record streams a rank reads.
 
-    records         TFRecord framing and tf.train.Example, by hand; the reading order; DatasetError
+    records         TFRecord framing, decoding examples, the reading order
+    example_proto   tf.train.Example's protobuf wire format, by hand
+    errors          DatasetError, CorruptRecordError
     sidecar         a prepared folder's dataset.json: written last, checked by every reader
     kinds           the prepared kinds (pretraining, classification, SQuAD) and their record layouts
     output          writing a prepared folder safely across ranks (overwrite, errors, commit)

@@ -5,7 +5,8 @@
     optim       LAMB, NVLAMB, LARS as torch optimizers (checked against core.optim)
     zero        ZeRO stages 1 and 2: the optimizer state (and gradients) split over the ranks
     optim_parts what an optimizer's rule runs over: parts of tensors, their norms; torch's SGD and AdamW rules
-    tensor_parallel  BERT's layers split over a group of ranks (Megatron-style), process sets
+    parallel_layers  column- and row-parallel linear layers any model can use, through a plan
+    tensor_parallel  BERT's layers split over a group of ranks by its plan (Megatron-style), process sets
     data        the TFRecord reader (the core's reading order)
     checkpoint  reading checkpoint files without unpickling code
     models      BERT and NeuMF

@@ -9,9 +9,14 @@ from pathlib import Path
 
 import torch
 
-from hvd_bert.train.engine import CheckpointError
+from hvd_bert.files import atomic_write
+from hvd_bert.train.checkpoint import checkpoint_path, prune
+from hvd_bert.train.engine import CheckpointError, host_rng_state, set_host_rng_state
 
-__all__ = ["load_checkpoint_file", "state_digest"]
+__all__ = ["CKPT_SUFFIX", "load_checkpoint_file", "state_digest", "write_checkpoint", "to_cpu", "rng_state",
+           "set_rng_state"]
+
+CKPT_SUFFIX = "pt"
 
 _FIX = "delete it to resume from the one before, or restore it from a copy"
 
@@ -96,3 +101,51 @@ def load_state_dict_file(path: str | Path) -> dict:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise WeightsError(f"{path} is not a state_dict of tensors")
     return {k: v.detach().float().numpy() for k, v in state.items()}
+
+
+def write_checkpoint(folder: str | Path, step: int, state: dict, meta: dict, keep: int) -> Path:
+    """``folder/ckpt-<step>.pt`` written atomically (tensors and plain types only: it loads with
+    ``weights_only=True``; the metadata as JSON in it), keeping the newest ``keep``."""
+    state = {**state, "meta": json.dumps(meta)}
+    path = checkpoint_path(folder, step, CKPT_SUFFIX)
+    atomic_write(path, lambda tmp: torch.save(state, tmp), size=_nbytes(state))
+    prune(folder, CKPT_SUFFIX, keep)
+    return path
+
+
+def to_cpu(obj):
+    """A copy of a state dict with its tensors copied to the CPU (nested dicts and lists
+    rebuilt; other leaves are immutable)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_cpu(v) for v in obj]
+    return obj
+
+
+def _nbytes(obj) -> int:
+    """The bytes of the tensors in a (nested) state dict: about what its file takes."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0
+
+
+def rng_state() -> dict:
+    """This process's RNG states as plain JSON values (the torch state's bytes as a list)."""
+    state = {"torch": torch.get_rng_state().tolist(), **host_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    set_host_rng_state(state)
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])

@@ -37,26 +37,24 @@ import torch
 import horovod.torch as hvd
 
 from hvd_bert.core.batch import is_sync_step
-from hvd_bert.files import atomic_write
-from hvd_bert.train.checkpoint import checkpoint_path, prune
 from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, checkpoint_meta,
-                                   engine_settings, host_rng_state, peak_host_bytes, resume_on_rank0,
-                                   rng_for_rank, set_host_rng_state)
+                                   engine_settings, peak_host_bytes, resume_on_rank0,
+                                   rng_for_rank)
 from hvd_bert.train.elastic import launched_elastic, sync_shards
 from hvd_bert.train.loop import fit
 from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.pt import init_horovod
 from hvd_bert.pt.kernels import optim as fused_optim
-from hvd_bert.pt.checkpoint import load_checkpoint_file, state_digest
+from hvd_bert.pt.checkpoint import (CKPT_SUFFIX, load_checkpoint_file, rng_state, set_rng_state, state_digest,
+                                    to_cpu, write_checkpoint)
 from hvd_bert.pt.optim import build_optimizer, init_state
 from hvd_bert.pt import tensor_parallel as TP
 from hvd_bert.pt.zero import ShardedOptimizer, state_bytes, update_loss_scale
 
 __all__ = ["Engine", "StepResult", "fit", "FitResult", "load_checkpoint_file"]
 
-CKPT_SUFFIX = "pt"
 
 
 def autocast(mode: str, device_type: str = "cpu"):
@@ -207,7 +205,7 @@ class Engine:
         if self.zero is not None:
             optimizer = self._zero_full = self.zero.full_state()
         else:
-            optimizer = _to_cpu(self.optimizer.state_dict())
+            optimizer = to_cpu(self.optimizer.state_dict())
         return {"model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
                 "optimizer": optimizer, "scaler": self.scaler.state_dict()}
 
@@ -369,7 +367,7 @@ class Engine:
         (a collective: every rank must call it). The file holds tensors and plain types only
         (it loads with ``weights_only=True``); the metadata, every rank's RNG included, is
         ``train.engine.checkpoint_meta`` as JSON. Returns the path on rank 0."""
-        rng = hvd.allgather_object(_rng_state(), name="hvd_bert.rng")  # Horovod:
+        rng = hvd.allgather_object(rng_state(), name="hvd_bert.rng")  # Horovod:
         optimizer = (self.zero.consolidated_state_dict() if self.zero is not None
                      else self.optimizer.state_dict() if self.rank == 0 else None)
         model = self.model.state_dict()
@@ -380,10 +378,7 @@ class Engine:
         if self.rank == 0:
             state = {"model": model, "optimizer": optimizer, "scaler": self.scaler.state_dict()}
             meta = {**checkpoint_meta(self, data_state, rng), "digest": state_digest(state)}
-            state["meta"] = json.dumps(meta)
-            path = checkpoint_path(folder, self.step_count, CKPT_SUFFIX)
-            atomic_write(path, lambda tmp: torch.save(state, tmp), size=_nbytes(state))
-            prune(folder, CKPT_SUFFIX, keep)
+            path = write_checkpoint(folder, self.step_count, state, meta, keep)
         hvd.barrier()  # Horovod: the file exists before anyone goes on (e.g. to exit)
         return path
 
@@ -425,43 +420,5 @@ class Engine:
         self.scaler.load_state_dict(scaler)
         rng = rng_for_rank(meta, self.rank, self.world_size)
         if rng is not None:
-            _set_rng_state(rng)
+            set_rng_state(rng)
         return meta["data"]
-
-
-def _to_cpu(obj):
-    """A copy of a state dict with its tensors copied to the CPU (nested dicts and lists
-    rebuilt; other leaves are immutable)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_cpu(v) for v in obj]
-    return obj
-
-
-def _nbytes(obj) -> int:
-    """The bytes of the tensors in a (nested) state dict: about what its file takes."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(v) for v in obj)
-    return 0
-
-
-def _rng_state() -> dict:
-    """This process's RNG states as plain JSON values (the torch state's bytes as a list)."""
-    state = {"torch": torch.get_rng_state().tolist(), **host_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-    set_host_rng_state(state)
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])

@@ -177,7 +177,8 @@ def test_classification_from_tsv_and_csv(prepared, tmp_path):
 def test_decode_batch_equals_decoding_each_record():
     import numpy as np
 
-    from hvd_bert.data.records import _serialize, decode_batch, decode_example
+    from hvd_bert.data.records import decode_batch, decode_example
+    from hvd_bert.data.example_proto import serialize_example as _serialize
 
     rng = np.random.default_rng(5)
     spec = {"ids": ("int", 130), "w": ("float", 3), "y": ("int", 1)}

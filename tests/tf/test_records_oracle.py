@@ -8,7 +8,8 @@ import pytest
 import hvd_bert.tf  # noqa: F401
 import tensorflow as tf
 
-from hvd_bert.data.records import _serialize, decode_example, iter_records, write_examples
+from hvd_bert.data.example_proto import serialize_example as _serialize
+from hvd_bert.data.records import decode_example, iter_records, write_examples
 
 CASES = [
     {"input_ids": (np.arange(128), "int"), "weights": (np.linspace(0, 1, 20), "float")},
