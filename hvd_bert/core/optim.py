@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -318,6 +318,18 @@ def _run(tx: Transform, params, grads, states) -> tuple[Arrays, tuple]:
 
 
 # ---------------------------------------------------------------------- the optimizers
+def _unadapted_step(params, grads, state, decay_mask, norms: Norms, build) -> tuple:
+    """A step without trust ratios: ``build(decay mask)`` gives the chain and the place of the
+    optimizer's state among its transforms' (the others stateless)."""
+    params, grads = _as_arrays(params), _as_arrays(grads)
+    _check_lengths(params, grads, *[getattr(state, f.name) for f in fields(state) if f.name != "step"])
+    decay, _ = _masks(len(params), decay_mask, None)
+    tx, at = build(decay)
+    states = tuple(state if i == at else None for i in range(3))
+    new_w, out = _run(tx, params, grads, states)
+    return new_w, out[at], StepInfo((1.0,) * len(params), norms.global_norm(grads))
+
+
 def lamb_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: AdamState, *,
               lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-6,
               weight_decay: float = 0.0, bias_correction: bool = True,
@@ -379,12 +391,8 @@ def sgd_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: M
              ) -> tuple[Arrays, MomentumState, StepInfo]:
     """SGD with momentum in PyTorch's form: d = g + wd w; v = mu v + d; w -= lr v
     (Nesterov: w -= lr (d + mu v)). PyTorch starts the buffer at the first d; v0 = 0 is the same."""
-    params, grads = _as_arrays(params), _as_arrays(grads)
-    _check_lengths(params, grads, state.v)
-    decay, _ = _masks(len(params), decay_mask, None)
-    tx = chain(add_decayed_weights(weight_decay, decay), trace(momentum, nesterov), scale(-lr))
-    new_w, (_, mom, _) = _run(tx, params, grads, (None, state, None))
-    return new_w, mom, StepInfo((1.0,) * len(params), norms.global_norm(grads))
+    return _unadapted_step(params, grads, state, decay_mask, norms, lambda decay: (
+        chain(add_decayed_weights(weight_decay, decay), trace(momentum, nesterov), scale(-lr)), 1))
 
 
 def adamw_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: AdamState, *,
@@ -392,12 +400,8 @@ def adamw_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state:
                weight_decay: float = 0.0, decay_mask: Sequence[bool] | None = None, norms: Norms = LOCAL,
                ) -> tuple[Arrays, AdamState, StepInfo]:
     """AdamW (Loshchilov & Hutter, decoupled weight decay): w -= lr (m_hat / (sqrt(v_hat) + eps) + wd w)."""
-    params, grads = _as_arrays(params), _as_arrays(grads)
-    _check_lengths(params, grads, state.m, state.v)
-    decay, _ = _masks(len(params), decay_mask, None)
-    tx = chain(scale_by_adam(beta1, beta2, eps), add_decayed_weights(weight_decay, decay), scale(-lr))
-    new_w, (adam, _, _) = _run(tx, params, grads, (state, None, None))
-    return new_w, adam, StepInfo((1.0,) * len(params), norms.global_norm(grads))
+    return _unadapted_step(params, grads, state, decay_mask, norms, lambda decay: (
+        chain(scale_by_adam(beta1, beta2, eps), add_decayed_weights(weight_decay, decay), scale(-lr)), 0))
 
 
 def lion_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: MomentumState, *,
@@ -406,12 +410,8 @@ def lion_step(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], state: 
               ) -> tuple[Arrays, MomentumState, StepInfo]:
     """Lion (Chen et al. 2023, Algorithm 2): w -= lr (sign(b1 m + (1 - b1) g) + wd w);
     m = b2 m + (1 - b2) g. Every element moves by lr (plus the decay): no norms."""
-    params, grads = _as_arrays(params), _as_arrays(grads)
-    _check_lengths(params, grads, state.v)
-    decay, _ = _masks(len(params), decay_mask, None)
-    tx = chain(scale_by_lion(beta1, beta2), add_decayed_weights(weight_decay, decay), scale(-lr))
-    new_w, (mom, _, _) = _run(tx, params, grads, (state, None, None))
-    return new_w, mom, StepInfo((1.0,) * len(params), norms.global_norm(grads))
+    return _unadapted_step(params, grads, state, decay_mask, norms, lambda decay: (
+        chain(scale_by_lion(beta1, beta2), add_decayed_weights(weight_decay, decay), scale(-lr)), 0))
 
 
 # name -> (state initialiser, step function); the frontends use the same names.

@@ -150,11 +150,11 @@ def init_state(optimizer: torch.optim.Optimizer) -> None:
                     f"hvd_bert's optimizers or torch's SGD/Adam/AdamW, or give it an init_state() method")
 
 
-class _TorchAdamW:
-    """``torch.optim.AdamW``'s rule over parts (its options as hvd_bert builds it: no amsgrad,
-    maximize or capturable): w *= 1 - lr wd; the moments; w -= lr m_hat / (sqrt(v_hat) + eps)."""
+class _TorchRule:
+    """A torch optimizer's rule over parts, part by part (no norms, no clip of its own)."""
 
-    buffers, has_step = ("exp_avg", "exp_avg_sq"), True
+    buffers: tuple[str, ...] = ()
+    has_step = True
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.param_groups = optimizer.param_groups
@@ -165,50 +165,50 @@ class _TorchAdamW:
     @torch.no_grad()
     def update(self, parts: Sequence[Part], norms: Norms, clip=None) -> None:
         for part in parts:
-            if not part.w:
-                continue
-            group, t = part.group, part.step
-            beta1, beta2 = group["betas"]
-            m, v = (part.state[n] for n in self.buffers)
-            g = clipped(part.g, clip)
-            torch._foreach_mul_(part.w, 1.0 - group["lr"] * group["weight_decay"])
-            torch._foreach_lerp_(m, g, 1.0 - beta1)
-            torch._foreach_mul_(v, beta2)
-            torch._foreach_addcmul_(v, g, g, value=1.0 - beta2)
-            denom = torch._foreach_sqrt(v)
-            torch._foreach_div_(denom, math.sqrt(1.0 - beta2 ** t))
-            torch._foreach_add_(denom, group["eps"])
-            torch._foreach_addcdiv_(part.w, m, denom, value=-group["lr"] / (1.0 - beta1 ** t))
+            if part.w:
+                self.update_part(part, clipped(part.g, clip))
 
 
-class _TorchSGD:
+class _TorchAdamW(_TorchRule):
+    """``torch.optim.AdamW``'s rule over parts (its options as hvd_bert builds it: no amsgrad,
+    maximize or capturable): w *= 1 - lr wd; the moments; w -= lr m_hat / (sqrt(v_hat) + eps)."""
+
+    buffers = ("exp_avg", "exp_avg_sq")
+
+    def update_part(self, part: Part, g: list[torch.Tensor]) -> None:
+        group, t = part.group, part.step
+        beta1, beta2 = group["betas"]
+        m, v = (part.state[n] for n in self.buffers)
+        torch._foreach_mul_(part.w, 1.0 - group["lr"] * group["weight_decay"])
+        torch._foreach_lerp_(m, g, 1.0 - beta1)
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, g, g, value=1.0 - beta2)
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_div_(denom, math.sqrt(1.0 - beta2 ** t))
+        torch._foreach_add_(denom, group["eps"])
+        torch._foreach_addcdiv_(part.w, m, denom, value=-group["lr"] / (1.0 - beta1 ** t))
+
+
+class _TorchSGD(_TorchRule):
     """``torch.optim.SGD``'s rule over parts (no dampening or maximize): d = g + wd w; with
     momentum b = mu b + d and d = b (Nesterov: d + mu b); w -= lr d."""
 
     has_step = False
 
     def __init__(self, optimizer: torch.optim.Optimizer):
-        self.param_groups = optimizer.param_groups
+        super().__init__(optimizer)
         self.buffers = ("momentum_buffer",) if any(g.get("momentum", 0) for g in self.param_groups) else ()
 
-    def clip_limit(self) -> float | None:
-        return None
-
-    @torch.no_grad()
-    def update(self, parts: Sequence[Part], norms: Norms, clip=None) -> None:
-        for part in parts:
-            if not part.w:
-                continue
-            group = part.group
-            d = clipped(part.g, clip)
-            if group["weight_decay"]:
-                d = torch._foreach_add(d, part.w, alpha=group["weight_decay"])
-            if self.buffers and group["momentum"]:
-                bufs = part.state["momentum_buffer"]
-                torch._foreach_mul_(bufs, group["momentum"])
-                torch._foreach_add_(bufs, d)
-                d = torch._foreach_add(d, bufs, alpha=group["momentum"]) if group["nesterov"] else bufs
-            torch._foreach_add_(part.w, d, alpha=-group["lr"])
+    def update_part(self, part: Part, d: list[torch.Tensor]) -> None:
+        group = part.group
+        if group["weight_decay"]:
+            d = torch._foreach_add(d, part.w, alpha=group["weight_decay"])
+        if self.buffers and group["momentum"]:
+            bufs = part.state["momentum_buffer"]
+            torch._foreach_mul_(bufs, group["momentum"])
+            torch._foreach_add_(bufs, d)
+            d = torch._foreach_add(d, bufs, alpha=group["momentum"]) if group["nesterov"] else bufs
+        torch._foreach_add_(part.w, d, alpha=-group["lr"])
 
 
 SUPPORTED = "lamb, nvlamb, lars, adamw and sgd"

@@ -164,9 +164,21 @@ class _HvdBertOptimizer(keras.optimizers.Optimizer):
 
 
 class _MomentumOptimizer(_HvdBertOptimizer):
-    """One momentum buffer per variable (SGD, LARS)."""
+    """One momentum buffer per variable (SGD, LARS, Lion); ``DROPPED``: the base settings the
+    optimizer does not have, ``own_config()``: those it adds."""
 
     buffers = ("momentum",)
+    DROPPED = ("exclude_from_layer_adaptation", "max_grad_norm")
+
+    def own_config(self) -> dict:
+        return {}
+
+    def get_config(self):
+        config = super().get_config()
+        for k in self.DROPPED:
+            config.pop(k, None)
+        config.update(self.own_config())
+        return config
 
     def build(self, var_list):
         super().build(var_list)
@@ -307,13 +319,11 @@ class Lars(_MomentumOptimizer):
         buf = mu * state["momentum"] + lr * d
         return w - buf, {"momentum": buf}
 
-    def get_config(self):
-        config = super().get_config()
-        for k in ("exclude_from_weight_decay", "exclude_from_layer_adaptation", "max_grad_norm"):
-            config.pop(k, None)
-        config.update(momentum=self.momentum, eta=self.eta, epsilon=self.epsilon,
-                      exclude=self.exclude_from_weight_decay_patterns)
-        return config
+    DROPPED = ("exclude_from_weight_decay", "exclude_from_layer_adaptation", "max_grad_norm")
+
+    def own_config(self) -> dict:
+        return dict(momentum=self.momentum, eta=self.eta, epsilon=self.epsilon,
+                    exclude=self.exclude_from_weight_decay_patterns)
 
 
 @keras.utils.register_keras_serializable(package="hvd_bert")
@@ -341,12 +351,8 @@ class SGD(_MomentumOptimizer):
         step = d + mu * buf if self.nesterov else buf
         return w - tf.cast(lr, dtype) * step, {"momentum": buf}
 
-    def get_config(self):
-        config = super().get_config()
-        for k in ("exclude_from_layer_adaptation", "max_grad_norm"):
-            config.pop(k, None)
-        config.update(momentum=self.momentum, nesterov=self.nesterov)
-        return config
+    def own_config(self) -> dict:
+        return dict(momentum=self.momentum, nesterov=self.nesterov)
 
 
 @keras.utils.register_keras_serializable(package="hvd_bert")
@@ -369,12 +375,8 @@ class Lion(_MomentumOptimizer):
             u = u + _c(self.decay_rate, dtype) * pieces.spread(pieces.decays, dtype) * w
         return w - tf.cast(lr, dtype) * u, {"momentum": b2 * m + (1.0 - b2) * g}
 
-    def get_config(self):
-        config = super().get_config()
-        for k in ("exclude_from_layer_adaptation", "max_grad_norm"):
-            config.pop(k, None)
-        config.update(beta_1=self.beta_1, beta_2=self.beta_2)
-        return config
+    def own_config(self) -> dict:
+        return dict(beta_1=self.beta_1, beta_2=self.beta_2)
 
 
 def build_optimizer(cfg: OptimConfig, lr: float | None = None) -> keras.optimizers.Optimizer:
