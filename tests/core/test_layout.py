@@ -1,7 +1,7 @@
 """The package's layout keeps its promises (docs/architecture.md): no module imports a private
-name of another or reaches into a private attribute another module defines, the modules import each other without a circle (counting imports inside
-functions), each concept's folder says in its ``__init__`` what it holds, and no module outside
-the models grows past about 450 lines."""
+name of another or reaches into a private attribute another module defines, the modules import
+each other without a circle (counting imports inside functions), each concept's folder says in
+its ``__init__`` what it holds, and no module outside the models grows past about 450 lines."""
 
 import ast
 import pkgutil

@@ -168,3 +168,24 @@ def mount_point(tmp_path):
     yield mount
     for point in reversed(made):
         subprocess.run(["umount", "-l", str(point)], timeout=30)
+
+
+@pytest.fixture(scope="session")
+def _finished_template(bert_data, tmp_path_factory):
+    from one_process import pretrain
+
+    run = tmp_path_factory.mktemp("finished") / "run"
+    res = pretrain(bert_data, run)
+    assert res.returncode == 0, res.stderr
+    return run
+
+
+@pytest.fixture
+def finished_run(_finished_template, tmp_path):
+    """A finished 2-step one-process PyTorch pretraining run (``one_process.pretrain``), a copy of
+    its own for each test (one run for the worker's session)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(_finished_template, run, symlinks=True)
+    return run

@@ -7,29 +7,13 @@ folder, loses no checkpoint, and is bounded in time."""
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-HVD_BERT = [sys.executable, "-m", "hvd_bert"]
+from one_process import HVD_BERT, one_line, pretrain
+
 ROOT = os.geteuid() == 0
-
-
-def pretrain(bert_data, out, *extra, steps=2, timeout=240):
-    return subprocess.run([*HVD_BERT, "pretrain", "--set", f"data={bert_data}", "--set", "max_seq_length=64",
-                           "--set", "max_predictions_per_seq=10", "--set", "train.log_every=1",
-                           "--set", "progress=false", "--set", "train.batch.local_batch_size=8",
-                           "--set", f"train.schedule.total_steps={steps}", "--set", f"train.output_dir={out}",
-                           *extra], capture_output=True, text=True, timeout=timeout)
-
-
-def one_line(res, *words):
-    """Exit status 2, one line on stderr holding ``words``, no traceback."""
-    lines = res.stderr.strip().splitlines()
-    assert res.returncode == 2 and len(lines) == 1, res.stdout[-2000:] + res.stderr[-3000:]
-    assert all(w in lines[0] for w in words), lines[0]
-    return lines[0]
 
 
 def tree(folder: Path) -> dict:
@@ -56,24 +40,6 @@ def test_a_link_planted_in_the_run_folder_is_never_written_through(name, danglin
     one_line(res, f"{run / name} is a symbolic link", "remove it")
     assert tree(outside) == before  # nothing written or created outside the run folder
     assert sorted(p.name for p in run.iterdir()) == [name]  # and nothing in it: the check came first
-
-
-@pytest.fixture(scope="module")
-def _finished_template(bert_data, tmp_path_factory):
-    run = tmp_path_factory.mktemp("finished") / "run"
-    res = pretrain(bert_data, run)
-    assert res.returncode == 0, res.stderr
-    return run
-
-
-@pytest.fixture
-def finished_run(_finished_template, tmp_path):
-    """A finished 2-step run, a copy of its own for each test (one run for the module)."""
-    import shutil
-
-    run = tmp_path / "run"
-    shutil.copytree(_finished_template, run, symlinks=True)
-    return run
 
 
 def test_a_damaged_metrics_log_does_not_stop_a_resume(bert_data, finished_run):

@@ -8,36 +8,15 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from hvd_bert.cluster import launch
+from one_process import HVD_BERT, hvd, one_line, pretrain
 
-HVD_BERT = [sys.executable, "-m", "hvd_bert"]
 VOCAB = Path(__file__).parents[1] / "data" / "stdlib-uncased-1500-vocab.txt"
-
-
-def hvd(*args, timeout=240, env=None, cwd=None):
-    return subprocess.run([*HVD_BERT, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=cwd)
-
-
-def pretrain(bert_data, out, *extra, steps=2, timeout=240, env=None):
-    return hvd("pretrain", "--set", f"data={bert_data}", "--set", "max_seq_length=64",
-               "--set", "max_predictions_per_seq=10", "--set", "train.log_every=1", "--set", "progress=false",
-               "--set", "train.batch.local_batch_size=8", "--set", f"train.schedule.total_steps={steps}",
-               "--set", f"train.output_dir={out}", *extra, timeout=timeout, env=env)
-
-
-def one_line(res, *words, status=2):
-    """The exit status, one line on stderr holding ``words``, no traceback."""
-    lines = res.stderr.strip().splitlines()
-    assert res.returncode == status and len(lines) == 1, res.stdout[-2000:] + res.stderr[-3000:]
-    assert all(w in lines[0] for w in words), lines[0]
-    return lines[0]
 
 
 def digests(*roots) -> dict:
@@ -50,20 +29,10 @@ def digests(*roots) -> dict:
     return out
 
 
-@pytest.fixture(scope="module")
-def _run_template(bert_data, tmp_path_factory):
-    run = tmp_path_factory.mktemp("round3") / "run"
-    res = pretrain(bert_data, run)
-    assert res.returncode == 0, res.stderr
-    return run
-
-
 @pytest.fixture
-def run(_run_template, tmp_path):
-    """A finished 2-step PyTorch pretraining run, a copy of its own per test."""
-    dst = tmp_path / "run"
-    shutil.copytree(_run_template, dst, symlinks=True)
-    return dst
+def run(finished_run):
+    """A finished 2-step PyTorch pretraining run, a copy of its own per test (conftest)."""
+    return finished_run
 
 
 # ---------------------------------------------------------------- no output over an input
