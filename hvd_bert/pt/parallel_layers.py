@@ -23,8 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import horovod.torch as hvd
-
 __all__ = ["CopyToGroup", "ColumnParallelLinear", "RowParallelLinear", "parallelize", "split_dims",
            "COPY", "COLUMN", "ROW"]
 
@@ -41,6 +39,8 @@ class _Copy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        import horovod.torch as hvd  # (here: a model module imports the plan's names without Horovod)
+
         return hvd.allreduce(grad.contiguous(), op=hvd.Sum, process_set=ctx.pset), None
 
 
@@ -49,6 +49,8 @@ class _Reduce(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, pset):
+        import horovod.torch as hvd
+
         return hvd.allreduce(x.contiguous(), op=hvd.Sum, process_set=pset)
 
     @staticmethod

@@ -29,6 +29,7 @@ from hvd_bert.core.kernels import env_flag
 from hvd_bert.pt.kernels.dropout import dropout, dropout_add, served
 from hvd_bert.pt.kernels.gelu import LinearGELU, bias_gelu
 from hvd_bert.pt.kernels.tied_embedding import Tie, lookup, project, tie_for
+from hvd_bert.pt.parallel_layers import COLUMN, COPY, ROW
 
 __all__ = ["BertModel", "BertForPreTraining", "BertForSequenceClassification", "BertForQuestionAnswering",
            "pretraining_loss", "classification_loss", "regression_loss", "span_loss", "export_weights",
@@ -124,8 +125,8 @@ class BertLayer(nn.Module):
     features are split T ways), the attention output and second MLP projections by input
     features. The same forward runs dense and split: the heads are counted from the query's width."""
 
-    TP_PLAN = {"enter": "copy", "query": "column", "key": "column", "value": "column",
-               "attention_output": "row", "intermediate": "column", "output": "row"}
+    TP_PLAN = {"enter": COPY, "query": COLUMN, "key": COLUMN, "value": COLUMN, "attention_output": ROW,
+               "intermediate": COLUMN, "output": ROW}
 
     def __init__(self, c: BertConfig):
         super().__init__()
