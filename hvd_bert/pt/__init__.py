@@ -9,6 +9,7 @@
     tensor_parallel  BERT's layers split over a group of ranks by its plan (Megatron-style), process sets
     data        the TFRecord reader (the core's reading order)
     checkpoint  reading checkpoint files without unpickling code
+    sharded     sharded checkpoints: each rank's share, written in the background, read under any layout
     models      BERT and NeuMF
     kernels     the CPU kernels in C (GELU, dropout, optimizer steps, the tied embedding)
 """

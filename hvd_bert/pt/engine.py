@@ -50,6 +50,7 @@ from hvd_bert.pt.kernels import optim as fused_optim
 from hvd_bert.pt.checkpoint import (CKPT_SUFFIX, load_checkpoint_file, rng_state, set_rng_state, state_digest,
                                     to_cpu, write_checkpoint)
 from hvd_bert.pt.optim import build_optimizer, init_state
+from hvd_bert.pt import sharded
 from hvd_bert.pt import tensor_parallel as TP
 from hvd_bert.pt.zero import ShardedOptimizer, state_bytes, update_loss_scale
 
@@ -139,7 +140,8 @@ class Engine:
             self.zero = ShardedOptimizer(
                 self.optimizer, stage=zero_stage, compression=compression, bucket_mb=zero_bucket_mb,
                 process_set=dp_set, norm_set=hvd.global_process_set if tp_groups else None,
-                norm_weights=TP.norm_weights(self._names(), tp_groups, zero_stage > 0) if tp_groups else None)
+                norm_weights=TP.norm_weights(self.param_names(), tp_groups, zero_stage > 0) if tp_groups
+                else None)
         else:
             # Create the optimizer state before the broadcast: Horovod would otherwise create it
             # by taking a step with zero gradients (shifting LAMB's bias correction, one decay).
@@ -151,6 +153,8 @@ class Engine:
         if sync:  # (an elastic run syncs inside hvd.elastic.run instead)
             self.broadcast()
         self.stop_signal = STOP  # (the process's one request: a signal during start-up counts)
+        self.checkpoint_format = "consolidated"  # (from_config: train.checkpoint_format)
+        self.writer = sharded.Writer()  # (sharded checkpoints: the background write in flight)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -168,9 +172,11 @@ class Engine:
         opt = build_optimizer(model.named_parameters(), cfg.optim, lr=peak)
         engine = cls(model, opt, device=device, loss_fn=loss_fn, sync=sync, tp_groups=groups, **kwargs)
         engine.plan, engine.config = plan, cfg  # (fit writes the config beside its checkpoints)
+        engine.checkpoint_format = cfg.checkpoint_format
         return engine
 
-    def _names(self) -> list[str]:
+    def param_names(self) -> list[str]:
+        """The parameters' names in the optimizer's order (what its state is indexed by)."""
         return [n for g in self.optimizer.param_groups for n in g["names"]]
 
     def broadcast(self) -> None:
@@ -368,12 +374,14 @@ class Engine:
         (it loads with ``weights_only=True``); the metadata, every rank's RNG included, is
         ``train.engine.checkpoint_meta`` as JSON. Returns the path on rank 0."""
         rng = hvd.allgather_object(rng_state(), name="hvd_bert.rng")  # Horovod:
+        if self.checkpoint_format == "sharded":  # every rank its share, written in the background
+            return sharded.save(self, self.writer, folder, checkpoint_meta(self, data_state, rng), keep)
         optimizer = (self.zero.consolidated_state_dict() if self.zero is not None
                      else self.optimizer.state_dict() if self.rank == 0 else None)
         model = self.model.state_dict()
         if self.tp is not None and self.tp.dp_rank == 0:  # the first group makes every tensor whole
             model = TP.gather_state_dict(self.model, self.tp)
-            optimizer = TP.gather_optimizer_state(optimizer, self._names(), self.tp)
+            optimizer = TP.gather_optimizer_state(optimizer, self.param_names(), self.tp)
         path = None
         if self.rank == 0:
             state = {"model": model, "optimizer": optimizer, "scaler": self.scaler.state_dict()}
@@ -382,16 +390,24 @@ class Engine:
         hvd.barrier()  # Horovod: the file exists before anyone goes on (e.g. to exit)
         return path
 
+    def wait_for_save(self) -> None:
+        """Wait for a background save to be on disk; its error raised on every rank (a collective)."""
+        self.writer.wait()
+
     def resume(self, folder_or_file: str | Path | None) -> Any:
         """Load the newest checkpoint in a folder (or a given file) on rank 0 and broadcast it.
         Returns the saved data state, or None when there is no checkpoint (a collective)."""
         loaded = {}
 
         def read_meta(path):
+            if path.suffix == f".{sharded.S.SUFFIX}":  # (every rank reads its share below)
+                return sharded.S.Reader(path).meta
             loaded["ckpt"] = load_checkpoint_file(path, self.device)
             return json.loads(loaded["ckpt"]["meta"])
 
         def load(path):
+            if "ckpt" not in loaded:
+                return
             ckpt = loaded.pop("ckpt")
             if self.tp is not None:  # (whole tensors: every rank gets its share below)
                 loaded["whole"] = ckpt
@@ -403,14 +419,26 @@ class Engine:
                 self.optimizer.load_state_dict(ckpt["optimizer"])
             loaded["scaler"] = ckpt["scaler"]
 
-        meta = resume_on_rank0(self, folder_or_file, CKPT_SUFFIX, read_meta=read_meta, load=load,
+        meta = resume_on_rank0(self, folder_or_file, (CKPT_SUFFIX, sharded.S.SUFFIX), read_meta=read_meta,
+                               load=load,
                                broadcast_object=lambda o, n: hvd.broadcast_object(o, root_rank=0, name=n),
                                allow_resized=self.resume_resized)
         if meta is None:
             return None
+        if self.resumed_path.suffix == f".{sharded.S.SUFFIX}":
+            sharded.load_into(self, self.resumed_path)  # every rank reads its own share
+        else:
+            self._scatter_consolidated(loaded)
+        rng = rng_for_rank(meta, self.rank, self.world_size)
+        if rng is not None:
+            set_rng_state(rng)
+        return meta["data"]
+
+    def _scatter_consolidated(self, loaded: dict) -> None:
+        """What rank 0 read of a consolidated checkpoint, to every rank (a collective)."""
         if self.tp is not None:
             whole = loaded.pop("whole", None)
-            self.zero.load_local(TP.scatter_from_rank0(whole, self.model, self._names(), self.tp))
+            self.zero.load_local(TP.scatter_from_rank0(whole, self.model, self.param_names(), self.tp))
             loaded["scaler"] = whole["scaler"] if whole is not None else None
         else:
             self.broadcast()  # Horovod: parameters and optimizer state from rank 0
@@ -418,7 +446,3 @@ class Engine:
             self.zero.load_sharded(loaded.pop("optimizer", None))
         scaler = hvd.broadcast_object(loaded.get("scaler"), root_rank=0, name="hvd_bert.resume.scaler")
         self.scaler.load_state_dict(scaler)
-        rng = rng_for_rank(meta, self.rank, self.world_size)
-        if rng is not None:
-            set_rng_state(rng)
-        return meta["data"]

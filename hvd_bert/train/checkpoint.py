@@ -15,7 +15,8 @@ from pathlib import Path
 
 __all__ = ["zip_damage", "file_digests", "digest_damage", "pick_checkpoint", "run_folder_of",
            "release_run_folder", "checkpoint_path", "is_checkpoint_name", "list_checkpoints",
-           "latest_checkpoint", "prune", "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
+           "latest_checkpoint", "prune", "SHARDED", "SHARDED_INDEX",
+           "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
 
 _NAME = re.compile(r"^ckpt-(\d{8,})\.(\w+)$")
 
@@ -76,8 +77,7 @@ def run_folder_of(path: str | Path) -> Path | None:
         return p
     folder = p.parent
     marks = ("best.npz", "config.json", "task.json", "bert_config.json")
-    if list_checkpoints(folder, "pt") or list_checkpoints(folder, "tf") or any((folder / m).exists()
-                                                                                  for m in marks):
+    if list_checkpoints(folder, ALL) or any((folder / m).exists() for m in marks):
         return folder
     return None
 
@@ -90,9 +90,9 @@ def pick_checkpoint(path: str | Path, pick: str = "best") -> tuple[Path, str]:
 
     p = Path(path).expanduser()
     has_best = (p / "best.npz").is_file()
-    if not p.is_dir() or not (list_checkpoints(p, "pt") or list_checkpoints(p, "tf") or has_best):
+    if not p.is_dir() or not (list_checkpoints(p, ALL) or has_best):
         return p, ""
-    latest = latest_checkpoint(p, "pt") or latest_checkpoint(p, "tf")
+    latest = latest_checkpoint(p, ("pt", SHARDED)) or latest_checkpoint(p, "tf")
     if pick == "best" and (p / "best.npz").is_file():
         try:
             rec = json.loads((p / "best.json").read_text())
@@ -121,31 +121,49 @@ def is_checkpoint_name(path: str | Path, suffix: str) -> bool:
     return m is not None and m.group(2) == suffix
 
 
-def list_checkpoints(folder: str | Path, suffix: str) -> list[tuple[int, Path]]:
-    """``(step, path)`` of the complete checkpoints in ``folder``, oldest first."""
+SHARDED = "shards"      # a sharded checkpoint's suffix (hvd_bert.train.sharded_checkpoint)
+SHARDED_INDEX = "index.json"  # what makes it complete, written last
+ALL = ("pt", "tf", SHARDED)  # every kind of checkpoint a run folder holds
+
+
+def list_checkpoints(folder: str | Path, suffix: str | tuple[str, ...]) -> list[tuple[int, Path]]:
+    """``(step, path)`` of the complete checkpoints in ``folder`` with any of the suffixes, oldest
+    first (a sharded checkpoint is complete once its index is written)."""
     folder = Path(folder)
+    suffixes = (suffix,) if isinstance(suffix, str) else tuple(suffix)
     if not folder.is_dir():
         return []
     out = []
     for p in folder.iterdir():
         m = _NAME.match(p.name)
-        if m and m.group(2) == suffix and (p.is_file() or p.is_dir()):  # TF: a folder
+        if not m or m.group(2) not in suffixes:
+            continue
+        if m.group(2) == SHARDED and not (p / SHARDED_INDEX).is_file():
+            continue  # (incomplete: never resumed from, never counted by prune)
+        if p.is_file() or p.is_dir():  # TF: a folder
             out.append((int(m.group(1)), p))
     return sorted(out)
 
 
-def latest_checkpoint(folder: str | Path, suffix: str) -> Path | None:
+def latest_checkpoint(folder: str | Path, suffix: str | tuple[str, ...]) -> Path | None:
     found = list_checkpoints(folder, suffix)
     return found[-1][1] if found else None
 
 
 def prune(folder: str | Path, suffix: str, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` checkpoints; returns the deleted paths."""
+    """Delete all but the newest ``keep`` complete checkpoints; returns the deleted paths."""
+    import shutil
+
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     old = [p for _, p in list_checkpoints(folder, suffix)[:-keep]]
     for p in old:
-        p.unlink(missing_ok=True)
+        if p.is_dir() and not p.is_symlink():
+            if suffix == SHARDED:  # the index first: a half-deleted folder is never complete
+                (p / SHARDED_INDEX).unlink(missing_ok=True)
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
     return old
 
 
@@ -154,13 +172,19 @@ _TMP = re.compile(r"^\.(ckpt-\d{8,}\.\w+)\.(tmp|old)-(\d+)$")
 
 def remove_stale_temporaries(folder: str | Path) -> list[Path]:
     """Delete the temporary files and folders a killed writer left behind (``.ckpt-*.tmp-<pid>``
-    of a process that no longer runs); returns what was removed."""
+    of a process that no longer runs, a sharded checkpoint without its index); returns what was
+    removed."""
     import shutil
 
     folder = Path(folder)
     removed = []
     if not folder.is_dir():
         return removed
+    for p in folder.iterdir():  # a sharded checkpoint whose writing was cut short (the folder's owner
+        m = _NAME.match(p.name)  # runs the resume: nobody writes into it now)
+        if m and m.group(2) == SHARDED and p.is_dir() and not (p / SHARDED_INDEX).is_file():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
     for p in folder.iterdir():
         m = _TMP.match(p.name)
         if not m or _alive(int(m.group(3))):

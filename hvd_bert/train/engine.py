@@ -181,18 +181,21 @@ def check_resume(meta: dict, path: str | Path, *, world_size: int, plan: BatchPl
                           f"train.resume_resized=true, or start a new run in another train.output_dir")
 
 
-def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str, *,
+def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str | tuple[str, ...], *,
                     read_meta: Callable[[Path], dict], load: Callable[[Path], None],
                     broadcast_object: Callable[[Any, str], Any], allow_resized: bool) -> dict | None:
     """The resume protocol of both engines: rank 0 finds the newest ``ckpt-*.<suffix>`` in
-    ``folder`` (or takes the file/folder given), reads and checks its metadata, then loads its
-    tensors (``load``); the outcome, an error included, is broadcast, so every rank raises the
-    same error or gets the same metadata. The engine then broadcasts the tensors itself."""
+    ``folder`` (of any of the suffixes given; or takes the file/folder given), reads and checks
+    its metadata, then loads its tensors (``load``); the outcome, an error included, is
+    broadcast, so every rank raises the same error or gets the same metadata. The engine then
+    broadcasts the tensors itself (or, a sharded checkpoint, every rank reads its own:
+    ``engine.resumed_path`` says which checkpoint)."""
     out = None
     if engine.rank == 0 and folder is not None:
         p = Path(folder)
         # a checkpoint file, or a checkpoint folder (TensorFlow's), not a run folder called ckpt-0
-        given = p.is_file() or (p.is_dir() and is_checkpoint_name(p, suffix))
+        suffixes = (suffix,) if isinstance(suffix, str) else suffix
+        given = p.is_file() or (p.is_dir() and any(is_checkpoint_name(p, s) for s in suffixes))
         if p.is_dir() and not given:
             remove_stale_temporaries(p)  # what a writer killed mid-checkpoint left
         path = p if given else latest_checkpoint(p, suffix)
@@ -203,7 +206,7 @@ def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str, *,
                              plan=engine.plan, allow_resized=allow_resized, target=engine.target_global_batch,
                              optimizer=_optimizer_name(engine))
                 load(path)
-                out = {"meta": meta}
+                out = {"meta": meta, "path": str(path)}
             except (CheckpointError, ResumeError) as e:
                 out = {"error": str(e), "kind": type(e).__name__}
             except Exception as e:  # noqa: BLE001  (reported on every rank below)
@@ -219,6 +222,7 @@ def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str, *,
         raise (ResumeError if out["kind"] == "ResumeError" else CheckpointError)(out["error"])
     meta = out["meta"]
     engine.resumed_meta = meta  # (what the resume line compares with)
+    engine.resumed_path = Path(out["path"])
     engine.step_count, engine.skipped_steps = meta["step"], meta["skipped_steps"]
     # The data position: every rank has read step_count * k micro-batches (k of this run).
     engine.micro_step = meta["micro_step"] if meta["world_size"] == engine.world_size else \

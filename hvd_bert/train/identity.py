@@ -106,9 +106,9 @@ def previous_config(folder: Path) -> dict | None:
 
 
 def has_checkpoints(folder: Path) -> bool:
-    from hvd_bert.train.checkpoint import list_checkpoints
+    from hvd_bert.train.checkpoint import ALL, list_checkpoints
 
-    return bool(list_checkpoints(folder, "pt") or list_checkpoints(folder, "tf"))
+    return bool(list_checkpoints(folder, ALL))
 
 
 def resume_mismatch(out: Path, new: dict, also_free: tuple[str, ...] = ()) -> str | None:

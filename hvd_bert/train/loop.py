@@ -302,3 +302,6 @@ class StepBook:
         """The final checkpoint, unless this step's is already written."""
         if self.output_dir is not None and self.saved_step != self.engine.step_count:
             self.save()
+        wait = getattr(self.engine, "wait_for_save", None)
+        if wait is not None:  # (a background save: on disk before the run returns, or its error)
+            wait()

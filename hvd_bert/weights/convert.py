@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from hvd_bert.files import read_json_object, refuse_clash
-from hvd_bert.train.checkpoint import latest_checkpoint, pick_checkpoint, run_folder_of
+from hvd_bert.train.checkpoint import SHARDED, latest_checkpoint, pick_checkpoint, run_folder_of
 from hvd_bert.weights.hf import is_hf_folder, write_hf_folder
 from hvd_bert.weights.portable import WeightsError, save_weights
 
@@ -21,9 +21,9 @@ def reading_framework(src: Path, framework: str = "auto") -> str:
     published checkpoints); a checkpoint of the other framework than the one asked is an error."""
     if framework == "auto":
         tf_only = src.is_dir() and not is_hf_folder(src) and latest_checkpoint(src, "tf") and \
-            not latest_checkpoint(src, "pt")
+            not latest_checkpoint(src, ("pt", SHARDED))
         framework = "tf" if src.suffix == ".tf" or tf_only else "pt"
-    kind = {".pt": "pt", ".tf": "tf"}.get(src.suffix)
+    kind = {".pt": "pt", ".tf": "tf", f".{SHARDED}": "pt"}.get(src.suffix)  # (PyTorch writes shards)
     if kind and kind != framework:
         raise WeightsError(f"{src} is a {'PyTorch' if kind == 'pt' else 'TensorFlow'} checkpoint; use "
                            f"--framework {kind} (or leave it out)")

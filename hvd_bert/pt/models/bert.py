@@ -24,7 +24,7 @@ from torch import nn
 from hvd_bert.config.bert import BertConfig
 from hvd_bert.weights.portable import WeightsError, fit_for_model, read_run_bert_config, read_weights
 from hvd_bert.weights.published import read_published
-from hvd_bert.train.checkpoint import latest_checkpoint
+from hvd_bert.train.checkpoint import SHARDED, latest_checkpoint
 from hvd_bert.core.kernels import env_flag
 from hvd_bert.pt.kernels.dropout import dropout, dropout_add, served
 from hvd_bert.pt.kernels.gelu import LinearGELU, bias_gelu
@@ -316,7 +316,7 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], Be
     if published is not None:
         return published
     if p.is_dir():
-        found = latest_checkpoint(p, "pt")
+        found = latest_checkpoint(p, ("pt", SHARDED))
         if found is None:
             raise WeightsError(f"{p} is neither a run folder with a ckpt-*.pt checkpoint nor a Hugging Face "
                                f"model folder (config.json + model.safetensors or pytorch_model.bin); give "
@@ -324,6 +324,8 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], Be
         p = found
     if p.suffix == ".npz":
         return read_weights(p)
+    if p.suffix == f".{SHARDED}" and p.is_dir():  # tensor by tensor, the optimizer state left unread
+        return _read_sharded_model(p), read_run_bert_config(p.parent)
     if p.suffix == ".tf" or p.is_dir():
         raise WeightsError(f"{p} is a TensorFlow checkpoint; convert it with `hvd-bert convert {p} "
                            f"--output weights.npz` and give the .npz")
@@ -338,6 +340,18 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], Be
     except CheckpointError as e:
         raise WeightsError(str(e)) from None
     return {k: v.float().numpy() for k, v in state["model"].items()}, read_run_bert_config(p.parent)
+
+
+def _read_sharded_model(folder: Path) -> dict[str, np.ndarray]:
+    from hvd_bert.train.engine import CheckpointError
+    from hvd_bert.train.sharded_checkpoint import Reader
+
+    try:
+        reader = Reader(folder)
+        return {name[len("model/"):]: reader.read(name).reshape(reader.shape(name))
+                for name in reader.names("model/")}
+    except CheckpointError as e:
+        raise WeightsError(str(e)) from None
 
 
 def _read_google_in_tf_process(path: Path) -> tuple[dict[str, np.ndarray], BertConfig]:

@@ -2,8 +2,9 @@
 
     python tensor_parallel.py batch SCENARIOS.json OUT_DIR
 
-SCENARIOS.json: ``{name: ["layers", T] or ["train", T, ZERO_STAGE, OPTIM, STEPS, CKPT_DIR]}``, run in
-order in one launch; ``OUT_DIR/rank<r>.json`` holds each one's result by name.
+SCENARIOS.json: ``{name: ["layers", T] or ["train", T, ZERO_STAGE, OPTIM, STEPS, CKPT_DIR] or
+["reshard", T, ZERO_STAGE, STEPS, CKPT_DIR, FORMAT, SAVE_AT, KILL_AT]}``, run in order in one
+launch; ``OUT_DIR/rank<r>.json`` holds each one's result by name (``reshard``: see its docstring).
 
 ``layers``: a small BERT for pretraining, dense on every rank and split over tensor-parallel
 groups of T ranks (``hvd_bert.pt.tensor_parallel``), both from the same weights, forward and
@@ -75,13 +76,53 @@ def train(tp: int, stage: int, optim: str, steps: int, ckpt: str) -> dict:
             "weights": {k: t.reshape(-1).tolist() for k, t in weights.items()}}
 
 
+GLOBAL = 12  # the reshard scenarios' global batch: 12 / D rows on each of D = 1, 2, 3 or 4 replicas
+
+
+def reshard(tp: int, stage: int, steps: int, ckpt: str, fmt: str, save_at: list, kill_at: int = 0) -> dict:
+    """Train to ``steps`` under this layout (resuming from ``ckpt`` whatever layout wrote it),
+    checkpointing at the steps ``save_at``; each step's global batch of 12 is the same whatever
+    the layout (replica d of D takes its rows). ``kill_at``: SIGKILL every rank as soon as that
+    step's (background) save has started."""
+    import signal
+    from hvd_bert.config import TrainConfig, apply_overrides
+    from hvd_bert.pt.tensor_parallel import gather_state_dict as whole
+    from hvd_bert.train.backend import get_backend
+
+    cfg = apply_overrides(TrainConfig(), [
+        "optim.name=lamb", "optim.lr=0.02", f"batch.local_batch_size={GLOBAL // (hvd.size() // tp)}",
+        "batch.backward_passes_per_step=1",
+        "schedule.name=constant", "schedule.total_steps=100", f"tensor_parallel={tp}", f"zero.stage={stage}",
+        f"checkpoint_format={fmt}", "resume_resized=true"])
+    backend = get_backend("pt")
+    backend.init(cfg)
+    torch.manual_seed(SHIFT)
+    model = BertForPreTraining(CONFIG)
+    engine = backend.engine(model, pretraining_loss, cfg)
+    engine.resume(ckpt)
+    resumed_at = engine.step_count
+    rows = GLOBAL // engine.data_size
+    while engine.step_count < steps:
+        data = batch(5000 + SHIFT + engine.step_count, CONFIG, b=GLOBAL)
+        mine = {k: v[engine.data_rank * rows:(engine.data_rank + 1) * rows] for k, v in data.items()}
+        if engine.train_micro_batch(mine) is not None and engine.step_count in save_at:
+            engine.save(ckpt)
+            if engine.step_count == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+    engine.wait_for_save()
+    weights = whole(model, engine.tp) if engine.tp is not None else model.state_dict()
+    hvd.barrier()
+    return {"resumed_at": resumed_at, "step": engine.step_count, "memory": engine.memory(),
+            "weights": {k: t.reshape(-1).tolist() for k, t in weights.items()}}
+
+
 def main():
     spec, out = sys.argv[2:]
     init_horovod(process_sets=True)  # (Horovod's dynamic process sets: the groups are added after init)
     results = {}
     with open(spec) as f:
         for name, (mode, *args) in json.load(f).items():
-            results[name] = layers(*args) if mode == "layers" else train(*args)
+            results[name] = {"layers": layers, "train": train, "reshard": reshard}[mode](*args)
     with open(os.path.join(out, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump({"rank": hvd.rank(), **results}, f)
 

@@ -1,0 +1,282 @@
+"""Sharded checkpoints, framework-free: each rank writes what it owns, one index makes it whole.
+
+A sharded checkpoint is a folder ``ckpt-<step>.shards/``:
+
+    rank-00000.safetensors   the pieces rank 0 wrote (safetensors: a JSON header, raw bytes)
+    rank-00000.json          what they are: per key, the tensor, its slice, dtype and CRC-32C
+    ...                      one pair per rank that wrote
+    index.json               written last, atomically, by rank 0 once every rank's pair is on
+                             disk: the checkpoint is complete only when it exists
+
+Every tensor is named by what it is in the whole model (``model/<parameter>``,
+``optim/<buffer>/<parameter>``) with its whole shape. A piece is a flat range of one share of
+it: ``split = (dim, parts, index)`` says which of ``parts`` equal slices along ``dim`` (a
+tensor-parallel share; None: the whole tensor), ``flat = (start, stop)`` which elements of that
+share in its row-major order (a ZeRO partition's piece of it). So a checkpoint written under
+one layout (world size, ZeRO stage, tensor parallelism) is read under any other:
+:meth:`Reader.read` assembles any share's flat range from the pieces that overlap it, reading
+only their byte ranges (``safetensors.safe_open``'s lazy slices), in memory bounded by one share
+of one tensor. PyTorch and TensorFlow runs write and read the same files.
+
+Why not ``torch.distributed.checkpoint``: it needs a torch process group (this project's ranks
+talk through Horovod), its metadata file is a pickle (never unpickled from a user here), and
+TensorFlow could not read it. The layout follows its ideas (per-rank files, a coordinator's
+metadata written last, load-time resharding) and Megatron's (a piece is saved by one replica).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hvd_bert.files import atomic_write
+from hvd_bert.train.checkpoint import SHARDED as SUFFIX, SHARDED_INDEX as INDEX
+from hvd_bert.train.engine import CheckpointError
+
+__all__ = ["SUFFIX", "INDEX", "FORMAT", "Piece", "share_bounds", "write_rank", "write_index", "Reader",
+           "is_complete", "rank_pieces"]
+
+FORMAT = "hvd_bert.sharded/1"
+_FIX = "delete the folder to resume from the checkpoint before it, or restore it from a copy"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Elements ``flat`` (start, stop) of one share (``split``: (dim, parts, index), or None for
+    the whole) of the tensor ``name`` whose whole shape is ``shape``."""
+
+    name: str
+    shape: tuple
+    split: tuple | None = None
+    flat: tuple | None = None  # None: the whole share
+
+    def share_shape(self) -> tuple:
+        return share_shape(self.shape, self.split)
+
+    def span(self) -> tuple[int, int]:
+        return tuple(self.flat) if self.flat is not None else (0, math.prod(self.share_shape()))
+
+
+def share_shape(shape, split) -> tuple:
+    shape = tuple(int(s) for s in shape)
+    if split is None:
+        return shape
+    dim, parts, _ = split
+    if shape[dim] % parts:
+        raise ValueError(f"dimension {dim} of {shape} does not split {parts} ways")
+    return shape[:dim] + (shape[dim] // parts,) + shape[dim + 1:]
+
+
+def share_bounds(shape, split) -> tuple[int, int, int]:
+    """``(dim, start, stop)`` of a share along its split dimension (dim 0, the whole: None)."""
+    if split is None:
+        return 0, 0, int(shape[0]) if len(shape) else 1
+    dim, parts, index = split
+    n = int(shape[dim]) // parts
+    return dim, index * n, (index + 1) * n
+
+
+def rank_pieces(tensors: list[tuple[str, tuple, tuple | None]], parts: int, index: int,
+                replica: bool = True) -> list[tuple[int, Piece]]:
+    """``(position, piece)`` of the ``tensors`` (name, whole shape, this rank's split or None) that
+    writer ``index`` of ``parts`` owns: a contiguous 1/parts of their shares flattened one after
+    another (the ZeRO partition, :func:`hvd_bert.core.zero.partition`, so that a ZeRO rank writes
+    the pieces it updated). ``replica`` False (a tensor-parallel rank other than its group's
+    first): the tensors held whole on every rank of the group are left to the first."""
+    from hvd_bert.core.zero import partition
+
+    sizes = [math.prod(share_shape(shape, split)) for _, shape, split in tensors]
+    out = []
+    for i, off, _, n in partition(sizes, parts).pieces(index):
+        name, shape, split = tensors[i]
+        if replica or _norm(split) is not None:
+            out.append((i, Piece(name, tuple(shape), _norm(split), (off, off + n))))
+    return out
+
+
+# ---------------------------------------------------------------------- writing
+def _crc(a: np.ndarray) -> str:
+    import crc32c
+
+    return f"{crc32c.crc32c(np.ascontiguousarray(a).reshape(-1).view(np.uint8)):08x}"
+
+
+def write_rank(folder: str | Path, rank: int, pieces: list[tuple[Piece, np.ndarray]]) -> None:
+    """This rank's pieces as ``rank-<r>.safetensors`` and its manifest ``rank-<r>.json``, each
+    written atomically and fsynced, the manifest last (what the index waits for)."""
+    from safetensors.numpy import save_file
+
+    folder = Path(folder)
+    arrays, entries = {}, {}
+    for j, (piece, data) in enumerate(pieces):
+        key = f"{j}"
+        data = np.ascontiguousarray(data).reshape(-1)
+        arrays[key] = data
+        entries[key] = {"name": piece.name, "shape": list(piece.shape),
+                        "split": list(piece.split) if piece.split is not None else None,
+                        "flat": list(piece.span()), "dtype": str(data.dtype), "crc32c": _crc(data)}
+        if data.size != piece.span()[1] - piece.span()[0]:
+            raise ValueError(f"{piece.name}: {data.size} values for the range {piece.span()}")
+    data_file = folder / f"rank-{rank:05d}.safetensors"
+    atomic_write(data_file, lambda tmp: save_file(arrays, str(tmp)),
+                 size=sum(a.nbytes for a in arrays.values()))
+    manifest = {"file": data_file.name, "bytes": data_file.stat().st_size, "pieces": entries}
+    atomic_write(folder / f"rank-{rank:05d}.json", lambda tmp: tmp.write_text(json.dumps(manifest)))
+
+
+def write_index(folder: str | Path, writers: int, meta: dict, *, timeout_s: float = 600.0,
+                alive=lambda: True) -> Path:
+    """Rank 0, once every writer's manifest is on disk (polled: the writers may be other hosts on
+    a shared file system): ``index.json``, atomically, which makes the checkpoint complete.
+    ``alive()`` False or ``timeout_s`` passing without every manifest raises CheckpointError."""
+    folder = Path(folder)
+    names = [folder / f"rank-{r:05d}.json" for r in range(writers)]
+    deadline = time.monotonic() + timeout_s
+    while not all(p.is_file() for p in names):
+        if time.monotonic() > deadline or not alive():
+            missing = [p.name for p in names if not p.is_file()]
+            raise CheckpointError(f"{folder}: the shards {', '.join(missing[:4])} were not written within "
+                                  f"{timeout_s:.0f} s; the checkpoint stays incomplete (no {INDEX})")
+        time.sleep(0.02)
+    files = {}
+    for p in names:
+        m = json.loads(p.read_text())
+        files[m["file"]] = {"bytes": m["bytes"], "pieces": m["pieces"]}
+    index = {"format": FORMAT, "meta": meta, "files": files}
+    path = folder / INDEX
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(index)))
+    return path
+
+
+def is_complete(folder: str | Path) -> bool:
+    return (Path(folder) / INDEX).is_file()
+
+
+# ---------------------------------------------------------------------- reading
+class Reader:
+    """A complete sharded checkpoint, opened for reading any share of any tensor. Opening checks
+    the index and that every file it names is there with the size written; a piece's CRC-32C is
+    checked when the piece is read whole."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        path = self.folder / INDEX
+        if not path.is_file():
+            raise CheckpointError(f"{self.folder} is an incomplete checkpoint (no {INDEX}: its writing was "
+                                  f"interrupted); {_FIX}")
+        try:
+            index = json.loads(path.read_text())
+            ok = index.get("format") == FORMAT and isinstance(index.get("files"), dict)
+        except (OSError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            raise CheckpointError(f"{path} is not an index of hvd_bert's sharded checkpoints ({FORMAT}); "
+                                  f"{_FIX}")
+        self.meta = index.get("meta") or {}
+        self.chunks: dict[str, list[dict]] = {}
+        for file, info in index["files"].items():
+            p = self.folder / file
+            if Path(file).name != file or not p.is_file():
+                raise CheckpointError(f"{self.folder}: {INDEX} names the shard {file}, which is missing; "
+                                      f"{_FIX}")
+            if p.stat().st_size != info["bytes"]:
+                raise CheckpointError(f"{p} is truncated or damaged: {p.stat().st_size} bytes, "
+                                      f"{info['bytes']} were written; {_FIX}")
+            for key, e in info["pieces"].items():
+                self.chunks.setdefault(e["name"], []).append({**e, "file": file, "key": key})
+        self._open = {}
+
+    def names(self, prefix: str = "") -> list[str]:
+        return sorted(n for n in self.chunks if n.startswith(prefix))
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self._chunks(name)[0]["shape"])
+
+    def _chunks(self, name: str) -> list[dict]:
+        if name not in self.chunks:
+            raise CheckpointError(f"{self.folder} holds no tensor {name!r}: it was written by another model "
+                                  f"or optimizer; resume it with the settings it was written with")
+        return self.chunks[name]
+
+    def _slice(self, c: dict, lo: int, hi: int) -> np.ndarray:
+        from safetensors import safe_open
+
+        if c["file"] not in self._open:
+            try:
+                self._open[c["file"]] = safe_open(str(self.folder / c["file"]), framework="numpy")
+            except Exception as e:  # noqa: BLE001
+                raise CheckpointError(f"{self.folder / c['file']} cannot be read as safetensors "
+                                      f"({e}); {_FIX}") from None
+        a, b = c["flat"]
+        data = self._open[c["file"]].get_slice(c["key"])[lo - a:hi - a]
+        if (lo, hi) == (a, b) and _crc(data) != c["crc32c"]:
+            raise CheckpointError(f"{self.folder / c['file']} is damaged: the CRC-32C of {c['name']} no "
+                                  f"longer "
+                                  f"matches what was written; {_FIX}")
+        return data
+
+    def read(self, name: str, split=None, flat=None, dtype=np.float32) -> np.ndarray:
+        """Elements ``flat`` of share ``split`` of ``name`` (see :class:`Piece`), flat, from the
+        pieces that overlap it, whatever layout wrote them."""
+        chunks = self._chunks(name)
+        want = Piece(name, tuple(chunks[0]["shape"]), tuple(split) if split is not None else None,
+                     tuple(flat) if flat is not None else None)
+        lo, hi = want.span()
+        out = np.empty(hi - lo, dtype=dtype)
+        filled = np.zeros(hi - lo, dtype=bool)
+        same = [c for c in chunks if _norm(c["split"]) == _norm(want.split)]
+        if same:  # the layout that wrote it: flat ranges of this very share
+            for c in same:
+                a, b = max(lo, c["flat"][0]), min(hi, c["flat"][1])
+                if a < b:
+                    out[a - lo:b - lo] = self._slice(c, a, b)
+                    filled[a - lo:b - lo] = True
+        else:  # another split: place each overlapping share's pieces in this share's coordinates
+            share = np.empty(want.share_shape(), dtype=dtype)
+            have = np.zeros(want.share_shape(), dtype=bool)
+            for c in chunks:
+                _place(self, c, want, share, have)
+            out[:] = share.reshape(-1)[lo:hi]
+            filled[:] = have.reshape(-1)[lo:hi]
+        if not filled.all():
+            raise CheckpointError(f"{self.folder} does not hold all of {name} ({int((~filled).sum())} values "
+                                  f"missing): a shard of it is missing from {INDEX}; {_FIX}")
+        return out
+
+
+def _norm(split) -> tuple | None:
+    """A split into one part is the whole tensor."""
+    return None if split is None or split[1] == 1 else tuple(split)
+
+
+def _place(reader: Reader, c: dict, want: Piece, share: np.ndarray, have: np.ndarray) -> None:
+    """Copy what chunk ``c`` (a flat range of one share) holds of share ``want`` into it."""
+    shape = tuple(c["shape"])
+    src_split, want_split = _norm(c["split"]), _norm(want.split)
+    dims = {s[0] for s in (src_split, want_split) if s is not None}
+    if len(dims) > 1:
+        raise CheckpointError(f"{reader.folder}: {want.name} is split along another dimension than this "
+                              f"model splits it; {_FIX}")
+    dim = dims.pop() if dims else 0
+    _, s0, s1 = share_bounds(shape, src_split) if src_split is not None else (dim, 0, shape[dim])
+    _, w0, w1 = share_bounds(shape, want_split) if want_split is not None else (dim, 0, shape[dim])
+    a, b = max(s0, w0), min(s1, w1)
+    if a >= b:
+        return
+    src_shape = share_shape(shape, src_split)
+    buf = np.empty(src_shape, dtype=share.dtype)
+    got = np.zeros(src_shape, dtype=bool)
+    lo, hi = c["flat"]
+    buf.reshape(-1)[lo:hi] = reader._slice(c, lo, hi)
+    got.reshape(-1)[lo:hi] = True
+    src = [slice(None)] * len(shape)
+    dst = [slice(None)] * len(shape)
+    src[dim], dst[dim] = slice(a - s0, b - s0), slice(a - w0, b - w0)
+    mask = got[tuple(src)]
+    share[tuple(dst)][mask] = buf[tuple(src)][mask]
+    have[tuple(dst)] |= mask

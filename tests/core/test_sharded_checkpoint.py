@@ -1,0 +1,97 @@
+"""Sharded checkpoints (hvd_bert/train/sharded_checkpoint.py): pieces written under one layout
+(tensor-parallel degree T, data-parallel writers D) read back under any other, equal to the
+whole tensors bit for bit; an incomplete or damaged checkpoint refused in one line."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hvd_bert.train import sharded_checkpoint as S
+from hvd_bert.train.engine import CheckpointError
+
+# name, whole shape, the dimension tensor parallelism splits (None: whole on every rank)
+TENSORS = [("model/emb", (12, 4), None), ("model/qkv.weight", (8, 6), 0), ("model/out.weight", (6, 8), 1),
+           ("model/out.bias", (6,), None), ("optim/exp_avg/qkv.weight", (8, 6), 0),
+           ("model/scalar", (), None)]
+
+
+def whole():
+    rng = np.random.default_rng(0)
+    return {n: rng.standard_normal(shape).astype(np.float32) for n, shape, _ in TENSORS}
+
+
+def share(a, dim, t, i):
+    return a if dim is None or t == 1 else np.split(a, t, axis=dim)[i]
+
+
+def write(folder, t, d):
+    """Every rank of a layout of T x D ranks writes its pieces; then the index."""
+    arrays = whole()
+    folder.mkdir()
+    for rank in range(t * d):
+        ti, di = rank % t, rank // t
+        local = [(n, shape, (dim, t, ti) if dim is not None else None) for n, shape, dim in TENSORS]
+        pieces = S.rank_pieces(local, d, di, replica=ti == 0)
+        S.write_rank(folder, rank, [(p, share(arrays[p.name], dim, t, ti).reshape(-1)[slice(*p.flat)])
+                                    for (i, p), (_, _, dim) in ((ip, TENSORS[ip[0]]) for ip in pieces)])
+    S.write_index(folder, t * d, {"step": 7}, timeout_s=5)
+    return arrays
+
+
+@pytest.mark.parametrize("saved", [(1, 1), (2, 2), (1, 3), (2, 1)])
+@pytest.mark.parametrize("loaded", [(1, 1), (2, 3), (1, 2), (2, 1)])
+def test_any_layout_reads_what_any_layout_wrote(tmp_path, saved, loaded):
+    arrays = write(tmp_path / "c", *saved)
+    r = S.Reader(tmp_path / "c")
+    assert r.meta == {"step": 7}
+    t, d = loaded
+    for name, shape, dim in TENSORS:
+        for ti in range(t):
+            split = (dim, t, ti) if dim is not None else None
+            want = share(arrays[name], dim, t, ti).reshape(-1)
+            np.testing.assert_array_equal(r.read(name, split), want)
+            for di in range(d):
+                for _, p in S.rank_pieces([(name, shape, split)], d, di):
+                    np.testing.assert_array_equal(r.read(name, split, p.flat), want[slice(*p.flat)])
+
+
+def test_every_value_is_written_once(tmp_path):
+    write(tmp_path / "c", 2, 2)
+    index = json.loads((tmp_path / "c" / S.INDEX).read_text())
+    written = sum(e["flat"][1] - e["flat"][0] for f in index["files"].values() for e in f["pieces"].values())
+    assert written == sum(int(np.prod(s)) for _, s, _ in TENSORS)
+
+
+def test_no_index_is_an_incomplete_checkpoint(tmp_path):
+    write(tmp_path / "c", 1, 2)
+    (tmp_path / "c" / S.INDEX).unlink()
+    assert not S.is_complete(tmp_path / "c")
+    with pytest.raises(CheckpointError, match="incomplete checkpoint"):
+        S.Reader(tmp_path / "c")
+
+
+def test_a_missing_truncated_or_damaged_shard_is_refused(tmp_path):
+    write(tmp_path / "c", 1, 2)
+    shard = tmp_path / "c" / "rank-00001.safetensors"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-3])
+    with pytest.raises(CheckpointError, match="truncated"):
+        S.Reader(tmp_path / "c")
+    flipped = bytearray(data)
+    flipped[-2] ^= 0xFF
+    shard.write_bytes(bytes(flipped))
+    r = S.Reader(tmp_path / "c")
+    with pytest.raises(CheckpointError, match="damaged"):
+        for name, _, _ in TENSORS:
+            r.read(name)
+    shard.unlink()
+    with pytest.raises(CheckpointError, match="names the shard rank-00001.safetensors, which is missing"):
+        S.Reader(tmp_path / "c")
+
+
+def test_the_index_waits_for_every_writer(tmp_path):
+    (tmp_path / "c").mkdir()
+    with pytest.raises(CheckpointError, match="rank-00001.json were not written"):
+        S.write_index(tmp_path / "c", 2, {}, timeout_s=0.1)
+    assert not S.is_complete(tmp_path / "c")
