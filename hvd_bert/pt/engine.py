@@ -41,7 +41,7 @@ from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, checkpoint_meta,
                                    engine_settings, peak_host_bytes, resume_on_rank0,
                                    rng_for_rank)
-from hvd_bert.train.elastic import launched_elastic, sync_shards
+from hvd_bert.train.elastic import launched_elastic
 from hvd_bert.train.loop import fit
 from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
@@ -115,7 +115,7 @@ class Engine:
         self.last_metrics: dict = {}
 
         self.zero, self.tp = None, tp_groups
-        self._zero_full = None  # ZeRO under elastic: the whole optimizer state of the last commit
+        self._zero_commit = None  # ZeRO under elastic: the last commit's shards (own and a neighbour's)
         # the data this rank reads: its data-parallel replica's (a tensor-parallel group reads one)
         self.data_rank, self.data_size = (tp_groups.dp_rank, tp_groups.dp_size) if tp_groups else \
             (self.rank, self.world_size)
@@ -198,6 +198,7 @@ class Engine:
                 "peak": torch.cuda.max_memory_allocated(self.device) if cuda else peak_host_bytes(),
                 "peak_of": "CUDA allocations" if cuda else "host resident",
                 "zero_stage": self.zero.stage if self.zero is not None else 0, "world_size": self.data_size,
+                "elastic_commit": self.zero.commit_bytes(self._zero_commit) if self._zero_commit else None,
                 "tensor_parallel": self.tp.size if self.tp is not None else 1}
 
     def optimizer_state_bytes(self) -> int:
@@ -207,9 +208,9 @@ class Engine:
     # ------------------------------------------------------------------ elastic (train.elastic)
     def snapshot(self) -> dict:
         """The training state in host memory (what an elastic commit keeps; a collective under
-        ZeRO: every rank keeps the whole optimizer state, so that a lost rank's shard survives)."""
+        ZeRO: every rank keeps its shard and its ring neighbour's, so that a lost rank's survives)."""
         if self.zero is not None:
-            optimizer = self._zero_full = self.zero.full_state()
+            optimizer = self._zero_commit = self.zero.commit()
         else:
             optimizer = to_cpu(self.optimizer.state_dict())
         return {"model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
@@ -221,7 +222,7 @@ class Engine:
         :meth:`sync`, once the new world is known."""
         self.model.load_state_dict(snap["model"])
         if self.zero is not None:
-            self._zero_full = snap["optimizer"]
+            self._zero_commit = snap["optimizer"]
             self.zero.drop_gradients()
             if self.zero.stage < 2:  # (Horovod's optimizer: its handles dropped; it holds no state)
                 self.optimizer.load_state_dict(self.optimizer.state_dict())
@@ -233,15 +234,18 @@ class Engine:
 
     def sync(self) -> None:
         """Rank 0's parameters, optimizer state and loss scale on every rank (a collective).
-        ZeRO: the state is split over this world's ranks, each taking its shard of rank 0's
-        last commit (every rank receives it whole, as stage 0's broadcast sends it)."""
+        ZeRO: the state is split over this world's ranks, each shard rebuilt from the shards the
+        ranks committed (``ShardedOptimizer.recover``); the commit then follows the new world (in
+        place: a later restore of the same commit finds it)."""
         self.broadcast()
         if self.zero is not None:
-            self._zero_full = sync_shards(
-                self.zero, self._zero_full,
-                lambda obj, name: hvd.broadcast_object(obj, root_rank=0, name=name),  # Horovod:
-                lambda flat, n, name: hvd.broadcast(flat if flat is not None else torch.zeros(n),
-                                                    root_rank=0, name=name))
+            self.zero.repartition()
+            new = self.zero.recover(self._zero_commit)
+            if self._zero_commit is not None and new is not None:
+                self._zero_commit.clear()
+                self._zero_commit.update(new)
+            else:
+                self._zero_commit = new
         self.scaler.load_state_dict(hvd.broadcast_object(self.scaler.state_dict(), root_rank=0,
                                                          name="hvd_bert.elastic.scaler"))
 

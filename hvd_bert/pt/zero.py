@@ -21,9 +21,14 @@ multiple of N, rank r owning elements ``[r S, (r + 1) S)``):
   of squares of the weights, and the total of the gradient's, completed by one small allreduce;
   LAMB's update norms by a second. A non-finite total on any rank is non-finite on every rank,
   so every rank skips the same steps (fp16: the loss scale backs off alike).
-* Checkpoints hold the optimizer state as the unsharded optimizer's ``state_dict`` (what stage
-  0 writes): rank 0 receives it buffer by buffer, shard by shard, and a resume sends each rank
-  its shard of whatever the file holds, so a run resumes at any stage and on any world size.
+* Checkpoints: consolidated ones hold the optimizer state as the unsharded optimizer's
+  ``state_dict`` (what stage 0 writes): rank 0 receives it buffer by buffer, shard by shard, and
+  a resume sends each rank its shard of whatever the file holds. Sharded ones
+  (``hvd_bert.pt.sharded``) are written and read by every rank, its own shard only. Either
+  resumes at any stage and on any world size.
+* Elastic commits keep a rank's shard and its ring neighbour's (:meth:`ShardedOptimizer.commit`):
+  2/N of the state per rank; after the loss of one rank the survivors rebuild every shard of the
+  new world from them (:meth:`ShardedOptimizer.recover`).
 """
 
 from __future__ import annotations
@@ -82,7 +87,7 @@ class ShardedOptimizer:
 
     def repartition(self) -> None:
         """Split the state over the process set's ranks as they are now (at start, and after
-        Horovod elastic changed the world: :meth:`load_full` then fills the new shards)."""
+        Horovod elastic changed the world: :meth:`recover` then fills the new shards)."""
         self.roots = self.process_set.ranks or list(range(self.process_set.size()))
         self.rank, self.size = (self.process_set.rank(), self.process_set.size()) if self.stage else (0, 1)
         self.part = Z.partition([p.numel() for p in self.params], self.size)
@@ -353,24 +358,69 @@ class ShardedOptimizer:
             self._read([st.get(name) for st in states], lo, hi, self.state[name])
 
     # ------------------------------------------------------------------ elastic
-    def full_state(self) -> dict:
-        """Every buffer whole (flat, in host memory) and the step count, on every rank: what an
-        elastic commit keeps, so that a lost rank's shard survives it (a collective)."""
-        full = {"step": self.step_count}
-        for name in self.buffers:
-            got = self.state[name][None] if self.size == 1 else hvd.allgather(
-                self.state[name][None], name=f"hvd_bert.zero.commit.{name}", process_set=self.process_set)
-            full[name] = got.reshape(-1)[:self.part.total].to("cpu", copy=True)
-        return full
+    def commit(self) -> dict:
+        """What an elastic commit keeps of the optimizer state (a collective): this rank's shard and
+        a copy of its ring neighbour's (rank r + 1's, sent by an alltoall), in host memory: 2/N of
+        the state per rank, from which the loss of any one rank is recovered (:meth:`recover`)."""
+        shards = {self.rank: {n: self.state[n].to("cpu", copy=True) for n in self.buffers}}
+        if self.size > 1 and self.buffers:
+            mine = torch.stack([self.state[n] for n in self.buffers]).reshape(1, -1)
+            splits = torch.zeros(self.size, dtype=torch.int32)
+            splits[(self.rank - 1) % self.size] = 1  # Horovod: to the ring neighbour before this rank
+            got, _ = hvd.alltoall(mine, splits=splits, name="hvd_bert.zero.commit",
+                                  process_set=self.process_set)
+            got = got.reshape(len(self.buffers), -1).cpu()
+            shards[(self.rank + 1) % self.size] = {n: got[i].clone() for i, n in enumerate(self.buffers)}
+        return {"world_size": self.size, "step": self.step_count, "shards": shards}
 
-    def load_full(self, full: dict) -> None:
-        """This rank's shard of a :meth:`full_state` (no collective)."""
-        self.step_count = int(full["step"])
+    @staticmethod
+    def commit_bytes(commit: dict) -> int:
+        return sum(t.numel() * t.element_size() for s in commit["shards"].values() for t in s.values())
+
+    def recover(self, commit: dict | None) -> dict | None:
+        """This world's shards (after :meth:`repartition`) from the commits the ranks hold now (a
+        collective; a worker that joined holds none): each old shard is broadcast once by a rank
+        that holds it, and every rank keeps what falls in its new shard. Returns this rank's
+        commit in the new world (None when no rank had committed: the state stays fresh).
+        Raises RuntimeError when a shard was held by ranks that are all gone (two neighbours)."""
+        # (world size, step, the shards held: at most 2) of every rank's commit; -1: none
+        held = [-1] * 4 if commit is None else \
+            [commit["world_size"], commit["step"], *sorted(commit["shards"]), -1][:4]
+        rows = hvd.allgather(torch.tensor([held], dtype=torch.int64), name="hvd_bert.zero.recover",
+                             process_set=self.process_set).tolist()
+        infos = [None if n < 0 else (n, s, [j for j in js if j >= 0]) for n, s, *js in rows]
+        known = {(n, s) for n, s, _ in (i for i in infos if i is not None)}
+        if not known:
+            return None
+        if len(known) > 1:
+            raise RuntimeError(f"the ranks' elastic commits disagree ({sorted(known)}); restart the job from "
+                               f"its last checkpoint (hvd-bert resumes it)")
+        ((old_size, step),) = known
+        holder = {}
+        for r, info in enumerate(infos):
+            for j in (info[2] if info is not None else []):
+                holder.setdefault(j, r)
+        lost = [j for j in range(old_size) if j not in holder]
+        if lost:
+            raise RuntimeError(f"the optimizer state of former ranks {lost} was lost with them and their "
+                               f"ring neighbours (an elastic commit keeps each shard on two ranks: one lost "
+                               f"rank is recovered, not two neighbours); restart the job from its last "
+                               f"checkpoint (hvd-bert resumes it)")
+        old = Z.partition(self.part.sizes, old_size)
         lo, hi = self.part.bounds(self.rank)
+        self.step_count = step
         for name in self.buffers:
-            piece = full[name][lo:min(hi, self.part.total)]
             self.state[name].zero_()
-            self.state[name][:piece.numel()].copy_(piece)
+            for j in range(old_size):
+                src = commit["shards"][j][name] if holder[j] == self.rank else \
+                    torch.empty(old.shard, dtype=self.state[name].dtype)
+                got = hvd.broadcast(src, root_rank=self.roots[holder[j]],
+                                    name=f"hvd_bert.zero.recover.{name}.{j}", process_set=self.process_set)
+                a, b = old.bounds(j)
+                a, b = max(a, lo), min(b, hi, self.part.total)
+                if a < b:
+                    self.state[name][a - lo:b - lo].copy_(got[a - j * old.shard:b - j * old.shard])
+        return self.commit()
 
     def drop_gradients(self) -> None:
         """Forget every gradient and reduction in flight without waiting for it (after Horovod
