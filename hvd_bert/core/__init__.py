@@ -9,4 +9,5 @@ are tested against.
     model_size  memory per rank and step time of ZeRO stages and tensor parallelism (simulate)
     kernels     what the fused kernels of both frameworks agree on (GELU forms, the compile switch)
     zero        ZeRO's partition over the ranks: shards, partial norms, one rank's sharded step
+    init        layout-independent initialisation: each tensor's seed, BERT's rule per tensor
 """

@@ -59,10 +59,12 @@ def run(cfg: PretrainConfig, backend) -> dict:
                           f"{bert.max_position_embeddings} positions of init_checkpoint "
                           f"{cfg.init_checkpoint}: give --set max_seq_length={bert.max_position_embeddings} "
                           f"or less (and data prepared for it)")
-    backend.seed(cfg.train.seed + rank)  # per-rank dropout streams; the weights come from rank 0
-    model = backend.bert_pretraining(bert, cfg.max_seq_length, cfg.max_predictions_per_seq)
+    backend.seed(cfg.train.seed + rank)  # per-rank dropout streams
+    # PyTorch builds only this rank's share (train.tensor_parallel), the same weights on any layout
+    model = backend.bert_pretraining(bert, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.train)
     error = None
-    if cfg.init_checkpoint and launch.reads_here(rank):  # phase 2: weights only; the engine broadcasts them
+    split = cfg.train.tensor_parallel > 1  # (then every rank loads its share of init_checkpoint)
+    if cfg.init_checkpoint and (launch.reads_here(rank) or split):  # phase 2: weights only (broadcast)
         try:
             arrays, config = backend.read_checkpoint_weights(cfg.init_checkpoint)
             if config is not None:  # before the weights: a data/vocab mismatch is the data's fault
@@ -75,7 +77,7 @@ def run(cfg: PretrainConfig, backend) -> dict:
     error = launch.shared(backend.broadcast_object, error, "hvd_bert.pretrain.init")  # every rank stops on it
     if error:
         raise WeightsError(error)
-    dense = backend.param_count(model)  # (before the engine splits it under tensor parallelism)
+    dense = backend.param_count(model)  # (the dense model's, also when this rank holds a share)
     train = launch.layout(cfg.train, size)  # (elastic: the global batch laid out on this world)
     engine = backend.engine(model, backend.pretraining_loss, train, sync=launch.syncs_at_start)
     # (a tensor-parallel group reads one batch: the data is split over the data-parallel replicas)
@@ -89,9 +91,9 @@ def run(cfg: PretrainConfig, backend) -> dict:
     log = open_run(cfg, backend, rank, total_steps=total, bert=bert, launch=launch,
                    line_keys=("loss", "mlm_accuracy", "lr", "sequences_per_s"))
     name = f"BERT from {cfg.init_checkpoint}" if init is not None else f"BERT-{cfg.model}"
-    tp = cfg.train.tensor_parallel  # (the engine split the layers: this rank holds its share)
-    share = (f", {backend.param_count(model) / 1e6:.1f}M on each of its {tp} tensor-parallel ranks" if tp > 1
-             else "")
+    tp = cfg.train.tensor_parallel  # (built split: this rank holds its share)
+    mine = backend.param_count(model, share=True)
+    share = f", {mine / 1e6:.1f}M on each of its {tp} tensor-parallel ranks" if tp > 1 else ""
     log.print(f"model: {name} ({dense / 1e6:.1f}M parameters{share}, "
               f"{backend.label}), "
               f"data: {cfg.data} ({meta['total_records']} sequences of {cfg.max_seq_length}, "

@@ -5,6 +5,7 @@ PyTorch. The jobs are written once against this surface (``hvd_bert.train.backen
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Iterator
 
@@ -64,9 +65,21 @@ class PyTorchBackend(ModelFunctions):
         return hvd.allreduce(t, op=hvd.Sum, name=name).numpy()  # Horovod:
 
     # ------------------------------------------------------------------ models
-    def bert_pretraining(self, config: BertConfig, max_seq_length: int, max_predictions: int):
+    def bert_pretraining(self, config: BertConfig, max_seq_length: int, max_predictions: int,
+                         train: TrainConfig | None = None):
         from hvd_bert.pt.models.bert import BertForPreTraining
-        return BertForPreTraining(config).to(self.device)
+        if train is None:
+            return BertForPreTraining(config).to(self.device)
+        from hvd_bert.pt import tensor_parallel as TP
+        return TP.build(lambda: BertForPreTraining(config), seed=train.seed, std=config.initializer_range,
+                        tp=train.tensor_parallel, device=self.device)
+
+    def load_weights(self, model, arrays: dict, source: str) -> None:
+        groups = getattr(model, "tp_groups", None)
+        if groups is None:
+            return super().load_weights(model, arrays, source)
+        from hvd_bert.pt import tensor_parallel as TP
+        TP.load_whole(model, arrays, groups, source)  # (every rank its share of the whole tensors)
 
     def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int):
         from hvd_bert.pt.models.bert import BertForSequenceClassification
@@ -80,8 +93,12 @@ class PyTorchBackend(ModelFunctions):
         from hvd_bert.pt.models.ncf import NeuMF
         return NeuMF(n_users, n_items, m.factors, m.layers, m.dropout).to(self.device)
 
-    def param_count(self, model) -> int:
-        return sum(p.numel() for p in model.parameters())
+    def param_count(self, model, share: bool = False) -> int:
+        groups = getattr(model, "tp_groups", None)
+        if share or groups is None:
+            return sum(p.numel() for p in model.parameters())
+        from hvd_bert.pt import tensor_parallel as TP
+        return sum(math.prod(TP.whole_shape(n, p.shape, groups)) for n, p in model.named_parameters())
 
     # ------------------------------------------------------------------ training
     def engine(self, model, loss_fn, train: TrainConfig, sync: bool = True):

@@ -31,6 +31,7 @@ split along which dimension (the plan's, as each parallel layer declares it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -40,8 +41,9 @@ import horovod.torch as hvd
 from hvd_bert.pt.models.bert import BertLayer
 from hvd_bert.pt.parallel_layers import COLUMN, ROW, ColumnParallelLinear, RowParallelLinear, parallelize
 
-__all__ = ["Groups", "make_groups", "split_layers", "gather", "gather_state_dict", "split_dim",
-           "setup", "norm_weights", "broadcast_in_group", "gather_optimizer_state", "scatter_from_rank0"]
+__all__ = ["Groups", "make_groups", "build", "init_shares", "load_whole", "split_layers", "gather",
+           "gather_state_dict", "split_dim", "setup", "norm_weights", "broadcast_in_group",
+           "gather_optimizer_state", "scatter_from_rank0"]
 
 _LAYERS = {COLUMN: ColumnParallelLinear, ROW: RowParallelLinear}
 
@@ -126,12 +128,68 @@ def gather_state_dict(model: nn.Module, groups: Groups) -> dict:
     return {name: gather(name, t, groups) for name, t in model.state_dict().items()}
 
 
+# ---------------------------------------------------------------------- building only a share
+def build(make: Callable[[], nn.Module], *, seed: int, std: float, tp: int, device) -> nn.Module:
+    """The model ``make()`` builds, with only this rank's share of it ever materialised: built on
+    the meta device, its layers split over groups of ``tp`` ranks (none when ``tp`` is 1), then
+    its shares allocated on ``device`` and initialised layout-independently
+    (:func:`init_shares`). ``setup`` finds it split (``model.tp_groups``)."""
+    groups = make_groups(tp) if tp > 1 else None
+    with torch.device("meta"):
+        model = make()
+    if groups is not None:
+        split_layers(model, groups)
+    if any(True for _ in model.buffers()):
+        raise ValueError(f"{type(model).__name__} has buffers, which a build on the meta device leaves empty")
+    model.to_empty(device=device)
+    init_shares(model, seed=seed, std=std, groups=groups)
+    model.tp_groups = groups
+    return model
+
+
+@torch.no_grad()
+def init_shares(model: nn.Module, *, seed: int, std: float, groups: Groups | None) -> None:
+    """BERT's initialisation (``core.init.bert_rule``), each tensor drawn whole from a generator
+    seeded by (seed, its name) and this rank's share kept: the same dense model for every layout."""
+    from hvd_bert.core.init import bert_rule, tensor_seed
+
+    for name, p in model.named_parameters():
+        rule, scale = bert_rule(name, std)
+        if rule != "normal":
+            p.fill_(1.0 if rule == "ones" else 0.0)
+            continue
+        g = torch.Generator().manual_seed(tensor_seed(seed, name))
+        whole = torch.empty(whole_shape(name, p.shape, groups)).normal_(0.0, scale, generator=g)
+        p.copy_(share_of(name, whole, groups))
+
+
+@torch.no_grad()
+def load_whole(model: nn.Module, arrays: dict, groups: Groups, source: str) -> None:
+    """Whole portable weights (a published or earlier checkpoint) into a split model: each rank
+    copies its share of each, checked name by name against the whole shapes."""
+    import numpy as np
+
+    from hvd_bert.weights.portable import fit_for_model
+
+    state = model.state_dict()
+    expected = {k: tuple(whole_shape(k, t.shape, groups)) for k, t in state.items()}
+    for k, a in fit_for_model(arrays, expected, classifier=False, source=source).items():
+        state[k].copy_(share_of(k, torch.from_numpy(np.ascontiguousarray(a)), groups).to(state[k].dtype))
+
+
 # ---------------------------------------------------------------------- the engine's side
 def setup(model: nn.Module, tp: int) -> Groups:
     """Split ``model``'s layers over groups of ``tp`` ranks (a collective): the groups' process
-    sets, one dense model (rank 0's) before the split, and one dropout stream per group."""
+    sets, one dense model (rank 0's) before the split, and one dropout stream per group. A model
+    :func:`build` split already keeps its shares."""
     from hvd_bert.config import ConfigError
 
+    built = getattr(model, "tp_groups", None)
+    if built is not None:
+        if built.size != tp:
+            raise ConfigError(f"the model was built split {built.size} ways, train.tensor_parallel is {tp}")
+        same_rng_in_group(built)
+        return built
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList) or not all(hasattr(m, "c") for m in layers):
         raise ConfigError(f"train.tensor_parallel={tp} splits hvd_bert's BERT layers; this model "
@@ -177,14 +235,14 @@ def gather_optimizer_state(sd: dict, names: list[str], groups: Groups) -> dict:
     return {**sd, "state": state}
 
 
-def share_of(name: str, full: torch.Tensor, groups: Groups) -> torch.Tensor:
+def share_of(name: str, full: torch.Tensor, groups: Groups | None) -> torch.Tensor:
     """This rank's share of the whole tensor ``name``."""
-    dim = split_dim(name)
+    dim = split_dim(name) if groups is not None else None
     return full if dim is None else _share(full, dim, groups)
 
 
-def whole_shape(name: str, shape, groups: Groups) -> list[int]:
-    dim = split_dim(name)
+def whole_shape(name: str, shape, groups: Groups | None) -> list[int]:
+    dim = split_dim(name) if groups is not None else None
     out = list(shape)
     if dim is not None:
         out[dim] *= groups.size

@@ -59,7 +59,7 @@ class TensorFlowBackend(ModelFunctions):
         return hvd.allreduce(t, op=hvd.Sum, name=name).numpy()  # Horovod:
 
     # ------------------------------------------------------------------ models
-    def bert_pretraining(self, config: BertConfig, max_seq_length: int, max_predictions: int):
+    def bert_pretraining(self, config: BertConfig, max_seq_length: int, max_predictions: int, train=None):
         from hvd_bert.tf.models.bert import BertForPreTraining, build_model
         return build_model(BertForPreTraining(config), max_seq_length, max_predictions)
 
@@ -77,7 +77,7 @@ class TensorFlowBackend(ModelFunctions):
         model({"users": tf.zeros([1], tf.int32), "items": tf.zeros([1], tf.int32)})  # build
         return model
 
-    def param_count(self, model) -> int:
+    def param_count(self, model, share: bool = False) -> int:  # (no tensor parallelism: the same)
         return sum(int(tf.size(v)) for v in model.trainable_variables)
 
     # ------------------------------------------------------------------ training

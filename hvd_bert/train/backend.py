@@ -55,7 +55,11 @@ class Backend(Protocol):
         """``add_scalar(tag, value, step)`` / ``close()``, or None."""
 
     # models
-    def bert_pretraining(self, config: BertConfig, max_seq_length: int, max_predictions: int) -> Any: ...
+    def bert_pretraining(self, config: BertConfig, max_seq_length: int, max_predictions: int,
+                         train: TrainConfig | None = None) -> Any:
+        """BERT for pretraining. PyTorch, given ``train``: built on the meta device and only this
+        rank's share materialised (``train.tensor_parallel``), initialised from ``train.seed``
+        the same whatever the layout (``hvd_bert.pt.tensor_parallel.build``)."""
 
     def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int) -> Any:
         """A classifier on the pooled first token; ``num_labels=1``: a regression head."""
@@ -65,7 +69,9 @@ class Backend(Protocol):
 
     def neumf(self, n_users: int, n_items: int, model_cfg) -> Any: ...
 
-    def param_count(self, model) -> int: ...
+    def param_count(self, model, share: bool = False) -> int:
+        """The model's parameters (the dense model's, under tensor parallelism; ``share``: this
+        rank's)."""
 
     def read_checkpoint_weights(self, path: str | Path) -> tuple[dict, BertConfig | None]: ...
 

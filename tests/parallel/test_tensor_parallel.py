@@ -35,9 +35,11 @@ def launched(tmp_path_factory):
 
     def train(tp, stage, optim, steps, folder):
         return ["train", tp, stage, optim, steps, str(root / folder)]
-    launch(2, {f"dense-{o}": train(1, 0, o, 3, f"dense-{o}") for o in ("lamb", "nvlamb", "lars")}, "dense")
+    dense = {f"dense-{o}": train(1, 0, o, 3, f"dense-{o}") for o in ("lamb", "nvlamb", "lars")}
+    launch(2, {"build-1": ["build", 1], **dense}, "dense")
     shutil.copytree(root / "dense-lamb", root / "dense-then-split")
-    launch(4, {"layers": ["layers", 2], "split-0-lamb": train(2, 0, "lamb", 3, "split-0-lamb"),
+    launch(4, {"layers": ["layers", 2], "build-2": ["build", 2], "build-4": ["build", 4],
+               "split-0-lamb": train(2, 0, "lamb", 3, "split-0-lamb"),
                "split-1-nvlamb": train(2, 1, "nvlamb", 3, "split-1-nvlamb"),
                "split-2-lars": train(2, 2, "lars", 3, "split-2-lars"),
                "dense-then-split": train(2, 1, "lamb", 5, "dense-then-split")}, "split")
@@ -135,3 +137,19 @@ def test_a_run_resumes_from_either_layout_s_checkpoint(launched):
     a, b = launched[1]["dense-then-split"][0], launched[1]["split-then-dense"][0]
     assert a["step"] == b["step"] == 5 and len(a["losses"]) == len(b["losses"]) == 2
     _compare(a["weights"], b["weights"], "test_a_run_resumes_from_either_layout_s_checkpoint")
+
+
+def test_a_model_built_split_is_the_dense_model_of_the_same_seed(launched):
+    """``tensor_parallel.build``: on the meta device, split, then only each rank's share allocated
+    and initialised from (seed, tensor name): gathered, the dense model of 1 rank bit for bit,
+    and each rank held its share only."""
+    results = launched[1]
+    dense = results["build-1"][0]
+    for t in (2, 4):
+        for r in results[f"build-{t}"]:
+            assert r["weights"] == dense["weights"], t
+            assert r["share"] < dense["share"] * (0.75 if t == 2 else 0.6), (t, r["share"], dense["share"])
+    # BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm scales
+    w = dense["weights"]
+    assert abs(np.std(w["layers.0.query.weight"]) - 0.02) < 0.002
+    assert set(w["layers.0.query.bias"]) == {0.0} and set(w["layers.0.attention_LayerNorm.weight"]) == {1.0}

@@ -2,7 +2,7 @@
 
     python tensor_parallel.py batch SCENARIOS.json OUT_DIR
 
-SCENARIOS.json: ``{name: ["layers", T] or ["train", T, ZERO_STAGE, OPTIM, STEPS, CKPT_DIR] or
+SCENARIOS.json: ``{name: ["layers", T] or ["build", T] or ["train", T, ZERO_STAGE, OPTIM, STEPS, CKPT_DIR] or
 ["reshard", T, ZERO_STAGE, STEPS, CKPT_DIR, FORMAT, SAVE_AT, KILL_AT]}``, run in order in one
 launch; ``OUT_DIR/rank<r>.json`` holds each one's result by name (``reshard``: see its docstring).
 
@@ -76,6 +76,18 @@ def train(tp: int, stage: int, optim: str, steps: int, ckpt: str) -> dict:
             "weights": {k: t.reshape(-1).tolist() for k, t in weights.items()}}
 
 
+def build(tp: int) -> dict:
+    """The model built on the meta device with only this rank's share materialised
+    (``tensor_parallel.build``), gathered whole: its weights and each rank's share's size."""
+    from hvd_bert.pt.tensor_parallel import build as build_share
+
+    model = build_share(lambda: BertForPreTraining(CONFIG), seed=5, std=0.02, tp=tp, device="cpu")
+    weights = gather_state_dict(model, model.tp_groups) if tp > 1 else model.state_dict()
+    hvd.barrier()
+    return {"share": sum(p.numel() for p in model.parameters()),
+            "weights": {k: t.reshape(-1).tolist() for k, t in weights.items()}}
+
+
 GLOBAL = 12  # the reshard scenarios' global batch: 12 / D rows on each of D = 1, 2, 3 or 4 replicas
 
 
@@ -122,7 +134,8 @@ def main():
     results = {}
     with open(spec) as f:
         for name, (mode, *args) in json.load(f).items():
-            results[name] = {"layers": layers, "train": train, "reshard": reshard}[mode](*args)
+            run = {"layers": layers, "train": train, "reshard": reshard, "build": build}[mode]
+            results[name] = run(*args)
     with open(os.path.join(out, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump({"rank": hvd.rank(), **results}, f)
 
