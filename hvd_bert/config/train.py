@@ -323,6 +323,9 @@ class TrainConfig:
                                       "global batch; each rank's data share and RNG stream change)")
     resume_unchecked: bool = doc(False, "resume a run folder's checkpoints although its config.json is "
                                         "missing or damaged (the settings given now are not compared)")
+    check_memory: bool = doc(True, "pretraining: refuse to start (one line, exit 2) when the training "
+                                   "state the ranks on a host (or a GPU) will hold exceeds its available "
+                                   "memory, as the memory plan line computes it before anything is built")
     max_skipped_steps: int = doc(
         50, "stop with an error after this many optimizer steps in a row were skipped for inf/NaN "
             "gradients (a diverged run: lower train.optim.lr, or use fp32)")

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from hvd_bert.core.cost_model import Interconnect, Workload, allreduce_time
 
 __all__ = ["Layout", "Shape", "BERT_SHAPES", "state_bytes_per_param", "activation_bytes", "project_layout",
-           "largest_model", "report_model_size", "LAYOUTS"]
+           "largest_model", "report_model_size", "LAYOUTS", "bert_parameters", "RankMemory", "rank_memory",
+           "memory_plan_line"]
 
 GB = 1e9
 
@@ -186,3 +187,55 @@ def report_model_size(w: Workload, shape: Shape | None, ranks: int, net: Interco
     lines.append(f"{w.name}: {need}; {zero}")
     return lines
 
+
+
+# ---------------------------------------------------------------------- one job's memory, before it runs
+def bert_parameters(c) -> tuple[int, int]:
+    """``(split, whole)``: the parameters of hvd_bert's BERT for pretraining (``c``: a
+    BertConfig) that tensor parallelism splits (each layer's query, key, value, first MLP
+    projection, their biases, and the two row-parallel weights) and those every rank holds whole
+    (embeddings, LayerNorms, the row-parallel biases, pooler and heads)."""
+    h, i, L = c.hidden_size, c.intermediate_size, c.num_layers
+    split = L * (4 * h * h + 3 * h + 2 * h * i + i)
+    layer_whole = L * (2 * h + 4 * h)  # (attention and MLP output biases, two LayerNorms)
+    embeddings = (c.padded_vocab_size + c.max_position_embeddings + c.type_vocab_size) * h + 2 * h
+    # pooler, MLM transform, its LayerNorm and output bias, NSP
+    heads = (h * h + h) * 2 + 2 * h + c.padded_vocab_size + 2 * h + 2
+    return split, layer_whole + embeddings + heads
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """What one rank holds of a training run's state, in bytes (fp32 weights, gradients and
+    optimizer state, as hvd_bert's engines keep them)."""
+
+    weights: float
+    gradients: float
+    optimizer_state: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer_state
+
+
+def rank_memory(split: int, whole: int, *, buffers: int, zero_stage: int, tensor_parallel: int,
+                data_parallel: int, bytes_per_value: int = 4) -> RankMemory:
+    """One rank's share: ``split`` parameters over the tensor-parallel group, ``whole`` on every
+    rank; gradients over the data-parallel ranks at stage 2, the optimizer's ``buffers`` at 1."""
+    params = split / tensor_parallel + whole
+    w = params * bytes_per_value
+    g = w / data_parallel if zero_stage >= 2 else w
+    o = w * buffers / (data_parallel if zero_stage >= 1 else 1)
+    return RankMemory(w, g, o)
+
+
+def memory_plan_line(m: RankMemory, ranks_here: int, available: float, where: str) -> tuple[str, bool]:
+    """``(line, fits)``: the training state a rank will hold, what the ranks on this host (or
+    device) need together and what it has available."""
+    def gib(n):
+        return f"{n / 2 ** 30:.2f} GiB"
+    need = m.total * ranks_here
+    line = (f"memory plan per rank: weights {gib(m.weights)}, gradients {gib(m.gradients)}, optimizer state "
+            f"{gib(m.optimizer_state)} = {gib(m.total)} before activations; {ranks_here} rank"
+            f"{'s' if ranks_here > 1 else ''} on {where} need {gib(need)} of its {gib(available)} available")
+    return line, need <= available

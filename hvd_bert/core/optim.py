@@ -47,7 +47,8 @@ __all__ = [
     "BERT_EXCLUDE", "LARS_EXCLUDE", "name_mask", "global_norm", "clip_by_global_norm",
     "lamb_trust_ratio", "lars_trust_ratio", "AdamState", "MomentumState", "StepInfo",
     "adam_init", "momentum_init", "lamb_step", "nvlamb_step", "lars_step", "sgd_step",
-    "adamw_step", "lion_step", "scale_by_lion", "OPTIMIZERS", "init_state", "apply_step", "Transform",
+    "adamw_step", "lion_step", "scale_by_lion", "OPTIMIZERS", "init_state",
+           "state_buffers", "apply_step", "Transform",
     "chain", "clip_by_global_norm_tx",
     "scale_by_adam", "add_decayed_weights", "scale_by_trust_ratio", "scale_by_lars", "trace", "scale",
     "apply_updates", "TrustRatios", "Norms", "LOCAL",
@@ -435,6 +436,12 @@ def _lookup(name: str):
 def init_state(name: str, params: Sequence[np.ndarray]):
     """The zero state of optimizer ``name`` for ``params``."""
     return _lookup(name)[0](params)
+
+
+def state_buffers(name: str) -> int:
+    """How many parameter-sized buffers optimizer ``name`` keeps (moments, momentum)."""
+    state = init_state(name, [np.zeros(1)])
+    return sum(1 for v in vars(state).values() if isinstance(v, tuple))
 
 
 def apply_step(name: str, params, grads, state, **hparams):

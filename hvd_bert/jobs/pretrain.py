@@ -59,6 +59,7 @@ def run(cfg: PretrainConfig, backend) -> dict:
                           f"{bert.max_position_embeddings} positions of init_checkpoint "
                           f"{cfg.init_checkpoint}: give --set max_seq_length={bert.max_position_embeddings} "
                           f"or less (and data prepared for it)")
+    memory_plan = plan_memory(cfg.train, bert, backend, size)  # (refused here, before anything is built)
     backend.seed(cfg.train.seed + rank)  # per-rank dropout streams
     # PyTorch builds only this rank's share (train.tensor_parallel), the same weights on any layout
     model = backend.bert_pretraining(bert, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.train)
@@ -90,6 +91,7 @@ def run(cfg: PretrainConfig, backend) -> dict:
     total = cfg.train.schedule.total_steps
     log = open_run(cfg, backend, rank, total_steps=total, bert=bert, launch=launch,
                    line_keys=("loss", "mlm_accuracy", "lr", "sequences_per_s"))
+    log.print(memory_plan)
     name = f"BERT from {cfg.init_checkpoint}" if init is not None else f"BERT-{cfg.model}"
     tp = cfg.train.tensor_parallel  # (built split: this rank holds its share)
     mine = backend.param_count(model, share=True)
@@ -135,3 +137,23 @@ def run(cfg: PretrainConfig, backend) -> dict:
     finish_line(res, engine.rank, f"checkpoint: {res.checkpoint or 'unchanged'}", backend, out)
     return {"steps": res.steps, "stopped": res.stopped_by_signal,
             "last": res.history[-1] if res.history else {}, **final}
+
+
+def plan_memory(train, bert, backend, world_size: int) -> str:
+    """The memory plan line (``core.model_size.memory_plan_line``) of this layout; a ConfigError
+    naming the settings that would fit when the ranks sharing a host (or GPU) need more than it
+    has available and ``train.check_memory`` is on."""
+    from hvd_bert.core.model_size import bert_parameters, memory_plan_line, rank_memory
+    from hvd_bert.core.optim import state_buffers
+
+    split, whole = bert_parameters(bert)
+    tp, stage = train.tensor_parallel, train.zero.stage
+    m = rank_memory(split, whole, buffers=state_buffers(train.optim.name), zero_stage=stage,
+                    tensor_parallel=tp, data_parallel=max(1, world_size // tp))
+    available, sharing, where = backend.memory_available()
+    line, fits = memory_plan_line(m, sharing, available, where)
+    if not fits and train.check_memory:
+        raise ConfigError(f"{line}: the run would run out of memory; split the state with "
+                          f"--set train.zero.stage=2 and/or train.tensor_parallel (each divides it), start "
+                          f"fewer ranks per host, or --set train.check_memory=false to try anyway")
+    return line

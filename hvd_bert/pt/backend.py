@@ -93,6 +93,13 @@ class PyTorchBackend(ModelFunctions):
         from hvd_bert.pt.models.ncf import NeuMF
         return NeuMF(n_users, n_items, m.factors, m.layers, m.dropout).to(self.device)
 
+    def memory_available(self) -> tuple[float, int, str]:
+        if self.device.type == "cuda":
+            return float(torch.cuda.mem_get_info(self.device)[0]), 1, f"GPU {self.device.index}"
+        from hvd_bert.train.backend import host_available
+        available, host = host_available()
+        return available, hvd.local_size(), host
+
     def param_count(self, model, share: bool = False) -> int:
         groups = getattr(model, "tp_groups", None)
         if share or groups is None:

@@ -77,6 +77,11 @@ class TensorFlowBackend(ModelFunctions):
         model({"users": tf.zeros([1], tf.int32), "items": tf.zeros([1], tf.int32)})  # build
         return model
 
+    def memory_available(self) -> tuple[float, int, str]:
+        from hvd_bert.train.backend import host_available
+        available, host = host_available()
+        return available, hvd.local_size(), host
+
     def param_count(self, model, share: bool = False) -> int:  # (no tensor parallelism: the same)
         return sum(int(tf.size(v)) for v in model.trainable_variables)
 

@@ -69,6 +69,10 @@ class Backend(Protocol):
 
     def neumf(self, n_users: int, n_items: int, model_cfg) -> Any: ...
 
+    def memory_available(self) -> tuple[float, int, str]:
+        """``(bytes, ranks sharing them, what)``: the memory this rank's state goes to (the host's
+        available memory and its local ranks, or this rank's GPU)."""
+
     def param_count(self, model, share: bool = False) -> int:
         """The model's parameters (the dense model's, under tensor parallelism; ``share``: this
         rank's)."""
@@ -111,6 +115,15 @@ class Backend(Protocol):
 
     def ncf_scorer(self, model) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         """``score(users, items) -> scores``, in inference mode."""
+
+
+def host_available() -> tuple[float, str]:
+    """The host's available memory (``MemAvailable`` of /proc/meminfo) and its name."""
+    import socket
+
+    with open("/proc/meminfo") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    return kib * 1024.0, f"host {socket.gethostname()}"
 
 
 class ModelFunctions:

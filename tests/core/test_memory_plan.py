@@ -1,0 +1,28 @@
+"""The memory plan of one job (hvd_bert/core/model_size.py ``rank_memory``, ``memory_plan_line``):
+16 bytes a parameter replicated with LAMB in fp32, the optimizer state over N at ZeRO stage 1, the
+gradients too at stage 2, the split parameters over T."""
+
+import pytest
+
+from hvd_bert.core.model_size import memory_plan_line, rank_memory
+
+GIB = 2 ** 30
+
+
+@pytest.mark.parametrize("stage,tp,dp,want", [
+    (0, 1, 4, (4, 4, 8)), (1, 1, 4, (4, 4, 2)), (2, 1, 4, (4, 1, 2)), (2, 2, 2, (2, 1, 2))])
+def test_one_rank_holds_its_share(stage, tp, dp, want):
+    m = rank_memory(GIB, 0, buffers=2, zero_stage=stage, tensor_parallel=tp, data_parallel=dp)
+    assert (m.weights / GIB, m.gradients / GIB, m.optimizer_state / GIB) == want
+
+
+def test_parameters_held_whole_are_not_split():
+    m = rank_memory(100, 50, buffers=1, zero_stage=0, tensor_parallel=2, data_parallel=1)
+    assert m.weights == (50 + 50) * 4
+
+
+def test_the_line_says_whether_the_ranks_on_a_host_fit():
+    m = rank_memory(GIB, 0, buffers=2, zero_stage=0, tensor_parallel=1, data_parallel=4)  # 16 GiB
+    line, fits = memory_plan_line(m, 4, 24 * GIB, "host a")
+    assert not fits and "4 ranks on host a need 64.00 GiB of its 24.00 GiB available" in line
+    assert memory_plan_line(m, 1, 24 * GIB, "GPU 0")[1]
