@@ -184,7 +184,7 @@ class ElasticHook:
         # them short)
         self.values = {"started": False, "samples": 0, "target": target_global_batch, "pending": None,
                        "posted": True}
-        self.engine = self.state = None
+        self.engine = self.state = self.book = None
         self.per_micro, self.total_steps, self.commit = 0, 0, False
 
     def data_state(self) -> dict:
@@ -196,7 +196,7 @@ class ElasticHook:
         from hvd_bert.train.loop import start, train_steps
 
         values = self.values
-        self.engine, self.total_steps = engine, total_steps
+        self.engine, self.total_steps, self.book = engine, total_steps, book
         # (Horovod's host check broadcasts without a name; every broadcast_object needs one)
         self.state = state = _state_class()(
             engine, values, lambda obj, name="hvd_bert.elastic.hosts": self.bcast_object(obj, name),
@@ -253,6 +253,7 @@ class ElasticHook:
         if self.commit:  # before the step's collectives: a lost worker rolls back to here
             self.values["pending"], self.values["posted"] = (result, local), False
             self.state.save()
+            self.book.phases.mark("commit")
 
     def after_bookkeeping(self) -> None:
         self.values["posted"] = True

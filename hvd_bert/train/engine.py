@@ -31,7 +31,8 @@ from hvd_bert.train.checkpoint import is_checkpoint_name, latest_checkpoint, rem
 
 __all__ = ["StepResult", "FitResult", "Engine", "checkpoint_meta", "check_resume", "ResumeError",
            "CheckpointError", "resume_on_rank0", "META_FORMAT", "host_rng_state", "set_host_rng_state",
-           "rng_for_rank", "check_engine_args", "engine_settings", "memory_line", "peak_host_bytes"]
+           "rng_for_rank", "check_engine_args", "engine_settings", "memory_line", "peak_host_bytes",
+           "MemoryPhases"]
 
 META_FORMAT = 1  # the version of the metadata schema below
 
@@ -280,3 +281,30 @@ def memory_line(m: dict) -> str:
             f"gradients {gib(m['gradients'])}{grads}, "
             f"optimizer state {gib(m['optimizer_state'])}{state}; peak so far {gib(m['peak'])} "
             f"({m.get('peak_of', 'host resident')})")
+
+
+class MemoryPhases:
+    """Which phase of a run reached this rank's peak memory: ``mark(phase)`` at the end of each
+    stretch of building, resuming, steps, saves and elastic commits reads the peak so far
+    (``peak()``: the engine's, monotone); the phase of a mark that raised it holds the new peak."""
+
+    PHASES = {"build": "building", "resume": "resuming", "steps": "the steps", "save": "saving",
+              "commit": "elastic commits"}
+
+    def __init__(self, peak: Callable[[], float]):
+        self.peak, self.last, self.reached = peak, 0.0, {}
+
+    def mark(self, phase: str) -> None:
+        value = float(self.peak())
+        if value > self.last or phase not in self.reached:
+            self.reached[phase] = max(value, self.reached.get(phase, 0.0))
+        self.last = max(self.last, value)
+
+    def line(self) -> str:
+        """One line: the peak, the phase that reached it, and the peak so far after each phase."""
+        if not self.reached:
+            return ""
+        top = max(self.reached, key=lambda p: (self.reached[p], -list(self.reached).index(p)))
+        after = ", ".join(f"{p} {v / 2 ** 30:.2f}" for p, v in self.reached.items())
+        return (f"peak memory of rank 0: {self.last / 2 ** 30:.2f} GiB, reached by "
+                f"{self.PHASES.get(top, top)} (the peak so far after each phase, GiB: {after})")

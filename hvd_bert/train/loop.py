@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hvd_bert.core.batch import BatchPlan
-from hvd_bert.train.engine import Engine, FitResult, StepResult, memory_line
+from hvd_bert.train.engine import Engine, FitResult, MemoryPhases, StepResult, memory_line
 from hvd_bert.stop import STOP
 from hvd_bert.train.log import DivergedError, RunLog, ScalarWriter
 from hvd_bert.train.watchdog import Watchdog
@@ -86,6 +86,8 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
                 log.print(memory_line(engine.memory()))
             train_steps(engine, iter(batches_from(engine.micro_step)), book, total_steps)
             book.finish()
+        if book.phases.line():
+            log.print(book.phases.line())  # (which of building, steps, saves or commits set the peak)
     finally:
         if claim is not None:  # (a job's run folder stays claimed until the job exits)
             claim.release()
@@ -102,7 +104,10 @@ def start(engine: Engine, log: RunLog, book: StepBook, output_dir, total_steps: 
     from ``output_dir``'s newest checkpoint (on every rank, a collective), the log's records past
     it dropped, the step counters and the clock set, and the resume line. Returns the data state
     the checkpoint holds (None without one)."""
+    book.phases.mark("build")  # (the model and the engine: built before the loop starts)
     data = engine.resume(output_dir) if output_dir is not None else None
+    if engine.step_count:
+        book.phases.mark("resume")
     log.resumed()
     book.saved_step = book.logged_step = engine.step_count
     book.t0 = time.perf_counter()
@@ -256,10 +261,12 @@ class StepBook:
         self.stopped = self.by_signal = False
         self.max_skipped, self.skipped_in_a_row = max_skipped_steps, 0
         self.logged_step = engine.step_count  # a resumed run logged this step already
+        self.phases = MemoryPhases(lambda: engine.memory()["peak"] if hasattr(engine, "memory") else 0.0)
 
     def after_step(self, result, local: dict) -> bool:
         """Account for one optimizer step (``local``: this rank's metric means over its
         micro-batches). Returns True when the run must stop (every rank returns the same)."""
+        self.phases.mark("steps")
         e = self.engine
         self.steps_since_log += 1
         self.last_loss = local["loss"]
@@ -297,6 +304,7 @@ class StepBook:
         e = self.engine
         self.checkpoint = e.save(self.output_dir, self.data_state(), self.keep)
         self.saved_step = e.step_count
+        self.phases.mark("save")
 
     def finish(self) -> None:
         """The final checkpoint, unless this step's is already written."""
@@ -305,3 +313,4 @@ class StepBook:
         wait = getattr(self.engine, "wait_for_save", None)
         if wait is not None:  # (a background save: on disk before the run returns, or its error)
             wait()
+            self.phases.mark("save")

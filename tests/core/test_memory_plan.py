@@ -26,3 +26,15 @@ def test_the_line_says_whether_the_ranks_on_a_host_fit():
     line, fits = memory_plan_line(m, 4, 24 * GIB, "host a")
     assert not fits and "4 ranks on host a need 64.00 GiB of its 24.00 GiB available" in line
     assert memory_plan_line(m, 1, 24 * GIB, "GPU 0")[1]
+
+
+def test_the_phase_that_raised_the_peak_is_named():
+    from hvd_bert.train.engine import MemoryPhases
+
+    peaks = iter([1, 2, 2, 5, 5, 5])
+    phases = MemoryPhases(lambda: next(peaks) * GIB)
+    for phase in ("build", "resume", "steps", "save", "steps", "save"):
+        phases.mark(phase)
+    line = phases.line()
+    assert line.startswith("peak memory of rank 0: 5.00 GiB, reached by saving"), line
+    assert "build 1.00, resume 2.00, steps 2.00, save 5.00" in line
