@@ -311,12 +311,12 @@ class TrainConfig:
     checkpoint_every: int = doc(0, "checkpoint every this many optimizer steps (0 = at the end only)")
     keep_checkpoints: int = doc(3, "newest checkpoints to keep")
     checkpoint_format: Literal["consolidated", "sharded"] = doc(
-        "consolidated", "consolidated: one file (ckpt-N.pt; TensorFlow: a folder ckpt-N.tf) written by rank "
-                        "0 "
-                        "from every rank's state; sharded (PyTorch): a folder ckpt-N.shards in which every "
-                        "rank writes its own share in the background, complete once its index.json is "
-                        "written, resumable under another world size, ZeRO stage or tensor_parallel (needs "
-                        "a folder every rank sees)")
+        "consolidated", "consolidated: one file (ckpt-N.pt; TensorFlow: a folder ckpt-N.tf) that rank 0 "
+                        "writes "
+                        "from every rank's state; sharded: a folder ckpt-N.shards, the same in both "
+                        "frameworks, in which every rank writes its own share in the background, complete "
+                        "once its index.json is written, resumable under another world size, ZeRO stage or "
+                        "tensor_parallel (it needs a folder every rank sees)")
     output_dir: str = doc("runs/latest", "folder for checkpoints and logs (jobs: empty means "
                                          "runs/<job>-<framework>-<data folder name>)")
     resume_resized: bool = doc(False, "resume a checkpoint written by another number of ranks (same "

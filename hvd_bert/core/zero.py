@@ -22,7 +22,8 @@ import numpy as np
 
 from hvd_bert.core import optim as O
 
-__all__ = ["Partition", "partition", "shard_of", "unshard", "partial_sq_sums", "sharded_step"]
+__all__ = ["Partition", "partition", "shard_of", "unshard", "partial_sq_sums", "sharded_step",
+           "committed_shards", "commit_row", "recovery", "shard_holders", "overlap", "LostShards"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +119,66 @@ def sharded_step(name: str, w: np.ndarray, g: np.ndarray, state: dict, part: Par
         for b in buffers:
             new_state[b][pos:pos + n] = getattr(new_st, b)[j]
     return out, new_state
+
+
+# ---------------------------------------------------------------------- elastic commits (REFERENCE 10)
+class LostShards(RuntimeError):
+    """Shards of the optimizer state that no surviving rank holds."""
+
+
+def committed_shards(rank: int, size: int) -> list[int]:
+    """The shards an elastic commit of rank ``rank`` keeps: its own and its ring neighbour's
+    (rank + 1's), so that each shard lives on two ranks and any one rank can be lost."""
+    return sorted({rank, (rank + 1) % size})
+
+
+def commit_row(world_size: int | None, step: int, shards: Sequence[int]) -> list[int]:
+    """What a rank tells the others of its commit (an allgathered row of 4 integers): the world
+    size it was made on, its step and the shards it holds; ``world_size`` None: no commit."""
+    if world_size is None:
+        return [-1] * 4
+    return [int(world_size), int(step), *sorted(int(j) for j in shards), -1][:4]
+
+
+def recovery(rows: Sequence[Sequence[int]]) -> tuple[int, int, dict[int, int]] | None:
+    """``(old world size, step, {old shard: the rank to send it})`` from every rank's
+    :func:`commit_row`; None when no rank had committed. Raises :class:`LostShards` when commits
+    disagree or a shard was lost with every rank that held it."""
+    commits = [(r[0], r[1], [j for j in r[2:] if j >= 0]) for r in rows]
+    known = {(n, s) for n, s, _ in commits if n >= 0}
+    if not known:
+        return None
+    if len(known) > 1:
+        raise LostShards(f"the ranks' elastic commits disagree ({sorted(known)}); restart the job from its "
+                         f"last checkpoint (hvd-bert resumes it)")
+    ((old_size, step),) = known
+    return old_size, step, shard_holders([js if n >= 0 else None for n, _, js in commits], old_size)
+
+
+def shard_holders(held: Sequence[Sequence[int] | None], old_size: int) -> dict[int, int]:
+    """``{old shard: the first rank of the new world that holds it}`` from what each rank's
+    commit holds (None: a rank that joined, holding nothing). Raises :class:`LostShards` naming
+    the shards that every rank holding them took with it."""
+    holder: dict[int, int] = {}
+    for r, shards in enumerate(held):
+        for j in shards or ():
+            holder.setdefault(int(j), r)
+    lost = [j for j in range(old_size) if j not in holder]
+    if lost:
+        raise LostShards(f"the optimizer state of former ranks {lost} was lost with them and their ring "
+                         f"neighbours (an elastic commit keeps each shard on two ranks: one lost rank is "
+                         f"recovered, not two neighbours); restart the job from its last checkpoint "
+                         f"(hvd-bert resumes it)")
+    return holder
+
+
+def overlap(old: Partition, shard: int, new: Partition, rank: int) -> tuple[int, int, int, int] | None:
+    """Where old shard ``shard`` and rank ``rank``'s new shard share elements (both partitions of
+    the same flat vector): ``(start, stop)`` in the old shard and ``(start, stop)`` in the new
+    one; None when they do not (the padding shares nothing)."""
+    a0, b0 = old.bounds(shard)
+    a1, b1 = new.bounds(rank)
+    a, b = max(a0, a1), min(b0, b1, old.total)
+    if a >= b:
+        return None
+    return a - a0, b - a0, a - a1, b - a1

@@ -154,7 +154,7 @@ class Engine:
             self.broadcast()
         self.stop_signal = STOP  # (the process's one request: a signal during start-up counts)
         self.checkpoint_format = "consolidated"  # (from_config: train.checkpoint_format)
-        self.writer = sharded.Writer()  # (sharded checkpoints: the background write in flight)
+        self.writer = sharded.writer()  # (sharded checkpoints: the background write in flight)
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -7,11 +7,11 @@ writer.
   shard; stage 0: the same 1/D of the state every rank holds). Under tensor parallelism each rank
   writes pieces of its own shares, and the tensors whole on every rank of a group are written by
   the group's first rank only. Nothing is gathered: no rank holds more than its own state.
-* **In the background.** :meth:`Writer.submit` copies the pieces to host memory on the calling
-  thread (the step waits for that copy only), then a thread writes them; rank 0's thread also
-  waits for every rank's manifest and writes the index. At most one save is in flight: the next
-  save, and the end of the run, wait for it (:meth:`Writer.wait`, a collective that raises the
-  first failing rank's error on every rank).
+* **In the background.** :func:`save` copies the pieces to host memory on the calling thread
+  (the step waits for that copy only), then the core's ``Writer`` thread writes them; rank 0's
+  thread also waits for every rank's manifest and writes the index. At most one save is in
+  flight: the next save, and the end of the run, wait for it (``Writer.wait``, a collective that
+  raises the first failing rank's error on every rank).
 * **Reading under any layout.** Every rank opens the index and reads the byte ranges of its own
   shares (:class:`hvd_bert.train.sharded_checkpoint.Reader`), whatever world size, ZeRO stage or
   tensor-parallel degree wrote them.
@@ -26,48 +26,17 @@ import numpy as np
 import torch
 import horovod.torch as hvd
 
-from hvd_bert.files import NoSpace
 from hvd_bert.train import sharded_checkpoint as S
 from hvd_bert.train.checkpoint import checkpoint_path, prune
 from hvd_bert.train.engine import CheckpointError
 
-__all__ = ["Writer", "pieces_of", "load_into"]
+__all__ = ["writer", "pieces_of", "save", "load_into"]
 
 
-class Writer:
-    """One background checkpoint write at a time (a thread that is joined before the next)."""
-
-    def __init__(self):
-        self.thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-
-    def submit(self, write) -> None:
-        def run():
-            try:
-                write()
-            except BaseException as e:  # noqa: BLE001  (raised by wait(), on the main thread)
-                self.error = e
-        self.thread = threading.Thread(target=run, name="hvd_bert-checkpoint-writer")
-        self.thread.start()
-
-    def wait(self) -> None:
-        """Wait for the save in flight, then raise the first failing rank's error on every rank
-        (a collective: every rank calls it at the same point)."""
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-        e, self.error = self.error, None
-        mine = None if e is None else (hvd.rank(), type(e).__name__, str(e),
-                                        getattr(e, "filename", None), getattr(e, "written", 0))
-        failed = [f for f in hvd.allgather_object(mine, name="hvd_bert.save.outcome") if f is not None]
-        if not failed:
-            return
-        if e is not None and mine == failed[0]:
-            raise e
-        rank, kind, text, filename, written = failed[0]
-        if kind == "NoSpace":
-            raise NoSpace(filename, written)
-        raise CheckpointError(f"rank {rank} could not write its checkpoint shard: {text}")
+def writer() -> S.Writer:
+    """The background writer of this process's sharded checkpoints (Horovod's object allgather
+    says every rank's outcome)."""
+    return S.Writer(lambda obj, name: hvd.allgather_object(obj, name=name))  # Horovod:
 
 
 def _local_tensors(engine) -> tuple[list, list]:
@@ -139,7 +108,7 @@ def optimizer_step(engine) -> int:
     return 0
 
 
-def save(engine, writer: Writer, folder: str | Path, meta: dict, keep: int) -> Path:
+def save(engine, writer: S.Writer, folder: str | Path, meta: dict, keep: int) -> Path:
     """Copy this rank's pieces to host memory, then write them in the background (rank 0: then the
     index, then the pruning of older checkpoints). Returns the checkpoint's folder."""
     import shutil

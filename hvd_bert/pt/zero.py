@@ -363,7 +363,7 @@ class ShardedOptimizer:
         a copy of its ring neighbour's (rank r + 1's, sent by an alltoall), in host memory: 2/N of
         the state per rank, from which the loss of any one rank is recovered (:meth:`recover`)."""
         shards = {self.rank: {n: self.state[n].to("cpu", copy=True) for n in self.buffers}}
-        if self.size > 1 and self.buffers:
+        if self.size > 1 and self.buffers:  # (Z.committed_shards: this one and rank + 1's)
             mine = torch.stack([self.state[n] for n in self.buffers]).reshape(1, -1)
             splits = torch.zeros(self.size, dtype=torch.int32)
             splits[(self.rank - 1) % self.size] = 1  # Horovod: to the ring neighbour before this rank
@@ -382,32 +382,17 @@ class ShardedOptimizer:
         collective; a worker that joined holds none): each old shard is broadcast once by a rank
         that holds it, and every rank keeps what falls in its new shard. Returns this rank's
         commit in the new world (None when no rank had committed: the state stays fresh).
-        Raises RuntimeError when a shard was held by ranks that are all gone (two neighbours)."""
-        # (world size, step, the shards held: at most 2) of every rank's commit; -1: none
-        held = [-1] * 4 if commit is None else \
-            [commit["world_size"], commit["step"], *sorted(commit["shards"]), -1][:4]
-        rows = hvd.allgather(torch.tensor([held], dtype=torch.int64), name="hvd_bert.zero.recover",
+        Raises ``core.zero.LostShards`` when a shard was held by ranks that are all gone (two
+        neighbours)."""
+        row = Z.commit_row(None, 0, []) if commit is None else \
+            Z.commit_row(commit["world_size"], commit["step"], commit["shards"])
+        rows = hvd.allgather(torch.tensor([row], dtype=torch.int64), name="hvd_bert.zero.recover",
                              process_set=self.process_set).tolist()
-        infos = [None if n < 0 else (n, s, [j for j in js if j >= 0]) for n, s, *js in rows]
-        known = {(n, s) for n, s, _ in (i for i in infos if i is not None)}
-        if not known:
+        plan = Z.recovery(rows)
+        if plan is None:
             return None
-        if len(known) > 1:
-            raise RuntimeError(f"the ranks' elastic commits disagree ({sorted(known)}); restart the job from "
-                               f"its last checkpoint (hvd-bert resumes it)")
-        ((old_size, step),) = known
-        holder = {}
-        for r, info in enumerate(infos):
-            for j in (info[2] if info is not None else []):
-                holder.setdefault(j, r)
-        lost = [j for j in range(old_size) if j not in holder]
-        if lost:
-            raise RuntimeError(f"the optimizer state of former ranks {lost} was lost with them and their "
-                               f"ring neighbours (an elastic commit keeps each shard on two ranks: one lost "
-                               f"rank is recovered, not two neighbours); restart the job from its last "
-                               f"checkpoint (hvd-bert resumes it)")
+        old_size, step, holder = plan
         old = Z.partition(self.part.sizes, old_size)
-        lo, hi = self.part.bounds(self.rank)
         self.step_count = step
         for name in self.buffers:
             self.state[name].zero_()
@@ -416,10 +401,9 @@ class ShardedOptimizer:
                     torch.empty(old.shard, dtype=self.state[name].dtype)
                 got = hvd.broadcast(src, root_rank=self.roots[holder[j]],
                                     name=f"hvd_bert.zero.recover.{name}.{j}", process_set=self.process_set)
-                a, b = old.bounds(j)
-                a, b = max(a, lo), min(b, hi, self.part.total)
-                if a < b:
-                    self.state[name][a - lo:b - lo].copy_(got[a - j * old.shard:b - j * old.shard])
+                cut = Z.overlap(old, j, self.part, self.rank)
+                if cut is not None:
+                    self.state[name][cut[2]:cut[3]].copy_(got[cut[0]:cut[1]])
         return self.commit()
 
     def drop_gradients(self) -> None:

@@ -4,6 +4,7 @@
     engine       Horovod's DistributedGradientTape, accumulation, mixed precision, checkpoints
     optim        LAMB, NVLAMB, LARS as Keras optimizers (checked against core.optim)
     zero         ZeRO stages 1 and 2: the optimizer state (and gradients) split over the ranks
+    sharded      sharded checkpoints: each rank's share, in the background, read under any layout
     callbacks    Keras fit() callbacks: the schedule, Horovod's broadcast and metric average
     data         the tf.data reader (the core's reading order)
     kernels      XLA-fused GELU

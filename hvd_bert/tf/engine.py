@@ -28,7 +28,6 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from hvd_bert.core.batch import is_sync_step
-from hvd_bert.train.elastic import sync_shards
 from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args,
                                    checkpoint_meta, engine_settings, host_rng_state, peak_host_bytes,
@@ -38,6 +37,7 @@ from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.tf import check_keras, init_horovod
 from hvd_bert.tf.checkpoint import CKPT_SUFFIX, read_checkpoint_meta, restore_checkpoint, save_checkpoint
+from hvd_bert.tf import sharded
 from hvd_bert.tf.optim import build_optimizer
 from hvd_bert.tf.zero import ShardedState
 
@@ -108,7 +108,7 @@ class Engine:
         self.variables = list(model.trainable_variables)
         if not self.variables:
             raise ValueError("the model has no trainable variables: build it (call it on a batch) first")
-        self.zero, self._zero_full = None, None  # (_zero_full: ZeRO's last elastic commit, whole)
+        self.zero, self._zero_commit = None, None  # (ZeRO's last elastic commit: its shard and a neighbour's)
         if zero_stage:  # (tf.zero: the optimizer gives the hyperparameters; its state lives in shards)
             self.zero = ShardedState(optimizer, self.variables, stage=zero_stage,
                                      compression=self.compression)
@@ -122,6 +122,8 @@ class Engine:
         self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
         self._window_loss = tf.Variable(0.0, dtype=tf.float32, trainable=False)
         self._trace()
+        self.checkpoint_format = "consolidated"  # (from_config: train.checkpoint_format)
+        self.writer = sharded.writer()  # (sharded checkpoints: the background write in flight)
         if sync:  # (an elastic run syncs inside hvd.elastic.run instead)
             self.broadcast()
 
@@ -146,14 +148,18 @@ class Engine:
         engine = cls(model, build_optimizer(cfg.optim, lr=peak), loss_fn, jit_compile=jit_compile, sync=sync,
                      **kwargs)
         engine.plan, engine.config = plan, cfg  # (fit writes the config beside its checkpoints)
+        engine.checkpoint_format = cfg.checkpoint_format
         return engine
+
+    def weights(self) -> list:
+        """The model's variables but its dropout generators' states (each rank keeps its own)."""
+        rng = {id(g.state) for g in rng_generators(self.model)}
+        return [v for v in self.model.variables if id(v) not in rng]
 
     def broadcast(self) -> None:
         """Every rank takes rank 0's model and optimizer variables (and loss scale); each rank
         keeps its own dropout RNG state (per-rank streams)."""
-        rng = {id(g.state) for g in rng_generators(self.model)}
-        weights = [v for v in self.model.variables if id(v) not in rng]
-        hvd.broadcast_variables(weights, root_rank=0)  # Horovod:
+        hvd.broadcast_variables(self.weights(), root_rank=0)  # Horovod:
         if self.zero is None:  # (ZeRO: each rank's shard is its own; a resume sends it)
             hvd.broadcast_variables(self.optimizer.variables(), root_rank=0)  # Horovod:
         hvd.broadcast_variables([self.loss_scale, self.good_steps], root_rank=0)  # Horovod:
@@ -175,10 +181,10 @@ class Engine:
 
     def snapshot(self) -> dict:
         """The training state in host memory (what an elastic commit keeps; a collective under
-        ZeRO: every rank keeps the whole optimizer state, so that a lost rank's shard survives)."""
+        ZeRO: every rank keeps its shard and its ring neighbour's, so that a lost rank's survives)."""
         if self.zero is not None:
-            self._zero_full = self.zero.full_state()
-        return {"variables": [v.numpy() for v in self._state_variables()], "zero": self._zero_full}
+            self._zero_commit = self.zero.commit()
+        return {"variables": [v.numpy() for v in self._state_variables()], "zero": self._zero_commit}
 
     def restore_snapshot(self, snap: dict) -> None:
         """Back to a :meth:`snapshot`, with nothing accumulated. ZeRO: the shards are cut in
@@ -189,21 +195,24 @@ class Engine:
             a.assign(tf.zeros_like(a))
         self._window_loss.assign(0.0)
         if self.zero is not None:
-            self._zero_full = snap["zero"]
+            self._zero_commit = snap["zero"]
             self.zero.drop_gradients()
 
     def sync(self) -> None:
         """Rank 0's variables on every rank (a collective). ZeRO: the state is split over this
-        world's ranks, each taking its shard of rank 0's last commit (every rank receives it
-        whole, as stage 0's broadcast sends it)."""
+        world's ranks, each shard rebuilt from the shards the ranks committed
+        (``ShardedState.recover``); the commit then follows the new world (in place: a later
+        restore of the same commit finds it)."""
         self.broadcast()
         if self.zero is None:
             return
-        self._zero_full = sync_shards(
-            self.zero, self._zero_full,
-            lambda obj, name: hvd.broadcast_object(obj, root_rank=0, name=name),  # Horovod:
-            lambda flat, n, name: hvd.broadcast(tf.constant(np.zeros(n, "float32") if flat is None else flat),
-                                                root_rank=0, name=name).numpy())
+        self.zero.repartition()
+        new = self.zero.recover(self._zero_commit)
+        if self._zero_commit is not None and new is not None:
+            self._zero_commit.clear()
+            self._zero_commit.update(new)
+        else:
+            self._zero_commit = new
 
     def resize(self, plan, schedule) -> None:
         """Take this world's rank and size from Horovod and, given a plan, its layout (the
@@ -342,6 +351,8 @@ class Engine:
         ``train.engine.checkpoint_meta`` (every rank's RNG included) in ``meta.json``
         (a collective)."""
         rng = hvd.allgather_object(self._rng_state(), name="hvd_bert.rng")  # Horovod:
+        if self.checkpoint_format == "sharded":  # every rank its share, written in the background
+            return sharded.save(self, self.writer, folder, checkpoint_meta(self, data_state, rng), keep)
         trackables = self._trackables()
         if self.zero is not None:  # stage 0's format: rank 0 gathers the shards into a fresh optimizer
             trackables["optimizer"] = self.zero.consolidated_optimizer()
@@ -353,25 +364,39 @@ class Engine:
         hvd.allreduce(tf.constant(0.0), name="hvd_bert.barrier.save")
         return path
 
+    def wait_for_save(self) -> None:
+        """Wait for a background save to be on disk; its error raised on every rank (a collective)."""
+        self.writer.wait()
+
     def resume(self, folder: str | Path | None) -> Any:
         """Restore the newest checkpoint on rank 0 and broadcast it (a collective); an
         unreadable checkpoint raises on every rank."""
         restored = {}
 
+        def read_meta(path):
+            if path.suffix == f".{sharded.S.SUFFIX}":  # (every rank reads its share below)
+                return sharded.S.Reader(path).meta
+            return read_checkpoint_meta(path)
+
         def load(path):
+            if path.suffix == f".{sharded.S.SUFFIX}":
+                return
             trackables = self._trackables()
             if self.zero is not None:  # (rank 0 holds the whole state until the shards are sent)
                 trackables["optimizer"] = restored["optimizer"] = self.zero.fresh_optimizer()
             restore_checkpoint(path, trackables)
 
-        meta = resume_on_rank0(self, folder, CKPT_SUFFIX, read_meta=read_checkpoint_meta, load=load,
+        meta = resume_on_rank0(self, folder, (CKPT_SUFFIX, sharded.S.SUFFIX), read_meta=read_meta, load=load,
                                broadcast_object=lambda o, n: hvd.broadcast_object(o, root_rank=0, name=n),
                                allow_resized=self.resume_resized)
         if meta is None:
             return None
-        self.broadcast()
-        if self.zero is not None:
-            self.zero.load_sharded(restored.pop("optimizer", None))
+        if self.resumed_path.suffix == f".{sharded.S.SUFFIX}":
+            sharded.load_into(self, self.resumed_path)  # every rank reads its own share
+        else:
+            self.broadcast()
+            if self.zero is not None:
+                self.zero.load_sharded(restored.pop("optimizer", None))
         rng = rng_for_rank(meta, self.rank, self.world_size)
         if rng is not None:
             self._set_rng_state(rng)

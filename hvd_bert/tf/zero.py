@@ -59,7 +59,7 @@ class ShardedState:
 
     def repartition(self) -> None:
         """Split the state over the ranks as they are now (at start, and after Horovod elastic
-        changed the world: :meth:`load_full` then fills the new shards)."""
+        changed the world: :meth:`recover` then fills the new shards)."""
         self.rank, self.size = hvd.rank(), hvd.size()
         self.part = Z.partition([int(tf.size(v)) for v in self.variables], self.size)
         self.pieces = self.part.pieces(self.rank)
@@ -191,24 +191,43 @@ class ShardedState:
                     self.state[name].assign(got)
 
     # ------------------------------------------------------------------ elastic
-    def full_state(self) -> dict:
-        """Every buffer whole (flat numpy) and the step count, on every rank: what an elastic
-        commit keeps, so that a lost rank's shard survives it (a collective)."""
-        full = {"step": self.step_count}
-        for name in self.buffers:
-            got = hvd.allgather(self.state[name].read_value()[None], name=f"hvd_bert.zero.commit.{name}")
-            full[name] = tf.reshape(got, [-1])[:self.part.total].numpy()
-        return full
+    def commit(self) -> dict:
+        """What an elastic commit keeps (a collective): this rank's shard and its ring neighbour's
+        (``core.zero.committed_shards``, sent by an alltoall) in host memory, 2/N of the state."""
+        shards = {self.rank: {n: self.state[n].numpy() for n in self.buffers}}
+        if self.size > 1 and self.buffers:
+            mine = tf.reshape(tf.stack([self.state[n] for n in self.buffers]), [1, -1])
+            splits = np.zeros(self.size, np.int32)
+            splits[(self.rank - 1) % self.size] = 1  # Horovod: to the ring neighbour before this rank
+            got, _ = hvd.alltoall(mine, splits=tf.constant(splits), name="hvd_bert.zero.commit")
+            got = tf.reshape(got, [len(self.buffers), -1]).numpy()
+            shards[(self.rank + 1) % self.size] = {n: got[i].copy() for i, n in enumerate(self.buffers)}
+        return {"world_size": self.size, "step": self.step_count, "shards": shards}
 
-    def load_full(self, full: dict) -> None:
-        """This rank's shard of a :meth:`full_state` (no collective)."""
-        self.step_count = int(full["step"])
-        lo, hi = self.part.bounds(self.rank)
+    def recover(self, commit: dict | None) -> dict | None:
+        """This world's shards (after :meth:`repartition`) rebuilt from the ranks' commits (a
+        collective; ``core.zero.recovery`` says which rank sends each old shard). Returns the
+        commit in the new world (None: nobody had committed)."""
+        row = Z.commit_row(None, 0, []) if commit is None else \
+            Z.commit_row(commit["world_size"], commit["step"], commit["shards"])
+        rows = hvd.allgather(tf.constant([row], tf.int64), name="hvd_bert.zero.recover").numpy().tolist()
+        plan = Z.recovery(rows)
+        if plan is None:
+            return None
+        old_size, step, holder = plan
+        old = Z.partition(self.part.sizes, old_size)
+        self.step_count = step
         for name in self.buffers:
             shard = np.zeros(self.part.shard, np.float32)
-            piece = full[name][lo:min(hi, self.part.total)]
-            shard[:len(piece)] = piece
+            for j in range(old_size):
+                src = commit["shards"][j][name] if holder[j] == self.rank else np.zeros(old.shard, np.float32)
+                got = hvd.broadcast(tf.constant(src), root_rank=holder[j],
+                                    name=f"hvd_bert.zero.recover.{name}.{j}").numpy()
+                cut = Z.overlap(old, j, self.part, self.rank)
+                if cut is not None:
+                    shard[cut[2]:cut[3]] = got[cut[0]:cut[1]]
             self.state[name].assign(shard)
+        return self.commit()
 
     def drop_gradients(self) -> None:
         if self.grad_shard is not None:

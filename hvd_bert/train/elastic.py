@@ -42,7 +42,7 @@ from hvd_bert.core.batch import BatchPlan
 from hvd_bert.train.log import RunLog
 
 __all__ = ["launched_elastic", "Layout", "elastic_layout", "ElasticHook", "launch_mode", "PlainLaunch",
-           "ElasticLaunch", "sync_shards"]
+           "ElasticLaunch"]
 
 
 def launched_elastic() -> bool:
@@ -97,26 +97,6 @@ def elastic_layout(target: int, local_batch_size: int, world_size: int, uneven: 
                                                -_largest_divisor_at_most(s, local_batch_size)))
     local = _largest_divisor_at_most(share, local_batch_size)
     return Layout(BatchPlan(local, share // local, world_size), target, False)
-
-
-def sync_shards(zero, full: dict | None, broadcast_object: Callable, broadcast_flat: Callable) -> dict | None:
-    """ZeRO in an engine's ``sync()``: split the optimizer state over this world's ranks
-    (``zero.repartition()``), send rank 0's last commit ``full`` (``{"step", buffer: flat}``, what
-    ``zero.full_state()`` gave) whole to every rank, as stage 0's broadcast sends its state, and
-    let each rank keep its shard (``zero.load_full``). ``broadcast_object(obj, name)`` and
-    ``broadcast_flat(array or None, length, name)`` are the framework's broadcasts from rank 0.
-    Returns what every rank now holds whole; None when rank 0 had committed nothing (the state
-    is the fresh one everywhere)."""
-    zero.repartition()
-    step = broadcast_object(full["step"] if full is not None else None, "hvd_bert.elastic.zero.step")
-    if step is None:
-        return None
-    got = {"step": step}
-    for name in zero.buffers:
-        got[name] = broadcast_flat(full[name] if full is not None else None, zero.part.total,
-                                   f"hvd_bert.elastic.zero.{name}")
-    zero.load_full(got)
-    return got
 
 
 def _state_class():

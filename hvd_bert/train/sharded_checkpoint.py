@@ -39,7 +39,7 @@ from hvd_bert.train.checkpoint import SHARDED as SUFFIX, SHARDED_INDEX as INDEX
 from hvd_bert.train.engine import CheckpointError
 
 __all__ = ["SUFFIX", "INDEX", "FORMAT", "Piece", "share_bounds", "write_rank", "write_index", "Reader",
-           "is_complete", "rank_pieces"]
+           "is_complete", "rank_pieces", "Writer"]
 
 FORMAT = "hvd_bert.sharded/1"
 _FIX = "delete the folder to resume from the checkpoint before it, or restore it from a copy"
@@ -151,6 +151,49 @@ def write_index(folder: str | Path, writers: int, meta: dict, *, timeout_s: floa
     path = folder / INDEX
     atomic_write(path, lambda tmp: tmp.write_text(json.dumps(index)))
     return path
+
+
+class Writer:
+    """One background checkpoint write at a time: a thread, joined before the next save and at
+    the end of the run. ``allgather_object(obj, name)`` is the framework's (Horovod's)."""
+
+    def __init__(self, allgather_object):
+        self.allgather_object = allgather_object
+        self.thread = None
+        self.error: BaseException | None = None
+
+    def submit(self, write) -> None:
+        import threading
+
+        def run():
+            try:
+                write()
+            except BaseException as e:  # noqa: BLE001  (raised by wait(), on the main thread)
+                self.error = e
+        self.thread = threading.Thread(target=run, name="hvd_bert-checkpoint-writer")
+        self.thread.start()
+
+    def wait(self) -> None:
+        """Wait for the save in flight, then raise the first failing rank's error on every rank
+        (a collective: every rank calls it at the same point; a full disk stays a NoSpace)."""
+        from hvd_bert.files import NoSpace
+
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        e, self.error = self.error, None
+        mine = None if e is None else (type(e).__name__, str(e), getattr(e, "filename", None),
+                                        getattr(e, "written", 0))
+        failed = [(r, f) for r, f in enumerate(self.allgather_object(mine, "hvd_bert.save.outcome"))
+                  if f is not None]
+        if not failed:
+            return
+        rank, (kind, text, filename, written) = failed[0]
+        if e is not None and mine == failed[0][1]:
+            raise e
+        if kind == "NoSpace":
+            raise NoSpace(filename, written)
+        raise CheckpointError(f"rank {rank} could not write its checkpoint shard: {text}")
 
 
 def is_complete(folder: str | Path) -> bool:

@@ -84,3 +84,43 @@ def test_n_ranks_stepping_their_shards_give_the_whole_models_step(name, world):
     # cases): worst 2.0e-16 (LAMB), 3.2e-17 (LARS); the bound is 20x that.
     worst = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b))) for a, b in zip(got, full))
     assert worst < 4e-15, worst
+
+
+# ---------------------------------------------------------------------- elastic commits
+def _recovered(sizes, old_n, lost, new_n):
+    """Each old rank's shard of a flat vector 0..total-1, committed as core.zero says, the ranks in
+    ``lost`` gone, then every new rank's shard rebuilt from the survivors' commits."""
+    old, new = Z.partition(sizes, old_n), Z.partition(sizes, new_n)
+    flat = np.arange(old.shard * old_n, dtype=np.float64)
+    flat[old.total:] = 0
+    commits = [{j: flat[j * old.shard:(j + 1) * old.shard] for j in Z.committed_shards(r, old_n)}
+               for r in range(old_n) if r not in lost]
+    commits += [None] * (new_n - len(commits))  # (workers that joined hold nothing)
+    rows = [Z.commit_row(None if c is None else old_n, 7, c or []) for c in commits]
+    size, step, holder = Z.recovery(rows)
+    assert (size, step) == (old_n, 7)
+    shards = []
+    for r in range(new_n):
+        mine = np.zeros(new.shard)
+        for j in range(old_n):
+            cut = Z.overlap(old, j, new, r)
+            if cut is not None:
+                mine[cut[2]:cut[3]] = commits[holder[j]][j][cut[0]:cut[1]]
+        shards.append(mine)
+    return np.concatenate(shards)[:old.total], flat[:old.total]
+
+
+@pytest.mark.parametrize("old_n,lost,new_n", [(4, [0], 3), (4, [3], 3), (4, [2], 5), (3, [1], 2), (2, [], 3),
+                                              (5, [4], 2)])
+def test_the_loss_of_any_one_rank_is_recovered_from_the_commits(old_n, lost, new_n):
+    got, want = _recovered([5, 17, 3, 40], old_n, lost, new_n)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_two_lost_neighbours_lose_a_shard():
+    with pytest.raises(Z.LostShards, match=r"former ranks \[2\]"):
+        _recovered([5, 17, 3, 40], 4, [1, 2], 2)
+
+
+def test_no_commit_anywhere_is_a_fresh_state():
+    assert Z.recovery([Z.commit_row(None, 0, [])] * 3) is None

@@ -1,6 +1,6 @@
 """Sharded checkpoints (``train.checkpoint_format=sharded``; hvd_bert/pt/sharded.py) under real
-``horovodrun``: a small BERT saved on 4 ranks in two layouts (tensor parallelism 2 x ZeRO-2,
-and ZeRO-1 over 4 replicas) resumes on 3, 2 and 1 ranks under other ZeRO stages and
+``horovodrun``: a small BERT saved on 4 ranks in four layouts (tensor parallelism 2 x ZeRO-2 and
+x ZeRO-0, ZeRO-1 and ZeRO-0 over 4 replicas) resumes on 3, 2 and 1 ranks under other ZeRO stages and
 tensor-parallel degrees and ends where the uninterrupted run ends, to fp32 round-off; every
 rank writes about 1/N of the state; a run killed (SIGKILL) while its background save is being
 written resumes from the checkpoint before; a damaged checkpoint is refused on every rank with
@@ -25,7 +25,8 @@ STEPS = 6
 # (name, ranks, tensor_parallel, ZeRO stage, where it resumes from)
 RESUMES = [("tp2z2-on-3-z2", 3, 1, 2, "tp2z2"), ("tp2z2-on-2-z0", 2, 1, 0, "tp2z2"),
            ("tp2z2-on-1", 1, 1, 0, "tp2z2"), ("z1-on-2-tp2z1", 2, 2, 1, "z1"), ("z1-on-3-z0", 3, 1, 0, "z1"),
-           ("z1-on-1", 1, 1, 0, "z1"), ("killed-on-2-tp2", 2, 2, 2, "killed")]
+           ("z1-on-1", 1, 1, 0, "z1"), ("killed-on-2-tp2", 2, 2, 2, "killed"),
+           ("tp2z0-on-1", 1, 1, 0, "tp2z0"), ("z0-on-3-z2", 3, 1, 2, "z0")]
 
 
 def reshard(tp, stage, folder, steps=STEPS, save_at=(), kill_at=0, fmt="sharded"):
@@ -49,7 +50,9 @@ def launched(tmp_path_factory):
 
     launch(4, {"reference": reshard(1, 0, root / "reference", fmt="consolidated"),
                "tp2z2": reshard(2, 2, root / "tp2z2", steps=3, save_at=[3]),
-               "z1": reshard(1, 1, root / "z1", steps=3, save_at=[3])}, "save")
+               "z1": reshard(1, 1, root / "z1", steps=3, save_at=[3]),
+               "tp2z0": reshard(2, 0, root / "tp2z0", steps=3, save_at=[3]),
+               "z0": reshard(1, 0, root / "z0", steps=3, save_at=[3])}, "save")
     # saved at step 3 (complete), then killed as the step-4 save is being written
     killed = launch(4, {"killed": reshard(2, 2, root / "killed", steps=4, save_at=[3, 4], kill_at=4)},
                     "killed", expect_ok=False)
@@ -104,3 +107,53 @@ def test_a_run_killed_during_its_background_save_resumes_from_the_one_before(lau
     assert results["killed-on-2-tp2"][0]["resumed_at"] == 3
     assert not (root / "killed-on-2-tp2" / "ckpt-00000004.shards").exists() or \
         (root / "killed-on-2-tp2" / "ckpt-00000004.shards" / "index.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def sharded_run(bert_data, tmp_path_factory):
+    """A 2-step one-process pretraining job with train.checkpoint_format=sharded: (folder, stdout)."""
+    from one_process import pretrain
+
+    run = tmp_path_factory.mktemp("sharded-job") / "run"
+    res = pretrain(bert_data, run, "--set", "train.checkpoint_format=sharded")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return run, res.stdout
+
+
+def test_a_job_writes_a_complete_sharded_checkpoint_and_says_its_memory(sharded_run):
+    run, out = sharded_run
+    assert [p.name for p in run.glob("ckpt-*")] == ["ckpt-00000002.shards"]
+    assert (run / "ckpt-00000002.shards" / "index.json").is_file()
+    assert "memory plan per rank: weights" in out and "before activations; 1 rank on host" in out
+    assert "peak memory of rank 0:" in out and "reached by" in out
+
+
+def _drop(folder):
+    (folder / "rank-00000.safetensors").unlink()
+
+
+def _truncate(folder):
+    shard = folder / "rank-00000.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-100])
+
+
+def _name_a_missing_file(folder):
+    index = json.loads((folder / "index.json").read_text())
+    index["files"]["rank-00009.safetensors"] = {"bytes": 10, "pieces": {}}
+    (folder / "index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("damage,words", [(_drop, ("names the shard rank-00000.safetensors", "missing")),
+                                          (_truncate, ("rank-00000.safetensors is truncated",)),
+                                          (_name_a_missing_file, ("rank-00009.safetensors", "missing"))])
+def test_a_damaged_sharded_checkpoint_is_refused_in_one_line(bert_data, sharded_run, tmp_path, damage, words):
+    from one_process import one_line, pretrain
+
+    run = tmp_path / "run"
+    shutil.copytree(sharded_run[0], run)
+    folder = run / "ckpt-00000002.shards"
+    damage(folder)
+    before = sorted((p.name, p.stat().st_size) for p in folder.iterdir())
+    res = pretrain(bert_data, run, "--set", "train.checkpoint_format=sharded", steps=3)
+    one_line(res, *words, "delete the folder")
+    assert sorted((p.name, p.stat().st_size) for p in folder.iterdir()) == before  # (nothing pruned or lost)
