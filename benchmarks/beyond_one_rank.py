@@ -119,6 +119,7 @@ def worker(mode: str, layers: int, hidden: int, folder: str) -> None:
     phases["steps"] = {"hwm": vm_hwm(), "s": statistics.median(times)}
     if mode == "split":
         # a background save: the host copy (staging) on this thread, then the write beside a step
+        hvd.barrier()  # (every rank starts the save together: no rank's time is waiting for another)
         reset_hwm()
         t0 = time.perf_counter()
         engine.save(folder)
@@ -131,6 +132,7 @@ def worker(mode: str, layers: int, hidden: int, folder: str) -> None:
         phases["save_background"] = {"hwm": vm_hwm(), "staging_s": staged, "step_beside_s": step_beside,
                                      "waited_after_s": time.perf_counter() - t2}
         # a blocking save: the same, waited for at once
+        hvd.barrier()
         reset_hwm()
         t0 = time.perf_counter()
         engine.save(folder)

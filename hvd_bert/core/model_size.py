@@ -30,7 +30,7 @@ from hvd_bert.core.cost_model import Interconnect, Workload, allreduce_time
 
 __all__ = ["Layout", "Shape", "BERT_SHAPES", "state_bytes_per_param", "activation_bytes", "project_layout",
            "largest_model", "report_model_size", "LAYOUTS", "bert_parameters", "RankMemory", "rank_memory",
-           "memory_plan_line"]
+           "memory_plan_line", "phase_bytes"]
 
 GB = 1e9
 
@@ -130,6 +130,23 @@ def project_layout(w: Workload, shape: Shape | None, ranks: int, net: Interconne
                             dp * w.samples_per_micro_batch * k / step)
 
 
+def phase_bytes(layout: Layout, dp: int, params: float, activations: float = 0.0,
+                mixed: bool = True) -> dict[str, float]:
+    """One rank's memory in each phase of a run, in bytes: on the device, ``build`` (the weights
+    of its share), ``load`` (its state, read piece by piece) and ``step`` (its state and the
+    activations: the device's peak); in host memory, ``save`` (a sharded checkpoint's staging
+    copy: 1/N of the fp32 weights and optimizer moments of its share) and ``commit`` (an elastic
+    commit: the fp32 weights, and the moments whole at stage 0 or its shard and its ring
+    neighbour's under ZeRO)."""
+    share = params / layout.tensor_parallel
+    w = 2.0 if mixed else 4.0
+    moments = 8.0  # (LAMB's or Adam's two fp32 moments)
+    state = share * state_bytes_per_param(layout, dp, mixed) * layout.tensor_parallel
+    return {"build": share * w, "load": state, "step": state + activations,
+            "save": share * (4.0 + moments) / dp,
+            "commit": share * (4.0 + (moments if layout.zero_stage == 0 else 2 * moments / dp))}
+
+
 def largest_model(layout: Layout, dp: int, device_bytes: float, activations: float = 0.0,
                   mixed: bool = True) -> float:
     """The most parameters whose state (and ``activations``) fit in ``device_bytes`` per rank."""
@@ -174,6 +191,13 @@ def report_model_size(w: Workload, shape: Shape | None, ranks: int, net: Interco
         parts.append(f"{lay}: {_params(n)}")
     lines.append("largest model that fits (model state" + (" + these activations" if shape else "") +
                  "): " + "; ".join(parts))
+    host = []
+    for lay in layouts:
+        if ranks % lay.tensor_parallel == 0:
+            ph = phase_bytes(lay, max(1, ranks // lay.tensor_parallel), w.params, mixed=mixed)
+            host.append(f"{lay}: save {ph['save'] / GB:.2f}, commit {ph['commit'] / GB:.2f}")
+    lines.append("per rank, the device's peak is the step (building holds the weights, loading the state, "
+                 "both less); host GB a sharded save stages and an elastic commit keeps: " + "; ".join(host))
     fit0 = largest_model(Layout(0), ranks, dev, activation_bytes(shape) if shape else 0.0, mixed)
     fitting = [project_layout(w, shape, ranks, net, lay, algorithm=algorithm, mixed=mixed, k=k, fp16=fp16,
                            fusion_bytes=fusion_bytes)

@@ -246,17 +246,39 @@ class Reader:
                                   f"or optimizer; resume it with the settings it was written with")
         return self.chunks[name]
 
-    def _slice(self, c: dict, lo: int, hi: int) -> np.ndarray:
-        from safetensors import safe_open
-
-        if c["file"] not in self._open:
+    def _header(self, file: str) -> dict:
+        """A shard's safetensors header (8 bytes of length, then JSON: each key's dtype, shape and
+        byte range after the header), read once."""
+        if file not in self._open:
+            path = self.folder / file
             try:
-                self._open[c["file"]] = safe_open(str(self.folder / c["file"]), framework="numpy")
-            except Exception as e:  # noqa: BLE001
-                raise CheckpointError(f"{self.folder / c['file']} cannot be read as safetensors "
-                                      f"({e}); {_FIX}") from None
+                with open(path, "rb") as f:
+                    n = int.from_bytes(f.read(8), "little")
+                    header = json.loads(f.read(n)) if 0 < n < (1 << 26) else None
+                if not isinstance(header, dict):
+                    raise ValueError("no header")
+            except (OSError, ValueError) as e:
+                raise CheckpointError(f"{path} cannot be read as safetensors ({e}); {_FIX}") from None
+            self._open[file] = (8 + n, header)
+        return self._open[file]
+
+    def _slice(self, c: dict, lo: int, hi: int) -> np.ndarray:
+        """Elements [lo, hi) of chunk ``c`` (flat positions of its share): only their bytes are read
+        (``os.pread``; no mapping of the file, so memory holds the piece and nothing more)."""
+        start, header = self._header(c["file"])
+        entry = header.get(c["key"])
+        dtype = np.dtype(_DTYPES.get(entry.get("dtype"), "V")) if isinstance(entry, dict) else None
+        if dtype is None or dtype.kind == "V":
+            raise CheckpointError(f"{self.folder / c['file']} has no tensor {c['key']} of a known type; "
+                                  f"{_FIX}")
         a, b = c["flat"]
-        data = self._open[c["file"]].get_slice(c["key"])[lo - a:hi - a]
+        begin = start + entry["data_offsets"][0] + (lo - a) * dtype.itemsize
+        data = np.empty(hi - lo, dtype)
+        with open(self.folder / c["file"], "rb") as f:
+            got = f.readinto(memoryview(data).cast("B")) if f.seek(begin) == begin else 0
+        if got != data.nbytes:
+            raise CheckpointError(f"{self.folder / c['file']} is truncated: {c['name']} ends past its end; "
+                                  f"{_FIX}")
         if (lo, hi) == (a, b) and _crc(data) != c["crc32c"]:
             raise CheckpointError(f"{self.folder / c['file']} is damaged: the CRC-32C of {c['name']} no "
                                   f"longer "
@@ -290,6 +312,10 @@ class Reader:
             raise CheckpointError(f"{self.folder} does not hold all of {name} ({int((~filled).sum())} values "
                                   f"missing): a shard of it is missing from {INDEX}; {_FIX}")
         return out
+
+
+_DTYPES = {"F32": "<f4", "F64": "<f8", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+           "U8": "u1", "BOOL": "?"}
 
 
 def _norm(split) -> tuple | None:

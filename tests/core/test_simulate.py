@@ -138,3 +138,16 @@ def test_simulate_model_size_names_the_layout_a_big_model_needs(capsys):
     assert main(["simulate", "--model-size", "--gpus", "1472"]) == 0
     out = capsys.readouterr().out
     assert "stage 1, TP 8" in out and "it is stage 0;" in out
+
+
+def test_each_phase_s_memory_and_the_step_is_the_device_s_peak():
+    """fp32 LAMB, 1e9 parameters, 8 ranks: stage 0 holds 16 GB at the step; a sharded save stages
+    1/8 of the 12 bytes of fp32 weights and moments; an elastic commit keeps the weights and the
+    moments whole at stage 0, and 2/8 of the moments under ZeRO."""
+    p = 1e9
+    ph0 = M.phase_bytes(M.Layout(0), 8, p, mixed=False)
+    assert ph0["step"] == 16e9 and ph0["build"] == 4e9 and ph0["save"] == 1.5e9 and ph0["commit"] == 12e9
+    ph2 = M.phase_bytes(M.Layout(2), 8, p, mixed=False)
+    assert ph2["step"] == pytest.approx(4e9 + 4e9 / 8 + 8e9 / 8) and ph2["commit"] == pytest.approx(4e9 + 2e9)
+    for ph in (ph0, ph2, M.phase_bytes(M.Layout(1, 4), 8, p, activations=1e9)):
+        assert ph["step"] >= max(ph["build"], ph["load"]) and ph["build"] < ph["load"]
