@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from hvd_bert.train.checkpoint import SHARDED as SUFFIX, SHARDED_INDEX as INDEX
 from hvd_bert.train.engine import CheckpointError
 
 __all__ = ["SUFFIX", "INDEX", "FORMAT", "Piece", "share_bounds", "write_rank", "write_index", "Reader",
-           "is_complete", "rank_pieces", "Writer"]
+           "is_complete", "rank_pieces", "Writer", "LazyTensors"]
 
 FORMAT = "hvd_bert.sharded/1"
 _FIX = "delete the folder to resume from the checkpoint before it, or restore it from a copy"
@@ -264,7 +265,7 @@ class Reader:
 
     def _slice(self, c: dict, lo: int, hi: int) -> np.ndarray:
         """Elements [lo, hi) of chunk ``c`` (flat positions of its share): only their bytes are read
-        (``os.pread``; no mapping of the file, so memory holds the piece and nothing more)."""
+        (a positioned read; no mapping of the file, so memory holds the piece and nothing more)."""
         start, header = self._header(c["file"])
         entry = header.get(c["key"])
         dtype = np.dtype(_DTYPES.get(entry.get("dtype"), "V")) if isinstance(entry, dict) else None
@@ -316,6 +317,29 @@ class Reader:
 
 _DTYPES = {"F32": "<f4", "F64": "<f8", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
            "U8": "u1", "BOOL": "?"}
+
+
+class LazyTensors(Mapping):
+    """The whole tensors under ``prefix`` of a checkpoint, each read when it is asked for (and
+    not kept): what ``convert`` streams, in memory bounded by the largest tensor."""
+
+    def __init__(self, reader: Reader, prefix: str):
+        self.reader, self.prefix = reader, prefix
+        self.names = [n[len(prefix):] for n in reader.names(prefix)]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.names:
+            raise KeyError(name)
+        return self.reader.read(self.prefix + name).reshape(self.shape_of(name))
+
+    def shape_of(self, name: str) -> tuple:
+        return self.reader.shape(self.prefix + name)
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def _norm(split) -> tuple | None:

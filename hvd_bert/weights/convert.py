@@ -6,12 +6,13 @@ a path is decided here: its suffix, or a run folder's checkpoints."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from hvd_bert.files import read_json_object, refuse_clash
 from hvd_bert.train.checkpoint import SHARDED, latest_checkpoint, pick_checkpoint, run_folder_of
 from hvd_bert.weights.hf import is_hf_folder, write_hf_folder
-from hvd_bert.weights.portable import WeightsError, save_weights
+from hvd_bert.weights.portable import WeightsError, save_weights, shape_of
 
 __all__ = ["reading_framework", "vocab_of", "convert"]
 
@@ -67,7 +68,8 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
     if config is None:
         raise WeightsError(f"no bert_config.json beside {src}: it is written into every run folder by "
                            f"hvd-bert pretrain / finetune")
-    n = f"{len(arrays)} tensors, {sum(a.size for a in arrays.values()) / 1e6:.1f}M parameters"
+    # (a sharded checkpoint's tensors are read one at a time, as they are written: counted by shape)
+    n = f"{len(arrays)} tensors, {sum(math.prod(shape_of(arrays, k)) for k in arrays) / 1e6:.1f}M parameters"
     vocab = Path(vocab) if vocab else vocab_of(src)
     if to == "google":
         from hvd_bert.tf.google_ckpt import write_google  # TensorFlow writes TF1 checkpoints

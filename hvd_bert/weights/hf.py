@@ -25,7 +25,8 @@ import numpy as np
 
 from hvd_bert.config.bert import BertConfig
 from hvd_bert.files import atomic_folder, usual_mode
-from hvd_bert.weights.portable import VOCAB_ROWS, WeightsError, check_backbone, check_values, pad_vocab_rows
+from hvd_bert.weights.portable import (VOCAB_ROWS, WeightsError, check_backbone, check_values, pad_vocab_rows,
+                                       shape_of)
 
 __all__ = ["is_hf_folder", "read_hf_config", "read_hf_folder", "hf_to_portable", "portable_to_hf",
            "write_hf_folder", "new_folder", "HF_WEIGHTS"]
@@ -146,16 +147,14 @@ def read_hf_folder(folder: str | Path, load_bin=None) -> tuple[dict[str, np.ndar
     return hf_to_portable(_read_tensors(folder, load_bin), config, str(folder)), config
 
 
-def portable_to_hf(arrays: Mapping[str, np.ndarray], config: BertConfig) -> dict[str, np.ndarray]:
+def portable_to_hf(arrays: Mapping[str, np.ndarray], config: BertConfig) -> Mapping[str, np.ndarray]:
     """Portable weights -> the ``state_dict`` of ``transformers.BertForPreTraining`` (or
     ``BertForSequenceClassification`` when the weights hold a classifier), vocabulary cut back
-    to ``config.vocab_size``, the tied decoder written out as HF does."""
+    to ``config.vocab_size``, the tied decoder written out as HF does. A mapping that reads each
+    tensor of ``arrays`` when it is asked for (a lazy ``arrays`` streams)."""
     inverse = {**_EMB, **{k: v for k, v in _HEADS.items()}}
-    out = {}
-    for name, a in arrays.items():
-        a = np.ascontiguousarray(a, dtype=np.float32)
-        if name in VOCAB_ROWS:
-            a = a[: config.vocab_size]
+    names = {}
+    for name in arrays:
         m = re.match(r"^layers\.(\d+)\.(\w+)\.(weight|bias)$", name)
         if m:
             hf = f"bert.encoder.layer.{m.group(1)}.{_LAYER[m.group(2)]}.{m.group(3)}"
@@ -165,11 +164,57 @@ def portable_to_hf(arrays: Mapping[str, np.ndarray], config: BertConfig) -> dict
             hf = inverse[name]
         else:
             raise WeightsError(f"portable weight {name!r} has no Hugging Face name")
-        out[hf] = a
-    if "cls.predictions.bias" in out:
-        out["cls.predictions.decoder.weight"] = out["bert.embeddings.word_embeddings.weight"]
-        out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"]
-    return out
+        names[hf] = name
+    if "cls.predictions.bias" in names:
+        names["cls.predictions.decoder.weight"] = names["bert.embeddings.word_embeddings.weight"]
+        names["cls.predictions.decoder.bias"] = names["cls.predictions.bias"]
+    return _Renamed(arrays, names, config.vocab_size)
+
+
+class _Renamed(Mapping):
+    """``{Hugging Face name: array}`` over portable ``arrays``, each read and converted on access."""
+
+    def __init__(self, arrays: Mapping, names: dict[str, str], vocab_size: int):
+        self.arrays, self.names, self.vocab_size = arrays, names, vocab_size
+
+    def __getitem__(self, hf: str) -> np.ndarray:
+        name = self.names[hf]
+        a = np.ascontiguousarray(self.arrays[name], dtype=np.float32)
+        return a[: self.vocab_size] if name in VOCAB_ROWS else a
+
+    def shape_of(self, hf: str) -> tuple:
+        name = self.names[hf]
+        shape = shape_of(self.arrays, name)
+        return (min(shape[0], self.vocab_size), *shape[1:]) if name in VOCAB_ROWS else shape
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def _write_safetensors(path: Path, state: Mapping[str, np.ndarray], names: list[str], metadata: dict) -> None:
+    """``names`` of ``state`` as a safetensors file (float32), one tensor at a time: the header
+    from the shapes, then each tensor's bytes as it is read (safetensors' own writer takes every
+    tensor at once). The layout is the format's: an 8-byte little-endian header length, the JSON
+    header padded with spaces to 8 bytes, the data in the header's order."""
+    header, offset = {"__metadata__": metadata}, 0
+    for name in names:
+        shape = shape_of(state, name)
+        size = int(np.prod(shape, dtype=np.int64)) * 4
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for name in names:
+            a = np.ascontiguousarray(state[name], dtype="<f4")
+            if tuple(a.shape) != tuple(header[name]["shape"]):
+                raise WeightsError(f"{name} has shape {a.shape}, {header[name]['shape']} was announced")
+            f.write(memoryview(a).cast("B"))
 
 
 def hf_config(config: BertConfig, architecture: str, num_labels: int | None = None,
@@ -202,20 +247,15 @@ def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config
     a classifier's ``labels`` become its ``id2label``."""
     import shutil
 
-    from safetensors.numpy import save_file
-
     state = portable_to_hf(arrays, config)
     classifier = "classifier.weight" in state
     arch = ("BertForSequenceClassification" if classifier else
             "BertForQuestionAnswering" if "qa_outputs.weight" in state else "BertForPreTraining")
-    if arch != "BertForPreTraining":  # a fine-tuned model: no pretraining heads in the file
-        state = {k: v for k, v in state.items() if not k.startswith("cls.")}
-    num_labels = int(state["classifier.weight"].shape[0]) if classifier else None
+    names = [k for k in state if arch == "BertForPreTraining" or not k.startswith("cls.")]  # (fine-tuned:
+    num_labels = int(shape_of(state, "classifier.weight")[0]) if classifier else None  # no pretraining heads)
     with new_folder(folder) as tmp:
-        # safetensors refuses tensors that share memory: the tied decoder is its own copy here
-        save_file({k: np.array(v) for k, v in state.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
-        usual_mode(tmp / "model.safetensors")  # (safetensors writes 0600)
+        _write_safetensors(tmp / "model.safetensors", state, names, metadata={"format": "pt"})
+        usual_mode(tmp / "model.safetensors")
         (tmp / "config.json").write_text(json.dumps(hf_config(config, arch, num_labels, labels), indent=2))
         if vocab_file is not None:
             shutil.copyfile(vocab_file, tmp / "vocab.txt")

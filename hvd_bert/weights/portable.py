@@ -24,7 +24,8 @@ import numpy as np
 from hvd_bert.config.bert import BertConfig
 from hvd_bert.files import atomic_write
 
-__all__ = ["untrained_head", "WeightsError", "save_weights", "write_run_bert_config", "read_run_bert_config",
+__all__ = ["shape_of", "untrained_head", "WeightsError", "save_weights", "write_run_bert_config",
+           "read_run_bert_config",
            "read_weights", "fit_weights", "fit_for_model", "POSITION_EMBEDDINGS",
            "ENCODER_PREFIXES", "check_values", "check_backbone", "backbone_shapes", "config_from_json"]
 
@@ -103,14 +104,24 @@ def check_backbone(arrays: Mapping[str, np.ndarray], config: BertConfig, source:
                            f"that was saved with these weights")
 
 
+def shape_of(arrays: Mapping, name: str) -> tuple:
+    """A tensor's shape without reading it (a lazy mapping's ``shape_of``), or the array's."""
+    lazy = getattr(arrays, "shape_of", None)
+    return tuple(lazy(name)) if lazy is not None else tuple(np.shape(arrays[name]))
+
+
 def save_weights(path: str | Path, arrays: Mapping[str, np.ndarray], config: BertConfig) -> Path:
-    """Write ``arrays`` and ``config`` to ``path`` (``.npz``) atomically."""
-    payload = {k: np.asarray(v) for k, v in arrays.items()}
-    payload[CONFIG_KEY] = np.frombuffer(json.dumps(dataclasses.asdict(config)).encode(), dtype=np.uint8)
+    """Write ``arrays`` and ``config`` to ``path`` (``.npz``, as ``np.savez`` writes it) atomically,
+    one array at a time: a lazy mapping (a sharded checkpoint's tensors) is read as it is written,
+    in memory bounded by its largest tensor."""
+    meta = np.frombuffer(json.dumps(dataclasses.asdict(config)).encode(), dtype=np.uint8)
 
     def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:
-            np.savez(f, **payload)
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+            for name in [*arrays, CONFIG_KEY]:
+                with z.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    value = meta if name == CONFIG_KEY else np.asanyarray(arrays[name])
+                    np.lib.format.write_array(member, value, allow_pickle=False)
 
     return atomic_write(path, write)
 

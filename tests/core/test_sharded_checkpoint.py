@@ -95,3 +95,32 @@ def test_the_index_waits_for_every_writer(tmp_path):
     with pytest.raises(CheckpointError, match="rank-00001.json were not written"):
         S.write_index(tmp_path / "c", 2, {}, timeout_s=0.1)
     assert not S.is_complete(tmp_path / "c")
+
+
+def test_convert_streams_a_sharded_checkpoint_tensor_by_tensor(tmp_path):
+    """What ``convert`` writes from a sharded checkpoint's lazily read tensors: an .npz that numpy
+    reads back, and a safetensors file that the safetensors library reads back, value for value;
+    each tensor was read from the checkpoint once per write, when it was written."""
+    from safetensors.numpy import load_file
+
+    from hvd_bert.config.bert import BertConfig
+    from hvd_bert.weights.hf import _write_safetensors
+    from hvd_bert.weights.portable import save_weights
+
+    arrays = write(tmp_path / "c", 2, 2)
+    lazy = S.LazyTensors(S.Reader(tmp_path / "c"), "model/")
+    reads = []
+    read = lazy.reader.read
+    lazy.reader.read = lambda *a, **k: reads.append(a[0]) or read(*a, **k)
+    want = {n[len("model/"):]: a for n, a in arrays.items() if n.startswith("model/")}
+    assert sorted(lazy) == sorted(want) and all(lazy.shape_of(k) == want[k].shape for k in want)
+    assert reads == []  # (names and shapes come from the index)
+    save_weights(tmp_path / "w.npz", lazy, BertConfig(vocab_size=8, hidden_size=4, num_layers=1, num_heads=1,
+                                                       intermediate_size=4))
+    with np.load(tmp_path / "w.npz") as z:
+        for k in want:
+            np.testing.assert_array_equal(z[k], want[k])
+    assert sorted(reads) == sorted(f"model/{k}" for k in want)
+    _write_safetensors(tmp_path / "m.safetensors", lazy, sorted(lazy), {"format": "pt"})
+    got = load_file(tmp_path / "m.safetensors")
+    assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in want)

@@ -342,14 +342,12 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], Be
     return {k: v.float().numpy() for k, v in state["model"].items()}, read_run_bert_config(p.parent)
 
 
-def _read_sharded_model(folder: Path) -> dict[str, np.ndarray]:
+def _read_sharded_model(folder: Path):
     from hvd_bert.train.engine import CheckpointError
-    from hvd_bert.train.sharded_checkpoint import Reader
+    from hvd_bert.train.sharded_checkpoint import LazyTensors, Reader
 
     try:
-        reader = Reader(folder)
-        return {name[len("model/"):]: reader.read(name).reshape(reader.shape(name))
-                for name in reader.names("model/")}
+        return LazyTensors(Reader(folder), "model/")  # (each tensor read when used: convert streams)
     except CheckpointError as e:
         raise WeightsError(str(e)) from None
 
