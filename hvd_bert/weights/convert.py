@@ -24,7 +24,8 @@ def reading_framework(src: Path, framework: str = "auto") -> str:
         tf_only = src.is_dir() and not is_hf_folder(src) and latest_checkpoint(src, "tf") and \
             not latest_checkpoint(src, ("pt", SHARDED))
         framework = "tf" if src.suffix == ".tf" or tf_only else "pt"
-    kind = {".pt": "pt", ".tf": "tf", f".{SHARDED}": "pt"}.get(src.suffix)  # (PyTorch writes shards)
+    # (a sharded checkpoint, of either framework, holds portable names: PyTorch's reader reads it)
+    kind = {".pt": "pt", ".tf": "tf", f".{SHARDED}": "pt"}.get(src.suffix)
     if kind and kind != framework:
         raise WeightsError(f"{src} is a {'PyTorch' if kind == 'pt' else 'TensorFlow'} checkpoint; use "
                            f"--framework {kind} (or leave it out)")

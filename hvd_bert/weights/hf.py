@@ -211,10 +211,10 @@ def _write_safetensors(path: Path, state: Mapping[str, np.ndarray], names: list[
         f.write(len(text).to_bytes(8, "little"))
         f.write(text)
         for name in names:
-            a = np.ascontiguousarray(state[name], dtype="<f4")
+            a = np.asarray(state[name], dtype="<f4")
             if tuple(a.shape) != tuple(header[name]["shape"]):
                 raise WeightsError(f"{name} has shape {a.shape}, {header[name]['shape']} was announced")
-            f.write(memoryview(a).cast("B"))
+            f.write(memoryview(np.ascontiguousarray(a.reshape(-1))).cast("B"))
 
 
 def hf_config(config: BertConfig, architecture: str, num_labels: int | None = None,

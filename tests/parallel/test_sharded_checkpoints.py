@@ -10,6 +10,7 @@ Each step's global batch (12 sequences) is the same whatever the layout, so ever
 the same trajectory. Four launches: 4 ranks (the reference run and both saves), 3, 2, 1."""
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -157,3 +158,27 @@ def test_a_damaged_sharded_checkpoint_is_refused_in_one_line(bert_data, sharded_
     res = pretrain(bert_data, run, "--set", "train.checkpoint_format=sharded", steps=3)
     one_line(res, *words, "delete the folder")
     assert sorted((p.name, p.stat().st_size) for p in folder.iterdir()) == before  # (nothing pruned or lost)
+
+
+def test_a_full_disk_during_a_background_save_is_named_and_the_older_checkpoint_resumes(bert_data,
+                                                                                       mount_point):
+    """The shard's write fails in the writer thread; the run stops at its end with the disk named
+    in one line (exit 2); the step-2 checkpoint stays complete; with room again it resumes and
+    the incomplete step-4 folder is removed."""
+    from one_process import one_line, pretrain
+
+    disk = mount_point("-t", "tmpfs", "-o", "size=48m", "tmpfs")
+    run = disk / "run"
+    sharded = ("--set", "train.checkpoint_format=sharded")
+    assert pretrain(bert_data, run, *sharded).returncode == 0
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    (disk / "filler").write_bytes(b"\0" * (free - 64 * 1024))  # 64 KiB left: no room for a shard
+    res = pretrain(bert_data, run, *sharded, steps=4)
+    one_line(res, f"no space left on {disk} while writing {run / 'ckpt-00000004.shards'}",
+             "the checkpoints already there are intact")
+    assert (run / "ckpt-00000002.shards" / "index.json").is_file()
+    assert not (run / "ckpt-00000004.shards" / "index.json").exists()
+    (disk / "filler").unlink()
+    res = pretrain(bert_data, run, *sharded, steps=4)
+    assert res.returncode == 0 and "resumed from step 2" in res.stdout, res.stderr[-3000:]
+    assert sorted(p.name for p in run.glob("ckpt-*")) == ["ckpt-00000002.shards", "ckpt-00000004.shards"]

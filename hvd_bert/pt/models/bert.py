@@ -306,8 +306,9 @@ def load_weights(model: nn.Module, arrays: dict[str, np.ndarray], *, source: str
 
 
 def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], BertConfig | None]:
-    """Portable weights from a portable ``.npz``, a PyTorch checkpoint ``ckpt-*.pt`` or a run
-    folder (its newest ``ckpt-*.pt``). TensorFlow checkpoints: convert them first with
+    """Portable weights from a portable ``.npz``, a PyTorch checkpoint ``ckpt-*.pt``, a sharded
+    checkpoint ``ckpt-*.shards`` of either framework (its tensors read one at a time, when used)
+    or a run folder (its newest of those). TensorFlow's own checkpoints: convert them first with
     ``hvd-bert convert``."""
     from hvd_bert.pt.checkpoint import load_state_dict_file
 
@@ -315,7 +316,7 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], Be
     published = read_published(p, load_state_dict_file, _read_google_in_tf_process)  # HF, Google
     if published is not None:
         return published
-    if p.is_dir():
+    if p.is_dir() and p.suffix != f".{SHARDED}":
         found = latest_checkpoint(p, ("pt", SHARDED))
         if found is None:
             raise WeightsError(f"{p} is neither a run folder with a ckpt-*.pt checkpoint nor a Hugging Face "
