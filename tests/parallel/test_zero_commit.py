@@ -32,7 +32,7 @@ def test_a_commit_keeps_2_over_n_of_the_state(lose):
         assert r["held"] == sorted({r["rank"], (r["rank"] + 1) % 4})
 
 
-@pytest.mark.parametrize("lost", ["0", "3"])
+@pytest.mark.parametrize("lost", ["3"])  # (every other one rank, and new worlds of other sizes: tests/core)
 def test_the_loss_of_any_one_rank_is_recovered_from_the_survivors(lose, lost):
     survivors = [r for r in lose(lost) if str(r["rank"]) not in lost.split(",")]
     assert [r["error"] for r in survivors] == [None] * len(survivors)
