@@ -23,7 +23,7 @@ import numpy as np
 from hvd_bert.core import optim as O
 
 __all__ = ["Partition", "partition", "shard_of", "unshard", "partial_sq_sums", "sharded_step",
-           "committed_shards", "commit_row", "recovery", "shard_holders", "overlap", "LostShards"]
+           "committed_shards", "commit_row", "follow", "recovery", "shard_holders", "overlap", "LostShards"]
 
 
 @dataclass(frozen=True)
@@ -132,12 +132,24 @@ def committed_shards(rank: int, size: int) -> list[int]:
     return sorted({rank, (rank + 1) % size})
 
 
-def commit_row(world_size: int | None, step: int, shards: Sequence[int]) -> list[int]:
-    """What a rank tells the others of its commit (an allgathered row of 4 integers): the world
-    size it was made on, its step and the shards it holds; ``world_size`` None: no commit."""
-    if world_size is None:
+def commit_row(commit: dict | None) -> list[int]:
+    """What a rank tells the others of its commit (``{"world_size", "step", "shards"}``; None: a
+    rank that joined) as an allgathered row of 4 integers: the world size it was made on, its
+    step and the shards it holds."""
+    if commit is None:
         return [-1] * 4
-    return [int(world_size), int(step), *sorted(int(j) for j in shards), -1][:4]
+    return [int(commit["world_size"]), int(commit["step"]), *sorted(int(j) for j in commit["shards"]), -1][:4]
+
+
+def follow(commit: dict | None, new: dict | None) -> dict | None:
+    """The commit an engine keeps after a new world's recovery: ``new``, written into the old
+    commit's dict when there is one (a later restore of that same commit, which Horovod's state
+    holds, then finds the new world's shards)."""
+    if commit is None or new is None:
+        return new
+    commit.clear()
+    commit.update(new)
+    return commit
 
 
 def recovery(rows: Sequence[Sequence[int]]) -> tuple[int, int, dict[int, int]] | None:

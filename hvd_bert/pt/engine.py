@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator
 import torch
 import horovod.torch as hvd
 
+from hvd_bert.core import zero as Z
 from hvd_bert.core.batch import is_sync_step
 from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, checkpoint_meta,
@@ -240,12 +241,7 @@ class Engine:
         self.broadcast()
         if self.zero is not None:
             self.zero.repartition()
-            new = self.zero.recover(self._zero_commit)
-            if self._zero_commit is not None and new is not None:
-                self._zero_commit.clear()
-                self._zero_commit.update(new)
-            else:
-                self._zero_commit = new
+            self._zero_commit = Z.follow(self._zero_commit, self.zero.recover(self._zero_commit))
         self.scaler.load_state_dict(hvd.broadcast_object(self.scaler.state_dict(), root_rank=0,
                                                          name="hvd_bert.elastic.scaler"))
 
@@ -404,7 +400,7 @@ class Engine:
         loaded = {}
 
         def read_meta(path):
-            if path.suffix == f".{sharded.S.SUFFIX}":  # (every rank reads its share below)
+            if sharded.S.is_sharded(path):  # (every rank reads its share below)
                 return sharded.S.Reader(path).meta
             loaded["ckpt"] = load_checkpoint_file(path, self.device)
             return json.loads(loaded["ckpt"]["meta"])
@@ -429,7 +425,7 @@ class Engine:
                                allow_resized=self.resume_resized)
         if meta is None:
             return None
-        if self.resumed_path.suffix == f".{sharded.S.SUFFIX}":
+        if sharded.S.is_sharded(self.resumed_path):
             sharded.load_into(self, self.resumed_path)  # every rank reads its own share
         else:
             self._scatter_consolidated(loaded)

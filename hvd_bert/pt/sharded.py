@@ -19,7 +19,6 @@ writer.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +26,7 @@ import torch
 import horovod.torch as hvd
 
 from hvd_bert.train import sharded_checkpoint as S
-from hvd_bert.train.checkpoint import checkpoint_path, prune
-from hvd_bert.train.engine import CheckpointError
+from hvd_bert.train.checkpoint import checkpoint_path
 
 __all__ = ["writer", "pieces_of", "save", "load_into"]
 
@@ -79,7 +77,7 @@ def pieces_of(engine) -> list[tuple[S.Piece, np.ndarray]]:
     first = engine.tp is None or engine.tp.rank == 0  # (writes the tensors whole on its group)
     specs, tensors = _local_tensors(engine)
     out = [(p, _host(tensors[i].reshape(-1)[slice(*p.flat)])) for i, p in S.rank_pieces(specs, d, di, first)]
-    pspecs, bufs, params = _optimizer_tensors(engine)
+    _, bufs, params = _optimizer_tensors(engine)
     z = engine.zero
     if z is not None and z.stage > 0:  # this rank's shard: the partition's pieces, as the step keeps them
         for i, off, pos, n in z.pieces:
@@ -123,29 +121,14 @@ def save(engine, writer: S.Writer, folder: str | Path, meta: dict, keep: int) ->
     meta = {**meta, "optimizer_step": optimizer_step(engine), "scaler": engine.scaler.state_dict(),
             "layout": {"world_size": engine.world_size, "zero_stage": engine.zero.stage if engine.zero else 0,
                        "tensor_parallel": engine.tp.size if engine.tp is not None else 1}}
-    rank, world, main = engine.rank, engine.world_size, threading.main_thread()
-
-    def write():
-        S.write_rank(path, rank, pieces)
-        if rank == 0:
-            S.write_index(path, world, meta, alive=main.is_alive)
-            prune(folder, S.SUFFIX, keep)
-    writer.submit(write)
-    return path
+    return writer.save(path, Path(folder), engine.rank, engine.world_size, pieces, meta, keep)
 
 
 def load_into(engine, folder: str | Path) -> dict:
     """Every rank reads its shares of a complete sharded checkpoint (any layout wrote it) into the
     model and optimizer; returns its metadata. A failure on any rank is raised on every rank."""
-    error, meta = None, None
-    try:
-        meta = _load(engine, S.Reader(folder))
-    except CheckpointError as e:
-        error = str(e)
-    errors = [e for e in hvd.allgather_object(error, name="hvd_bert.resume.shards") if e]
-    if errors:
-        raise CheckpointError(errors[0])
-    return meta
+    return S.read_on_every_rank(lambda reader: _load(engine, reader), folder,
+                                lambda obj, name: hvd.allgather_object(obj, name=name))  # Horovod:
 
 
 @torch.no_grad()
@@ -155,7 +138,7 @@ def _load(engine, reader: S.Reader) -> dict:
     for (name, _, split), t in zip(specs, tensors):
         data = reader.read(name, split, dtype=t.detach().cpu().numpy().dtype)
         t.copy_(torch.from_numpy(data).view(t.shape))
-    pspecs, bufs, params = _optimizer_tensors(engine)
+    _, bufs, params = _optimizer_tensors(engine)
     step = int(meta.get("optimizer_step", 0))
     z = engine.zero
     if z is not None:

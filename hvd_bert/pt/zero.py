@@ -384,11 +384,8 @@ class ShardedOptimizer:
         commit in the new world (None when no rank had committed: the state stays fresh).
         Raises ``core.zero.LostShards`` when a shard was held by ranks that are all gone (two
         neighbours)."""
-        row = Z.commit_row(None, 0, []) if commit is None else \
-            Z.commit_row(commit["world_size"], commit["step"], commit["shards"])
-        rows = hvd.allgather(torch.tensor([row], dtype=torch.int64), name="hvd_bert.zero.recover",
-                             process_set=self.process_set).tolist()
-        plan = Z.recovery(rows)
+        plan = Z.recovery(hvd.allgather(torch.tensor([Z.commit_row(commit)], dtype=torch.int64),
+                                        name="hvd_bert.zero.recover", process_set=self.process_set).tolist())
         if plan is None:
             return None
         old_size, step, holder = plan

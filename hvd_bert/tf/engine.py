@@ -27,6 +27,7 @@ import hvd_bert.tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
+from hvd_bert.core import zero as Z
 from hvd_bert.core.batch import is_sync_step
 from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args,
@@ -207,12 +208,7 @@ class Engine:
         if self.zero is None:
             return
         self.zero.repartition()
-        new = self.zero.recover(self._zero_commit)
-        if self._zero_commit is not None and new is not None:
-            self._zero_commit.clear()
-            self._zero_commit.update(new)
-        else:
-            self._zero_commit = new
+        self._zero_commit = Z.follow(self._zero_commit, self.zero.recover(self._zero_commit))
 
     def resize(self, plan, schedule) -> None:
         """Take this world's rank and size from Horovod and, given a plan, its layout (the
@@ -374,12 +370,12 @@ class Engine:
         restored = {}
 
         def read_meta(path):
-            if path.suffix == f".{sharded.S.SUFFIX}":  # (every rank reads its share below)
+            if sharded.S.is_sharded(path):  # (every rank reads its share below)
                 return sharded.S.Reader(path).meta
             return read_checkpoint_meta(path)
 
         def load(path):
-            if path.suffix == f".{sharded.S.SUFFIX}":
+            if sharded.S.is_sharded(path):
                 return
             trackables = self._trackables()
             if self.zero is not None:  # (rank 0 holds the whole state until the shards are sent)
@@ -391,7 +387,7 @@ class Engine:
                                allow_resized=self.resume_resized)
         if meta is None:
             return None
-        if self.resumed_path.suffix == f".{sharded.S.SUFFIX}":
+        if sharded.S.is_sharded(self.resumed_path):
             sharded.load_into(self, self.resumed_path)  # every rank reads its own share
         else:
             self.broadcast()

@@ -12,7 +12,6 @@ by every rank in the background.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +19,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from hvd_bert.train import sharded_checkpoint as S
-from hvd_bert.train.checkpoint import checkpoint_path, prune
-from hvd_bert.train.engine import CheckpointError
+from hvd_bert.train.checkpoint import checkpoint_path
 
 __all__ = ["writer", "save", "load_into"]
 
@@ -96,29 +94,14 @@ def save(engine, writer: S.Writer, folder: str | Path, meta: dict, keep: int) ->
                        "good_steps": int(engine.good_steps.numpy())},
             "layout": {"world_size": engine.world_size, "zero_stage": engine.zero.stage if engine.zero else 0,
                        "tensor_parallel": 1}}
-    rank, world, main = engine.rank, engine.world_size, threading.main_thread()
-
-    def write():
-        S.write_rank(path, rank, pieces)
-        if rank == 0:
-            S.write_index(path, world, meta, alive=main.is_alive)
-            prune(folder, S.SUFFIX, keep)
-    writer.submit(write)
-    return path
+    return writer.save(path, Path(folder), engine.rank, engine.world_size, pieces, meta, keep)
 
 
 def load_into(engine, folder: str | Path) -> dict:
     """Every rank reads its pieces of a complete sharded checkpoint; a failure on any rank is
     raised on every rank. Returns the checkpoint's metadata."""
-    error, meta = None, None
-    try:
-        meta = _load(engine, S.Reader(folder))
-    except CheckpointError as e:
-        error = str(e)
-    errors = [e for e in hvd.allgather_object(error, name="hvd_bert.resume.shards") if e]
-    if errors:
-        raise CheckpointError(errors[0])
-    return meta
+    return S.read_on_every_rank(lambda reader: _load(engine, reader), folder,
+                                lambda obj, name: hvd.allgather_object(obj, name=name))  # Horovod:
 
 
 def _load(engine, reader: S.Reader) -> dict:

@@ -208,10 +208,8 @@ class ShardedState:
         """This world's shards (after :meth:`repartition`) rebuilt from the ranks' commits (a
         collective; ``core.zero.recovery`` says which rank sends each old shard). Returns the
         commit in the new world (None: nobody had committed)."""
-        row = Z.commit_row(None, 0, []) if commit is None else \
-            Z.commit_row(commit["world_size"], commit["step"], commit["shards"])
-        rows = hvd.allgather(tf.constant([row], tf.int64), name="hvd_bert.zero.recover").numpy().tolist()
-        plan = Z.recovery(rows)
+        plan = Z.recovery(hvd.allgather(tf.constant([Z.commit_row(commit)], tf.int64),
+                                        name="hvd_bert.zero.recover").numpy().tolist())
         if plan is None:
             return None
         old_size, step, holder = plan

@@ -36,11 +36,12 @@ from pathlib import Path
 import numpy as np
 
 from hvd_bert.files import atomic_write
-from hvd_bert.train.checkpoint import SHARDED as SUFFIX, SHARDED_INDEX as INDEX
+from hvd_bert.train.checkpoint import SHARDED as SUFFIX, SHARDED_INDEX as INDEX, prune
 from hvd_bert.train.engine import CheckpointError
 
 __all__ = ["SUFFIX", "INDEX", "FORMAT", "Piece", "share_bounds", "write_rank", "write_index", "Reader",
-           "is_complete", "rank_pieces", "Writer", "LazyTensors"]
+           "is_complete", "rank_pieces", "Writer", "LazyTensors", "read_on_every_rank",
+           "is_sharded"]
 
 FORMAT = "hvd_bert.sharded/1"
 _FIX = "delete the folder to resume from the checkpoint before it, or restore it from a copy"
@@ -174,6 +175,23 @@ class Writer:
         self.thread = threading.Thread(target=run, name="hvd_bert-checkpoint-writer")
         self.thread.start()
 
+    def save(self, path: Path, folder: Path, rank: int, world: int, pieces: list, meta: dict,
+             keep: int) -> Path:
+        """Write a checkpoint in the background: this rank's ``pieces`` into ``path``; on rank 0,
+        then the index once all ``world`` ranks' pieces are on disk, then the pruning of the
+        older checkpoints in ``folder`` (the newest ``keep`` stay). Returns ``path``."""
+        import threading
+
+        main = threading.main_thread()  # (its end stops rank 0 waiting for the others' manifests)
+
+        def write():
+            write_rank(path, rank, pieces)
+            if rank == 0:
+                write_index(path, world, meta, alive=main.is_alive)
+                prune(folder, SUFFIX, keep)
+        self.submit(write)
+        return path
+
     def wait(self) -> None:
         """Wait for the save in flight, then raise the first failing rank's error on every rank
         (a collective: every rank calls it at the same point; a full disk stays a NoSpace)."""
@@ -195,6 +213,25 @@ class Writer:
         if kind == "NoSpace":
             raise NoSpace(filename, written)
         raise CheckpointError(f"rank {rank} could not write its checkpoint shard: {text}")
+
+
+def read_on_every_rank(read, folder: str | Path, allgather_object) -> dict:
+    """``read(Reader(folder))`` on every rank (each reads its own pieces); a CheckpointError on
+    any rank is raised on every rank (a collective). Returns what ``read`` returned."""
+    error, got = None, None
+    try:
+        got = read(Reader(folder))
+    except CheckpointError as e:
+        error = str(e)
+    errors = [e for e in allgather_object(error, "hvd_bert.resume.shards") if e]
+    if errors:
+        raise CheckpointError(errors[0])
+    return got
+
+
+def is_sharded(path: str | Path) -> bool:
+    """Whether ``path`` names a sharded checkpoint (``ckpt-<step>.shards``)."""
+    return Path(path).suffix == f".{SUFFIX}"
 
 
 def is_complete(folder: str | Path) -> bool:

@@ -29,7 +29,7 @@ from hvd_bert.weights.portable import (VOCAB_ROWS, WeightsError, check_backbone,
                                        shape_of)
 
 __all__ = ["is_hf_folder", "read_hf_config", "read_hf_folder", "hf_to_portable", "portable_to_hf",
-           "write_hf_folder", "new_folder", "HF_WEIGHTS"]
+           "write_hf_folder", "write_safetensors", "new_folder", "HF_WEIGHTS"]
 
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
@@ -194,7 +194,7 @@ class _Renamed(Mapping):
         return len(self.names)
 
 
-def _write_safetensors(path: Path, state: Mapping[str, np.ndarray], names: list[str], metadata: dict) -> None:
+def write_safetensors(path: Path, state: Mapping[str, np.ndarray], names: list[str], metadata: dict) -> None:
     """``names`` of ``state`` as a safetensors file (float32), one tensor at a time: the header
     from the shapes, then each tensor's bytes as it is read (safetensors' own writer takes every
     tensor at once). The layout is the format's: an 8-byte little-endian header length, the JSON
@@ -254,7 +254,7 @@ def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config
     names = [k for k in state if arch == "BertForPreTraining" or not k.startswith("cls.")]  # (fine-tuned:
     num_labels = int(shape_of(state, "classifier.weight")[0]) if classifier else None  # no pretraining heads)
     with new_folder(folder) as tmp:
-        _write_safetensors(tmp / "model.safetensors", state, names, metadata={"format": "pt"})
+        write_safetensors(tmp / "model.safetensors", state, names, metadata={"format": "pt"})
         usual_mode(tmp / "model.safetensors")
         (tmp / "config.json").write_text(json.dumps(hf_config(config, arch, num_labels, labels), indent=2))
         if vocab_file is not None:

@@ -104,7 +104,7 @@ def test_convert_streams_a_sharded_checkpoint_tensor_by_tensor(tmp_path):
     from safetensors.numpy import load_file
 
     from hvd_bert.config.bert import BertConfig
-    from hvd_bert.weights.hf import _write_safetensors
+    from hvd_bert.weights.hf import write_safetensors
     from hvd_bert.weights.portable import save_weights
 
     arrays = write(tmp_path / "c", 2, 2)
@@ -121,6 +121,6 @@ def test_convert_streams_a_sharded_checkpoint_tensor_by_tensor(tmp_path):
         for k in want:
             np.testing.assert_array_equal(z[k], want[k])
     assert sorted(reads) == sorted(f"model/{k}" for k in want)
-    _write_safetensors(tmp_path / "m.safetensors", lazy, sorted(lazy), {"format": "pt"})
+    write_safetensors(tmp_path / "m.safetensors", lazy, sorted(lazy), {"format": "pt"})
     got = load_file(tmp_path / "m.safetensors")
     assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in want)

@@ -96,7 +96,7 @@ def _recovered(sizes, old_n, lost, new_n):
     commits = [{j: flat[j * old.shard:(j + 1) * old.shard] for j in Z.committed_shards(r, old_n)}
                for r in range(old_n) if r not in lost]
     commits += [None] * (new_n - len(commits))  # (workers that joined hold nothing)
-    rows = [Z.commit_row(None if c is None else old_n, 7, c or []) for c in commits]
+    rows = [Z.commit_row(c and {"world_size": old_n, "step": 7, "shards": c}) for c in commits]
     size, step, holder = Z.recovery(rows)
     assert (size, step) == (old_n, 7)
     shards = []
@@ -123,4 +123,4 @@ def test_two_lost_neighbours_lose_a_shard():
 
 
 def test_no_commit_anywhere_is_a_fresh_state():
-    assert Z.recovery([Z.commit_row(None, 0, [])] * 3) is None
+    assert Z.recovery([Z.commit_row(None)] * 3) is None
