@@ -7,6 +7,12 @@ against the unfused composition, in the model and as a kernel, in both framework
     .venv/bin/python benchmarks/bert_train.py --preset small --batch 16 --seq 128 --steps 10
     .venv/bin/python benchmarks/bert_train.py --kernels          # the GELU kernels alone
     .venv/bin/python benchmarks/bert_train.py --device cuda --precision bf16 ...  (on a GPU)
+    .venv/bin/python benchmarks/bert_train.py --fill 0.92 --variants hvd_bert hvd_bert-packed transformers
+
+``--fill F`` gives the batch padding: a fraction F of its token slots real (Wikipedia's shards:
+0.92 at sequence 128, 0.78 at 512), some sequences cut to a random length (as Google's
+create_pretraining_data's short sequences and document ends do); ``hvd_bert-packed`` trains
+on the same batch packed into fewer rows (``pack_sequences``, ``hvd_bert.data.packing``).
 
 Each variant runs in its own process (fresh allocator and compile caches), one after the
 other, alternating for ``--repeats`` rounds; the figure is the median step time. A training
@@ -25,30 +31,41 @@ import time
 
 from peers import transformers_bert_config  # benchmarks/peers.py
 
-VARIANTS = ("hvd_bert", "hvd_bert-unfused", "transformers")
+VARIANTS = ("hvd_bert", "hvd_bert-packed", "hvd_bert-unfused", "transformers")
 
 
-def _batch(torch, vocab, b, s, p, device):
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, vocab, (b, s), generator=g)
-    pos = torch.stack([torch.randperm(s - 1, generator=g)[:p] + 1 for _ in range(b)])
-    labels = torch.randint(5, vocab, (b, p), generator=g)
-    out = dict(input_ids=ids, segment_ids=(torch.arange(s) >= s // 2).long().expand(b, s).contiguous(),
-               input_mask=torch.ones(b, s, dtype=torch.long), masked_lm_positions=pos,
-               masked_lm_ids=labels, masked_lm_weights=torch.ones(b, p),
-               next_sentence_labels=torch.randint(0, 2, (b, 1), generator=g))
-    return {k: v.to(device) for k, v in out.items()}
+def _batch(torch, vocab, b, s, p, device, fill=1.0, pack=False):
+    """A random batch with a fraction ``fill`` of real tokens: a share q of the sequences cut to
+    a length uniform in [8, s] (mean fill 1 - q (s - 8) / 2s), the rest full."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    q = min(1.0, (1.0 - fill) * 2 * s / (s - 8))
+    n = np.where(rng.random(b) < q, rng.integers(8, s + 1, b), s)
+    mask = (np.arange(s) < n[:, None]).astype(np.int64)
+    pos, w = np.zeros((b, p), np.int64), np.zeros((b, p), np.float32)
+    for i in range(b):  # about 15% of the real tokens masked, at most p
+        k = min(p, max(1, round(0.15 * n[i])))
+        pos[i, :k] = np.sort(rng.choice(np.arange(1, n[i]), k, replace=False))
+        w[i, :k] = 1
+    seg = (np.arange(s) >= (n // 2)[:, None]) * mask
+    out = dict(input_ids=rng.integers(5, vocab, (b, s)) * mask, segment_ids=seg,
+               input_mask=mask, masked_lm_positions=pos, masked_lm_ids=rng.integers(5, vocab, (b, p)),
+               masked_lm_weights=w, next_sentence_labels=rng.integers(0, 2, (b, 1)))
+    if pack:
+        from hvd_bert.data.packing import pack_batch
+        out = pack_batch(out)
+    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in out.items()}
 
 
 def run_variant(variant: str, preset: str, b: int, s: int, p: int, steps: int, warmup: int, threads: int,
-                device: str, precision: str) -> dict:
+                device: str, precision: str, fill: float = 1.0) -> dict:
     if variant == "hvd_bert-unfused":
         os.environ["HVD_BERT_COMPILE"] = "0"
     import torch
     torch.set_num_threads(threads)
     from hvd_bert.config.bert import bert_preset
     cfg = bert_preset(preset, vocab_size=30522)
-    batch = _batch(torch, cfg.vocab_size, b, s, p, device)
+    batch = _batch(torch, cfg.vocab_size, b, s, p, device, fill, pack=variant == "hvd_bert-packed")
     torch.manual_seed(0)
     if variant.startswith("hvd_bert"):
         from hvd_bert.pt.models.bert import BertForPreTraining, pretraining_loss
@@ -61,7 +78,8 @@ def run_variant(variant: str, preset: str, b: int, s: int, p: int, steps: int, w
         hf_cfg = transformers_bert_config(cfg)
         model = transformers.BertForPreTraining(hf_cfg).to(device)
         labels = torch.full((b, s), -100, dtype=torch.long, device=device)
-        labels.scatter_(1, batch["masked_lm_positions"], batch["masked_lm_ids"])
+        real = batch["masked_lm_weights"] > 0
+        labels.scatter_(1, batch["masked_lm_positions"], torch.where(real, batch["masked_lm_ids"], -100))
 
         def loss_fn():
             return model(input_ids=batch["input_ids"], attention_mask=batch["input_mask"],
@@ -95,7 +113,8 @@ def run_variant(variant: str, preset: str, b: int, s: int, p: int, steps: int, w
         times.append(time.perf_counter() - t)
     n_params = sum(x.numel() for x in model.parameters())
     return {"variant": variant, "median_s": statistics.median(times), "params": n_params,
-            "sequences_per_s": b / statistics.median(times), "step_s": times}
+            "sequences_per_s": b / statistics.median(times), "step_s": times,
+            "rows": int(batch["input_ids"].shape[0]), "real_tokens": int(batch["input_mask"].sum())}
 
 
 def kernels(threads: int, repeats: int) -> list[dict]:
@@ -162,6 +181,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--predictions", type=int, default=20)
+    ap.add_argument("--fill", type=float, default=1.0, help="fraction of real tokens in the batch")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2, help="alternating rounds of all variants")
@@ -181,21 +201,21 @@ def main() -> None:
         return
     if a._worker:
         print("RESULT " + json.dumps(run_variant(a._worker, a.preset, a.batch, a.seq, a.predictions, a.steps,
-                                                 a.warmup, a.threads, a.device, a.precision)))
+                                                 a.warmup, a.threads, a.device, a.precision, a.fill)))
         return
 
     def child(worker):
         cmd = [sys.executable, __file__, "--_worker", worker, "--preset", a.preset, "--batch", str(a.batch),
                "--seq", str(a.seq), "--predictions", str(a.predictions), "--steps", str(a.steps),
                "--warmup", str(a.warmup), "--threads", str(a.threads), "--device", a.device,
-               "--precision", a.precision]
+               "--precision", a.precision, "--fill", str(a.fill)]
         res = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
         if res.returncode != 0:
             raise SystemExit(f"{worker} failed:\n{res.stderr[-3000:]}")
         return json.loads(res.stdout.split("RESULT ", 1)[1])
 
     report: dict = {"preset": a.preset, "batch": a.batch, "seq": a.seq, "predictions": a.predictions,
-                    "threads": a.threads, "device": a.device, "precision": a.precision}
+                    "fill": a.fill, "threads": a.threads, "device": a.device, "precision": a.precision}
     if a.kernels:
         report["kernels"] = child("kernels-pt") + child("kernels-tf")
         for k in report["kernels"]:
@@ -208,16 +228,18 @@ def main() -> None:
         rows = []
         for v, rs in rounds.items():
             med = statistics.median(r["median_s"] for r in rs)
-            rows.append({"variant": v, "step_s": med, "sequences_per_s": a.batch / med,
+            rows.append({"variant": v, "step_s": med, "sequences_per_s": a.batch / med, "rows": rs[0]["rows"],
                          "params": rs[0]["params"], "round_medians_s": [r["median_s"] for r in rs],
                          "round_steps_s": [r["step_s"] for r in rs]})
         base = next((r for r in rows if r["variant"] == "transformers"), rows[-1])
-        print(f"BERT-{a.preset}, batch {a.batch} x seq {a.seq} ({a.predictions} masked), {a.precision}, "
-              f"{a.device}, {a.threads} threads")
+        print(f"BERT-{a.preset}, batch {a.batch} x seq {a.seq} ({a.predictions} masked, {a.fill:.2f} of the "
+              f"tokens real), {a.precision}, {a.device}, {a.threads} threads")
         for r in rows:
             r["speedup_vs_transformers"] = base["step_s"] / r["step_s"]
-            print(f"  {r['variant']:<18} {r['step_s'] * 1e3:9.1f} ms/step  {r['sequences_per_s']:8.1f} seq/s  "
-                  f"x{r['speedup_vs_transformers']:.2f} vs transformers  ({r['params'] / 1e6:.1f}M params)")
+            print(f"  {r['variant']:<18} {r['step_s'] * 1e3:9.1f} ms/step  "
+                  f"{r['sequences_per_s']:8.1f} seq/s  "
+                  f"x{r['speedup_vs_transformers']:.2f} vs transformers  ({r['params'] / 1e6:.1f}M params, "
+                  f"{r['rows']} rows)")
         if a.repeats > 1 and "transformers" in rounds:
             # the ratio round by round: a round's processes ran back to back, on the same machine
             peer = next(r for r in rows if r["variant"] == "transformers")["round_medians_s"]

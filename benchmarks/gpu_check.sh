@@ -5,7 +5,9 @@
 #      phase 2 (seq 512, 80 predictions), in bf16 where the GPU has it (else fp16 with loss
 #      scaling): hvd_bert's PyTorch BERT against Hugging Face transformers' BertForPreTraining
 #      built from the same config, same batch, optimizer and precision, each in its own
-#      process, in the same run (benchmarks/bert_train.py);
+#      process, in the same run (benchmarks/bert_train.py); the batches have Wikipedia's padding
+#      (0.92 of the tokens real at 128, 0.78 at 512) and hvd_bert also runs them packed
+#      (pack_sequences);
 #   2. the NCF ladder's fastest rung (rung 5 of benchmarks/ncf_ladder.py: batch 196,608, LARS,
 #      warmup, bf16) on one GPU through `hvd-bert ncf`, to HR@10 0.78 on synthetic ml-1m data.
 # Results: $OUT (default benchmarks/results/gpu/; a temporary folder with --smoke): one JSON per
@@ -50,8 +52,8 @@ say() { echo "$*" | tee -a "$summary"; }
 
 if [[ $SMOKE == 1 ]]; then
     device=cpu precision=bf16
-    # preset, phase, seq, predictions, batch
-    configs=("tiny 1 128 20 8" "tiny 2 512 80 2")
+    # preset, phase, seq, predictions, batch, the fraction of real tokens
+    configs=("tiny 1 128 20 8 0.92" "tiny 2 512 80 4 0.78")
     ncf_batch=16384 ncf_limit=60
     say "gpu_check --smoke: CPU, tiny sizes (plumbing only, not a measurement)"
 else
@@ -62,7 +64,7 @@ else
     device=cuda
     precision=$("$PY" -c "import torch; print('bf16' if torch.cuda.is_bf16_supported() else 'fp16')")
     # NVIDIA's per-GPU batches for an 80 GB GPU (phase 1 / phase 2)
-    configs=("base 1 128 20 128" "base 2 512 80 32" "large 1 128 20 64" "large 2 512 80 16")
+    configs=("base 1 128 20 128 0.92" "base 2 512 80 32 0.78" "large 1 128 20 64 0.92" "large 2 512 80 16 0.78")
     ncf_batch=196608 ncf_limit=150
 fi
 # Horovod for the NCF run: built in the background while the BERT steps run, if asked for
@@ -76,25 +78,46 @@ say "device $device, precision $precision, $(date -u +%FT%TZ), $(git rev-parse -
 
 say ""
 say "BERT pretraining step (forward, MLM + NSP loss, backward, AdamW), sequences/s:"
-say "$(printf '%-6s %-6s %5s %6s %12s %14s %7s' model phase seq batch hvd_bert transformers ratio)"
+say "$(printf '%-6s %-6s %5s %6s %5s %10s %10s %13s %7s %7s' model phase seq batch fill hvd_bert packed transformers ratio packed)"
 ((NCF_ONLY)) && configs=()
 for c in "${configs[@]}"; do
-    read -r preset phase seq pred batch <<<"$c"
+    read -r preset phase seq pred batch fill <<<"$c"
     json=$OUT/bert-$preset-phase$phase.json
-    if timeout 150 "$PY" benchmarks/bert_train.py --device "$device" --precision "$precision" \
-        --preset "$preset" --seq "$seq" --predictions "$pred" --batch "$batch" --steps 8 --warmup 3 \
-        --repeats 1 --variants hvd_bert transformers --json "$json" >"$OUT/bert-$preset-phase$phase.log" 2>&1; then
-        say "$("$PY" - "$json" "$preset" "$phase" "$seq" "$batch" <<'PYEOF'
+    if timeout 200 "$PY" benchmarks/bert_train.py --device "$device" --precision "$precision" \
+        --preset "$preset" --seq "$seq" --predictions "$pred" --batch "$batch" --fill "$fill" --steps 8 \
+        --warmup 3 --repeats 1 --variants hvd_bert hvd_bert-packed transformers --json "$json" \
+        >"$OUT/bert-$preset-phase$phase.log" 2>&1; then
+        say "$("$PY" - "$json" "$preset" "$phase" "$seq" "$batch" "$fill" <<'PYEOF'
 import json, sys
-path, preset, phase, seq, batch = sys.argv[1:]
+path, preset, phase, seq, batch, fill = sys.argv[1:]
 rows = {r["variant"]: r for r in json.load(open(path))["rows"]}
-ours, peer = rows["hvd_bert"]["sequences_per_s"], rows["transformers"]["sequences_per_s"]
-print(f"{preset:<6} {phase:<6} {seq:>5} {batch:>6} {ours:>12.1f} {peer:>14.1f} {ours / peer:>6.2f}x")
+ours, packed = rows["hvd_bert"]["sequences_per_s"], rows["hvd_bert-packed"]["sequences_per_s"]
+peer = rows["transformers"]["sequences_per_s"]
+print(f"{preset:<6} {phase:<6} {seq:>5} {batch:>6} {fill:>5} {ours:>10.1f} {packed:>10.1f} {peer:>13.1f} "
+      f"{ours / peer:>6.2f}x {packed / peer:>6.2f}x")
 PYEOF
 )"
     else
         say "$(printf '%-6s %-6s %5s %6s' "$preset" "$phase" "$seq" "$batch") failed or timed out: see $OUT/bert-$preset-phase$phase.log"
     fi
+done
+
+say ""
+say "Where the step's time goes (benchmarks/gpu_profile.py: torch.profiler, NVLAMB, $precision):"
+if ((SMOKE)); then profiles=("tiny 128 8 0.92"); else profiles=("large 128 64 0.92" "large 512 16 0.78"); fi
+((NCF_ONLY)) && profiles=()
+for p in "${profiles[@]}"; do
+    read -r preset seq batch fill <<<"$p"
+    for pack in "" --pack; do
+        name=profile-$preset-$seq${pack:+-packed}
+        if timeout 120 "$PY" benchmarks/gpu_profile.py --device "$device" --precision "$precision" \
+            --preset "$preset" --seq "$seq" --batch "$batch" --fill "$fill" $pack \
+            $( ((SMOKE)) && echo --smoke) --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1; then
+            while IFS= read -r line; do say "$line"; done < <(grep -A8 '^BERT-' "$OUT/$name.log")
+        else
+            say "$name failed or timed out: see $OUT/$name.log"
+        fi
+    done
 done
 
 say ""

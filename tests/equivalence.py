@@ -36,7 +36,7 @@ def google_lr(t: int) -> float:
     return PEAK_LR * (1.0 - min(t, STEPS) / STEPS)
 
 
-def job_settings(data: Path, init: Path, out: Path, seed: int) -> list[str]:
+def job_settings(data: Path, init: Path, out: Path, seed: int, **extra) -> list[str]:
     sets = {"data": data, "init_checkpoint": init, "train.output_dir": out, "model": "tiny",
             "dropout": 0.0, "progress": "false", "max_seq_length": SEQ, "max_predictions_per_seq": PRED,
             "shuffle_buffer": SHUFFLE, "train.seed": seed,
@@ -46,12 +46,15 @@ def job_settings(data: Path, init: Path, out: Path, seed: int) -> list[str]:
             "train.optim.max_grad_norm": MAX_NORM,
             "train.schedule.name": "poly_warmup", "train.schedule.power": 1.0,
             "train.schedule.warmup": WARMUP,
-            "train.schedule.total_steps": STEPS, "train.log_every": 1, "train.checkpoint_every": 0}
+            "train.schedule.total_steps": STEPS, "train.log_every": 1, "train.checkpoint_every": 0,
+            **extra}
     return [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
 
 
-def make_inputs(tmp: Path, seed: int) -> tuple[Path, Path]:
-    """Prepared shards and a Hugging Face folder of the ``tiny`` size with their vocabulary."""
+def make_inputs(tmp: Path, seed: int, doc_lines: int = 0) -> tuple[Path, Path]:
+    """Prepared shards and a Hugging Face folder of the ``tiny`` size with their vocabulary
+    (``doc_lines`` > 0: the corpus cut into documents of that many lines, whose ends make
+    create_pretraining_data end sequences early: more padding)."""
     import torch
     import transformers
 
@@ -61,6 +64,10 @@ def make_inputs(tmp: Path, seed: int) -> tuple[Path, Path]:
     from hvd_bert.data.corpus import write_stdlib_corpus
 
     corpus = write_stdlib_corpus(tmp / "corpus.txt", max_bytes=120_000)
+    if doc_lines:
+        lines = [ln for ln in corpus.read_text().splitlines() if ln.strip()]
+        docs = ("\n".join(lines[i:i + doc_lines]) for i in range(0, len(lines), doc_lines))
+        corpus.write_text("\n\n".join(docs))
     data = tmp / "data"
     settings = PretrainingSettings(max_seq_length=SEQ, max_predictions_per_seq=PRED, dupe_factor=1, seed=seed)
     meta = prepare_bert([corpus], data, vocab_size=1000, num_shards=2, settings=settings, log=lambda *_: None)
@@ -77,12 +84,13 @@ def make_inputs(tmp: Path, seed: int) -> tuple[Path, Path]:
     return data, tmp / "hf"
 
 
-def run_job(framework: str, data: Path, init: Path, out: Path, seed: int) -> tuple[list[float], dict]:
-    """``hvd-bert pretrain`` in one process: its logged loss of every step and its final
-    weights as a ``transformers.BertForPreTraining`` state dict of numpy arrays."""
+def run_job(framework: str, data: Path, init: Path, out: Path, seed: int,
+            **extra) -> tuple[list[float], dict]:
+    """``hvd-bert pretrain`` in one process (``extra``: more settings): its logged loss of every
+    step and its final weights as a ``transformers.BertForPreTraining`` state dict of numpy arrays."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     res = subprocess.run([sys.executable, "-m", "hvd_bert", "pretrain", "--framework", framework,
-                          *job_settings(data, init, out, seed)],
+                          *job_settings(data, init, out, seed, **extra)],
                          capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

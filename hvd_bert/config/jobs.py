@@ -34,6 +34,9 @@ class PretrainConfig:
     record_striding: bool = doc(False, "every rank reads every shard and keeps every world_size-th "
                                        "record (automatic when there are fewer shards than ranks)")
     dropout: float = doc(0.1, "BERT's hidden and attention dropout (a probability in [0, 1))")
+    pack_sequences: bool = doc(False, "pack each batch's sequences into fewer rows (each attends only to "
+                                      "itself, its positions restart): the same loss, fewer padded "
+                                      "tokens computed; PyTorch only")
     init_checkpoint: str = doc("", "phase 2: start from this phase-1 checkpoint's weights with a "
                                    "fresh optimizer and schedule")
     eval_data: str = doc("", "held-out prepared pretraining folder (same vocab and lengths), scored at "
@@ -50,6 +53,9 @@ class PretrainConfig:
                  "eval_every must be >= 0 and eval_batch_size > 0")
         require(self.max_seq_length > 0 and self.max_predictions_per_seq > 0,
                  "max_seq_length and max_predictions_per_seq must be > 0")
+        require(not (self.pack_sequences and self.framework == "tf"),
+                "pack_sequences is PyTorch's only (the Keras BERT has no packed layout): use framework=pt "
+                "or pack_sequences=false")
 
     def resolve_given(self, given: set[str]) -> PretrainConfig:
         """A global batch the user gave derives what the user did not (TrainConfig's rule)."""

@@ -20,5 +20,6 @@
     ncf             MovieLens or synthetic -> NCF data; each epoch's pairs
     movielens       MovieLens ratings in their published formats (ml-100k, ml-1m, ml-20m, ml-25m)
     padding         batches trimmed to their longest sequence
+    packing         pretraining batches with several sequences per row
     defaults        the built-in data: the cache folder, the default corpus, vocab and sets
 """

@@ -107,7 +107,7 @@ def run(cfg: PretrainConfig, backend) -> dict:
                                       seed=cfg.train.seed, shuffle_buffer=cfg.shuffle_buffer,
                                       record_striding=(cfg.record_striding
                                                        or len(meta["shards"]) < engine.data_size),
-                                      start=micro_step)
+                                      start=micro_step, pack=cfg.pack_sequences)
 
     score = backend.pretraining_scorer(model, cfg.train.precision.mode)
 

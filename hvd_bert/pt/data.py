@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from hvd_bert.data.kinds import spec_for_meta
+from hvd_bert.data.packing import pack_batch
 from hvd_bert.data.padding import length_grouped
 from hvd_bert.data.records import decode_batch, read_ordered
 from hvd_bert.data.sidecar import SidecarWatch
@@ -47,11 +48,14 @@ class ShardedDataset(torch.utils.data.IterableDataset):
         prefetch: batches decoded ahead in the background.
         length_grouping: > 0: batches padded to their longest sequence, after regrouping
             this many batches at a time by length (``data.padding.length_grouped``).
+        pack: pretraining batches with their sequences packed into fewer rows
+            (``data.packing.pack_batch``), in the background thread.
     """
 
     def __init__(self, folder: str | Path, kind: str, rank: int, world_size: int, local_batch_size: int,
                  *, seed: int = 0, shuffle_buffer: int = 1024, record_striding: bool = False,
-                 expect: dict | None = None, prefetch: int = 4, epoch: int = 0, length_grouping: int = 0):
+                 expect: dict | None = None, prefetch: int = 4, epoch: int = 0, length_grouping: int = 0,
+                 pack: bool = False):
         super().__init__()
         self.folder = Path(folder)
         self.watch = SidecarWatch(self.folder)  # (before the read: a change after it is noticed)
@@ -67,6 +71,7 @@ class ShardedDataset(torch.utils.data.IterableDataset):
         self.rank, self.world_size, self.local_batch_size = rank, world_size, local_batch_size
         self.seed, self.shuffle_buffer, self.record_striding = seed, shuffle_buffer, record_striding
         self.prefetch, self.epoch, self.length_grouping = prefetch, epoch, length_grouping
+        self.pack = pack
 
     def batches_in_epoch(self, epoch: int) -> int:
         return epoch_batches(self.files, self.counts, self.world_size, self.local_batch_size, epoch,
@@ -88,7 +93,8 @@ class ShardedDataset(torch.utils.data.IterableDataset):
             chunk = [next(records) for _ in range(b)]
             if i < start:
                 continue  # resuming: records are read, not decoded
-            yield decode_batch(chunk, self.spec)
+            batch = decode_batch(chunk, self.spec)
+            yield pack_batch(batch) if self.pack else batch
 
     def epoch_batches(self, epoch: int, start: int = 0) -> Iterator[dict[str, torch.Tensor]]:
         """The batches of ``epoch`` from batch ``start`` on, decoded in a background thread."""

@@ -15,6 +15,7 @@ import horovod.tensorflow as hvd
 from hvd_bert.train.backend import ModelFunctions, threads_per_rank
 from hvd_bert.config.bert import BertConfig
 from hvd_bert.config import TrainConfig
+from hvd_bert.config.base import ConfigError
 from hvd_bert.tf import init_horovod
 
 __all__ = ["BACKEND", "TensorFlowBackend", "set_threads"]
@@ -112,8 +113,11 @@ class TensorFlowBackend(ModelFunctions):
 
     def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
                        seed: int, shuffle_buffer: int, record_striding: bool,
-                       start: int, length_grouping: int = 0) -> Iterator[dict]:
+                       start: int, length_grouping: int = 0, pack: bool = False) -> Iterator[dict]:
         from hvd_bert.tf.data import stream
+        if pack:
+            raise ConfigError("packed sequences are PyTorch's only (the Keras BERT has no packed layout): "
+                              "run with --framework pt, or without pack_sequences")
         return stream(folder, kind, rank, size, local_batch_size, seed=seed, shuffle_buffer=shuffle_buffer,
                       record_striding=record_striding, start_batch=start, length_grouping=length_grouping)
 

@@ -97,10 +97,11 @@ class Backend(Protocol):
 
     def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
                        seed: int, shuffle_buffer: int, record_striding: bool, start: int,
-                       length_grouping: int = 0) -> Iterator:
+                       length_grouping: int = 0, pack: bool = False) -> Iterator:
         """This rank's batches from global batch ``start`` on; ``length_grouping`` > 0: padded
         to their longest sequence after regrouping that many batches by length
-        (``data.padding.length_grouped``)."""
+        (``data.padding.length_grouped``); ``pack``: pretraining sequences packed into fewer
+        rows (``data.packing``; a backend whose model cannot take them raises ConfigError)."""
 
     def ncf_batch(self, users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> Any: ...
 

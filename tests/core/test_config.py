@@ -226,3 +226,10 @@ def test_a_given_global_batch_derives_what_the_user_did_not_give(given, local, k
                                                "train.batch.backward_passes_per_step=4"])
     with pytest.raises(ConfigError, match="inconsistent batch sizes.*drop one of the three"):
         clash.train.batch.plan(world_size=2)
+
+
+def test_packed_sequences_are_pytorch_s_only():
+    from hvd_bert.config.jobs import PretrainConfig
+    assert apply_overrides(PretrainConfig(), ["pack_sequences=true"]).pack_sequences
+    with pytest.raises(ConfigError, match=r"pack_sequences is PyTorch's only .*framework=pt"):
+        apply_overrides(PretrainConfig(), ["pack_sequences=true", "framework=tf"])

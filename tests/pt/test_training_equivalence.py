@@ -1,7 +1,9 @@
 """Ten steps of BERT pretraining by ``hvd-bert pretrain --framework pt`` against
 ``transformers.BertForPreTraining`` trained by ``torch.optim.AdamW`` with
 ``torch.nn.utils.clip_grad_norm_`` and Google's warmup/decay schedule: the same initial weights
-(a Hugging Face folder), the same batches (the job's reader on the same shards), dropout off.
+(a Hugging Face folder), the same batches (the job's reader on the same shards), dropout off;
+and the job again with its batches packed (``pack_sequences``: several sequences per row), against
+the same unpacked reference.
 The per-step losses and the final weights agree to fp32 round-off: the loss normalisation, the
 clipping, the schedule and the optimizer of the whole path are checked, not only the forward
 pass. (tests/parallel/test_engine_contract.py ties N ranks x k micro-batches to this one rank.)"""
@@ -51,26 +53,41 @@ def reference(data, init, seed):
     return losses, {k: v.detach().numpy() for k, v in model.state_dict().items()}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("equivalence")
+@pytest.fixture(scope="module", params=("padded", "packed"))
+def runs(request, tmp_path_factory):
+    """padded: the job as prepared; packed: the job with ``pack_sequences`` on shards of a corpus
+    cut into two-line documents (75% real tokens instead of 96%: batches of 8 share rows)."""
+    layout = request.param
+    tmp = tmp_path_factory.mktemp(f"equivalence-{layout}")
     seed = seed_of(3)
-    data, init = make_inputs(tmp, seed)
-    ours = run_job("pt", data, init, tmp / "run", seed)
+    if layout == "padded":
+        data, init = make_inputs(tmp, seed)
+        ours = run_job("pt", data, init, tmp / "run", seed)
+    else:
+        data, init = make_inputs(tmp, seed, doc_lines=2)
+        ours = run_job("pt", data, init, tmp / "run", seed, pack_sequences="true")
+        stream = ShardedDataset(data, "bert-pretraining", 0, 1, BATCH, seed=seed, shuffle_buffer=SHUFFLE,
+                                pack=True).stream(0)
+        rows = sum(len(next(stream)["input_ids"]) for _ in range(STEPS))
+        assert rows < STEPS * BATCH, rows  # the batches did share rows (73 of 80 rows here)
     theirs = reference(data, init, seed)
-    return ours, theirs, init
+    return layout, ours, theirs, init
+
+
+def site(name, layout):
+    return name if layout == "padded" else f"{name}/packed"
 
 
 def test_the_losses_of_every_step_agree(runs):
-    (ours, _), (theirs, _), _ = runs
+    layout, (ours, _), (theirs, _), _ = runs
     assert len(ours) == len(theirs) == STEPS
     assert theirs[-1] < theirs[0]  # it trains (the comparison is not of a frozen model)
     # fp32 round-off: 8 seeds, worst 0.096 of this bound (tests/bounds/MEASURED.md)
-    assert_close(ours, theirs, rtol=2e-6, site="pt_vs_transformers_losses")
+    assert_close(ours, theirs, rtol=2e-6, site=site("pt_vs_transformers_losses", layout))
 
 
 def test_the_final_weights_agree(runs):
-    (_, ours), (_, theirs), init = runs
+    layout, (_, ours), (_, theirs), init = runs
     initial = transformers.BertForPreTraining.from_pretrained(init).state_dict()
     assert set(ours) <= set(theirs), sorted(set(ours) - set(theirs))
     missing = {k for k in set(theirs) - set(ours) if not k.endswith("position_ids")}
@@ -81,5 +98,6 @@ def test_the_final_weights_agree(runs):
             moved += 1
         # Adam divides by sqrt(v): a gradient near eps turns round-off into a larger step. 8 seeds,
         # two measurements, worst 0.14 of this bound
-        assert_close(ours[k], theirs[k], rtol=2e-4, atol=4e-6, site="pt_vs_transformers_weights", err_msg=k)
+        assert_close(ours[k], theirs[k], rtol=2e-4, atol=4e-6,
+                     site=site("pt_vs_transformers_weights", layout), err_msg=k)
     assert moved == len(ours)  # every parameter took its ten steps

@@ -26,14 +26,15 @@ from hvd_bert.weights.portable import WeightsError, fit_for_model, read_run_bert
 from hvd_bert.weights.published import read_published
 from hvd_bert.train.checkpoint import SHARDED, latest_checkpoint
 from hvd_bert.core.kernels import env_flag
+from hvd_bert.data.packing import PACKED_FEATURES, is_packed
 from hvd_bert.pt.kernels.dropout import dropout, dropout_add, served
 from hvd_bert.pt.kernels.gelu import LinearGELU, bias_gelu
 from hvd_bert.pt.kernels.tied_embedding import Tie, lookup, project, tie_for
 from hvd_bert.pt.parallel_layers import COLUMN, COPY, ROW
 
 __all__ = ["BertModel", "BertForPreTraining", "BertForSequenceClassification", "BertForQuestionAnswering",
-           "pretraining_loss", "classification_loss", "regression_loss", "span_loss", "export_weights",
-           "load_weights", "read_checkpoint_weights"]
+           "pretraining_loss", "packed_features", "classification_loss", "regression_loss", "span_loss",
+           "export_weights", "load_weights", "read_checkpoint_weights"]
 
 
 class BertEmbeddings(nn.Module):
@@ -45,8 +46,9 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.p = c.hidden_dropout
 
-    def forward(self, input_ids, segment_ids, tie: Tie | None = None):
-        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+    def forward(self, input_ids, segment_ids, tie: Tie | None = None, position_ids=None):
+        pos = position_ids if position_ids is not None else torch.arange(input_ids.shape[1],
+                                                                         device=input_ids.device)
         x = lookup(self.word_embeddings.weight, input_ids, tie) + self.position_embeddings(pos) + \
             self.token_type_embeddings(segment_ids)
         return dropout(self.LayerNorm(x), self.p, self.training)
@@ -174,24 +176,35 @@ class BertModel(nn.Module):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
 
-    def encode(self, input_ids, segment_ids, input_mask, tie: Tie | None = None):
+    def encode(self, input_ids, segment_ids, input_mask, tie: Tie | None = None, packed: dict | None = None):
         """The sequence output; ``tie`` hands the tied decoder's weight gradient to the word
-        embeddings (``hvd_bert.pt.kernels.tied_embedding``)."""
-        x = self.embeddings(input_ids, segment_ids, tie)
-        # additive attention bias: 0 where attended, a large negative where padded
-        attn_bias = (1.0 - input_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        embeddings (``hvd_bert.pt.kernels.tied_embedding``); ``packed``: rows holding several
+        sequences (``hvd_bert.data.packing``), given their ``position_ids`` and ``sequence_ids``."""
+        x = self.embeddings(input_ids, segment_ids, tie, None if packed is None else packed["position_ids"])
+        # additive attention bias: 0 where attended, a large negative where padded (packed: also
+        # between the sequences that share a row)
+        if packed is None:
+            attend = input_mask[:, None, None, :].bool()
+        else:
+            seq = packed["sequence_ids"]
+            attend = (seq[:, None, :, None] == seq[:, None, None, :]) & (seq[:, None, None, :] > 0)
+        attn_bias = (~attend).to(x.dtype) * torch.finfo(x.dtype).min
         for layer in self.layers:
             x = layer(x, attn_bias)
         return x
 
-    def pool(self, x):
-        return torch.tanh(self.pooler(x[:, 0]))
+    def pool(self, x, cls_positions=None):
+        """The first token's tanh projection (packed rows: at each sequence's ``cls_positions``)."""
+        first = x[:, 0] if cls_positions is None else x.flatten(0, 1)[cls_positions]
+        return torch.tanh(self.pooler(first))
 
 
 class BertForPreTraining(BertModel):
     """BERT with the masked-LM head (decoder tied to the word embeddings) and the
     next-sentence head. ``forward`` returns ``(mlm_logits [B, P, V], nsp_logits [B, 2])``,
-    the MLM logits only at ``masked_lm_positions``."""
+    the MLM logits only at ``masked_lm_positions``. ``packed``: the batch's rows hold several
+    sequences (``hvd_bert.data.packing``): ``masked_lm_positions`` index the flattened rows, and
+    the logits are per sequence as for the unpacked batch."""
 
     def __init__(self, c: BertConfig):
         super().__init__(c)
@@ -201,14 +214,16 @@ class BertForPreTraining(BertModel):
         self.nsp = nn.Linear(c.hidden_size, 2)
         self.apply(self._init)
 
-    def forward(self, input_ids, segment_ids, input_mask, masked_lm_positions):
+    def forward(self, input_ids, segment_ids, input_mask, masked_lm_positions, packed: dict | None = None):
         word = self.embeddings.word_embeddings.weight
         tie = tie_for(word)
-        x = self.encode(input_ids, segment_ids, input_mask, tie)
-        pooled = self.pool(x)
+        x = self.encode(input_ids, segment_ids, input_mask, tie, packed)
+        pooled = self.pool(x, None if packed is None else packed["cls_positions"])
         # the MLM head only where tokens were masked: gather first, then transform
-        idx = masked_lm_positions.unsqueeze(-1).expand(-1, -1, x.shape[-1])
-        m = torch.gather(x, 1, idx)
+        if packed is None:
+            m = torch.gather(x, 1, masked_lm_positions.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        else:
+            m = x.flatten(0, 1)[masked_lm_positions]
         m = self.mlm_LayerNorm(bias_gelu(F.linear(m, self.mlm_transform.weight), self.mlm_transform.bias,
                                          self.config.gelu))
         mlm_logits = project(m, word, self.mlm_bias, tie)
@@ -219,7 +234,7 @@ def pretraining_loss(model: BertForPreTraining, batch: dict) -> tuple[torch.Tens
     """Masked-LM cross-entropy over the real predictions (``masked_lm_weights``) plus the
     next-sentence cross-entropy; also returns MLM accuracy."""
     mlm, nsp = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-                     batch["masked_lm_positions"])
+                     batch["masked_lm_positions"], packed_features(batch))
     w = batch["masked_lm_weights"].float()
     ce = F.cross_entropy(mlm.float().flatten(0, 1), batch["masked_lm_ids"].flatten(), reduction="none")
     mlm_loss = (ce * w.flatten()).sum() / w.sum().clamp_min(1.0)
@@ -258,6 +273,11 @@ class BertForQuestionAnswering(BertModel):
     def forward(self, input_ids, segment_ids, input_mask):
         logits = self.qa_outputs(self.encode(input_ids, segment_ids, input_mask)).float()
         return logits[..., 0], logits[..., 1]
+
+
+def packed_features(batch: dict) -> dict | None:
+    """The packed layout's features of a batch (``hvd_bert.data.packing``), or None."""
+    return {k: batch[k] for k in PACKED_FEATURES} if is_packed(batch) else None
 
 
 def classification_loss(model: BertForSequenceClassification, batch: dict) -> tuple[torch.Tensor, dict]:
