@@ -78,7 +78,8 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
     out = Path(cfg.train.output_dir)
     # One job per run folder: rank 0 claims it (train.run_folder: the checks and the lock) before
     # anything is written; every rank learns the outcome.
-    problem = claim_run_folder(out, to_dict(cfg), reads=_reads(cfg)).problem if rank == 0 else None
+    problem = claim_run_folder(out, to_dict(cfg), reads=_reads(cfg),
+                               defaults=to_dict(type(cfg)())).problem if rank == 0 else None
     writer = None
     if rank == 0 and not problem:  # (train.report_to: TensorBoard and/or MLflow)
         tb = backend.summary_writer(out / "tensorboard") if "tensorboard" in cfg.train.report_to else None

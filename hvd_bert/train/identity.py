@@ -42,10 +42,13 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def run_differences(old: dict, new: dict, also_free: tuple[str, ...] = ()) -> list[str]:
+def run_differences(old: dict, new: dict, also_free: tuple[str, ...] = (),
+                    defaults: dict | None = None) -> list[str]:
     """``key: old -> new`` for every defining setting that differs (``also_free``: more keys
-    that may change, e.g. the batch layout, which the checkpoint's own checks cover)."""
-    a, b = _flat(old), _flat(new)
+    that may change, e.g. the batch layout, which the checkpoint's own checks cover;
+    ``defaults``: the job's default config, whose values stand in for the settings an older
+    version did not record: a setting added later keeps the older behaviour by default)."""
+    a, b = {**_flat(defaults or {}), **_flat(old)}, _flat(new)
     diffs = []
     for key in sorted(set(a) | set(b)):
         if any(key == f or key.startswith(f + ".") for f in (*FREE, *also_free)):
@@ -111,9 +114,11 @@ def has_checkpoints(folder: Path) -> bool:
     return bool(list_checkpoints(folder, ALL))
 
 
-def resume_mismatch(out: Path, new: dict, also_free: tuple[str, ...] = ()) -> str | None:
+def resume_mismatch(out: Path, new: dict, also_free: tuple[str, ...] = (),
+                    defaults: dict | None = None) -> str | None:
     """Why a run with the resolved config ``new`` may not go on in ``out``: the folder holds
-    checkpoints of a run whose ``config.json`` differs in a defining setting. None if it may."""
+    checkpoints of a run whose ``config.json`` differs in a defining setting (``defaults``: as
+    :func:`run_differences`). None if it may."""
     if not has_checkpoints(out):
         return None
     try:
@@ -127,7 +132,7 @@ def resume_mismatch(out: Path, new: dict, also_free: tuple[str, ...] = ()) -> st
         return (f"{out} holds checkpoints, but its config.json {why}: this run's settings cannot be "
                 f"checked against them. Restore {out / 'config.json'}, or, to resume them with the "
                 f"settings given now, rerun with --set train.resume_unchecked=true")
-    diffs = run_differences(old, new, also_free)
+    diffs = run_differences(old, new, also_free, defaults)
     if not diffs:
         return _data_changed(old, new)
     return (f"{out} holds checkpoints of a run with other settings, which this run would resume: "

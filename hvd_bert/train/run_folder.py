@@ -47,9 +47,10 @@ class Claim:
 
 
 def claim_run_folder(folder: str | Path, settings: dict, *, reads: dict | None = None,
-                     hold_until_exit: bool = True) -> Claim:
+                     hold_until_exit: bool = True, defaults: dict | None = None) -> Claim:
     """Rank 0's checks and lock on ``folder`` for a run with ``settings`` (the resolved config as
-    a dict, what ``config.json`` records) reading ``reads`` (``{what: path}``). A folder this
+    a dict, what ``config.json`` records) reading ``reads`` (``{what: path}``); ``defaults``: the
+    job's default config (settings an older version's ``config.json`` lacks take these). A folder this
     process already holds is not locked twice. ``hold_until_exit``: the lock is released when
     the process exits (a job); otherwise by :meth:`Claim.release`."""
     out = Path(folder)
@@ -71,7 +72,7 @@ def claim_run_folder(folder: str | Path, settings: dict, *, reads: dict | None =
         claim.problem = ("clash", e.strerror)
         return claim
     link = planted_link(out, RUN_FILES)
-    mismatch = None if link else resume_mismatch(out, settings, ("train.batch",))
+    mismatch = None if link else resume_mismatch(out, settings, ("train.batch",), defaults)
     if link or mismatch:
         claim.problem = ("clash", link) if link else ("resume", mismatch)
         if took:

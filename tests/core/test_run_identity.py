@@ -76,3 +76,23 @@ def test_the_ranks_settings_are_compared_by_content_and_the_differences_named(tm
     line = ranks_disagree(other)
     assert "data is 'dataset " in line and "on ranks 0, 2 but" in line
     assert "train.optim.lr is 0.1 on ranks 0, 1 but 0.2 on rank 2" in line
+
+
+def test_a_run_of_an_older_version_resumes_where_a_setting_added_since_keeps_its_default(tmp_path):
+    """An older version's config.json lacks the settings added since (pack_sequences here): they
+    count as the job's defaults, so the run goes on unless this one changes them."""
+    import json
+
+    from hvd_bert.config import to_dict
+    from hvd_bert.config.jobs import PretrainConfig
+    from hvd_bert.train.identity import resume_mismatch
+
+    new = to_dict(PretrainConfig())
+    older = {k: v for k, v in new.items() if k != "pack_sequences"}
+    (tmp_path / "config.json").write_text(json.dumps(older))
+    (tmp_path / "ckpt-00000002.pt").write_bytes(b"x")
+    defaults = to_dict(PretrainConfig())
+    assert resume_mismatch(tmp_path, new, defaults=defaults) is None
+    why = resume_mismatch(tmp_path, {**new, "pack_sequences": True}, defaults=defaults)
+    assert why and "pack_sequences: False -> True" in why
+    assert "pack_sequences: None -> False" in resume_mismatch(tmp_path, new)  # (without the defaults)
