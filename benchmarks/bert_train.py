@@ -58,13 +58,13 @@ def _batch(torch, vocab, b, s, p, device, fill=1.0, pack=False):
 
 
 def run_variant(variant: str, preset: str, b: int, s: int, p: int, steps: int, warmup: int, threads: int,
-                device: str, precision: str, fill: float = 1.0) -> dict:
+                device: str, precision: str, fill: float = 1.0, vocab: int = 30522) -> dict:
     if variant == "hvd_bert-unfused":
         os.environ["HVD_BERT_COMPILE"] = "0"
     import torch
     torch.set_num_threads(threads)
     from hvd_bert.config.bert import bert_preset
-    cfg = bert_preset(preset, vocab_size=30522)
+    cfg = bert_preset(preset, vocab_size=vocab)
     batch = _batch(torch, cfg.vocab_size, b, s, p, device, fill, pack=variant == "hvd_bert-packed")
     torch.manual_seed(0)
     if variant.startswith("hvd_bert"):
@@ -182,6 +182,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--predictions", type=int, default=20)
     ap.add_argument("--fill", type=float, default=1.0, help="fraction of real tokens in the batch")
+    ap.add_argument("--vocab", type=int, default=30522, help="vocabulary size")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2, help="alternating rounds of all variants")
@@ -201,14 +202,15 @@ def main() -> None:
         return
     if a._worker:
         print("RESULT " + json.dumps(run_variant(a._worker, a.preset, a.batch, a.seq, a.predictions, a.steps,
-                                                 a.warmup, a.threads, a.device, a.precision, a.fill)))
+                                                 a.warmup, a.threads, a.device, a.precision, a.fill,
+                                                 a.vocab)))
         return
 
     def child(worker):
         cmd = [sys.executable, __file__, "--_worker", worker, "--preset", a.preset, "--batch", str(a.batch),
                "--seq", str(a.seq), "--predictions", str(a.predictions), "--steps", str(a.steps),
                "--warmup", str(a.warmup), "--threads", str(a.threads), "--device", a.device,
-               "--precision", a.precision, "--fill", str(a.fill)]
+               "--precision", a.precision, "--fill", str(a.fill), "--vocab", str(a.vocab)]
         res = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
         if res.returncode != 0:
             raise SystemExit(f"{worker} failed:\n{res.stderr[-3000:]}")

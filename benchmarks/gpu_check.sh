@@ -8,7 +8,14 @@
 #      process, in the same run (benchmarks/bert_train.py); the batches have Wikipedia's padding
 #      (0.92 of the tokens real at 128, 0.78 at 512) and hvd_bert also runs them packed
 #      (pack_sequences);
-#   2. the NCF ladder's fastest rung (rung 5 of benchmarks/ncf_ladder.py: batch 196,608, LARS,
+#   2. where the step's time goes: benchmarks/gpu_profile.py (torch.profiler), BERT-Large at 128
+#      and 512, padded and packed;
+#   3. the job's own step: `hvd-bert pretrain` (PyTorch, 1 rank, Horovod, NVLAMB, bf16) on data
+#      prepared here from the built-in corpus with BERT's 30,522-entry vocabulary (the corpus's
+#      WordPiece tokens plus [unused] entries: the masked-LM head costs what BERT's does), at
+#      phase 1 and 2, BERT-Base and BERT-Large, against transformers on a batch of that data's
+#      padding in the same run (benchmarks/bert_train.py --fill);
+#   4. the NCF ladder's fastest rung (rung 5 of benchmarks/ncf_ladder.py: batch 196,608, LARS,
 #      warmup, bf16) on one GPU through `hvd-bert ncf`, to HR@10 0.78 on synthetic ml-1m data.
 # Results: $OUT (default benchmarks/results/gpu/; a temporary folder with --smoke): one JSON per
 # measurement and summary.txt.
@@ -20,22 +27,35 @@
 #       # on a GPU machine whose Python has PyTorch but no Horovod (an image without this
 #       # project's set-up, no network): benchmarks/gpu_horovod.sh builds a PyTorch-only
 #       # Horovod from the sdist while the BERT steps run, for the NCF run through hvd-bert
-#   --ncf-only skips the BERT steps.
+#   --only LIST runs those parts only, comma-separated: bert (1), profile (2), job (3), ncf (4);
+#   all four take about 12-15 minutes on an H200, so a 15-minute lease runs them in two calls,
+#   e.g. `--only profile,job` then `--only bert,ncf` (each under 8 minutes).
+#   --ncf-only and --job-only are --only ncf and --only job.
 # PYTHON picks the interpreter (default .venv/bin/python, else python3).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-.venv/bin/python}
 [[ -x $PY ]] || command -v "$PY" >/dev/null || PY=python3
-SMOKE=0 SDIST= SDIST_GIVEN=0 NCF_ONLY=0
+SMOKE=0 SDIST= SDIST_GIVEN=0 PARTS=bert,profile,job,ncf
 while (($#)); do
     case $1 in
         --smoke) SMOKE=1 ;;
-        --ncf-only) NCF_ONLY=1 ;;
+        --ncf-only) PARTS=ncf ;;
+        --job-only) PARTS=job ;;
+        --only) PARTS=${2:-}; shift $(($# > 1)) ;;
         --horovod-sdist) SDIST_GIVEN=1 SDIST=${2:-}; shift $(($# > 1)) ;;
-        *) echo "gpu_check: unknown argument $1 (known: --smoke, --ncf-only, --horovod-sdist FILE)" >&2; exit 2 ;;
+        *) echo "gpu_check: unknown argument $1 (known: --smoke, --only LIST, --ncf-only, --job-only," \
+                "--horovod-sdist FILE)" >&2
+           exit 2 ;;
     esac
     shift
 done
+for part in ${PARTS//,/ }; do
+    [[ $part =~ ^(bert|profile|job|ncf)$ ]] ||
+        { echo "gpu_check: --only takes bert, profile, job and ncf, comma-separated, not '$part'" >&2; exit 2; }
+done
+[[ -n ${PARTS//,/} ]] || { echo "gpu_check: --only needs a part: bert, profile, job or ncf" >&2; exit 2; }
+want() { [[ ,$PARTS, == *",$1,"* ]]; }
 if ((SDIST_GIVEN)) && [[ ! -f $SDIST ]]; then
     echo "gpu_check: --horovod-sdist '$SDIST' is not a file: pass the Horovod 0.28.1 sdist" \
         "(pip download --no-deps --no-binary :all: horovod==0.28.1)" >&2
@@ -79,7 +99,7 @@ say "device $device, precision $precision, $(date -u +%FT%TZ), $(git rev-parse -
 say ""
 say "BERT pretraining step (forward, MLM + NSP loss, backward, AdamW), sequences/s:"
 say "$(printf '%-6s %-6s %5s %6s %5s %10s %10s %13s %7s %7s' model phase seq batch fill hvd_bert packed transformers ratio packed)"
-((NCF_ONLY)) && configs=()
+want bert || configs=()
 for c in "${configs[@]}"; do
     read -r preset phase seq pred batch fill <<<"$c"
     json=$OUT/bert-$preset-phase$phase.json
@@ -105,7 +125,7 @@ done
 say ""
 say "Where the step's time goes (benchmarks/gpu_profile.py: torch.profiler, NVLAMB, $precision):"
 if ((SMOKE)); then profiles=("tiny 128 8 0.92"); else profiles=("large 128 64 0.92" "large 512 16 0.78"); fi
-((NCF_ONLY)) && profiles=()
+want profile || profiles=()
 for p in "${profiles[@]}"; do
     read -r preset seq batch fill <<<"$p"
     for pack in "" --pack; do
@@ -120,9 +140,6 @@ for p in "${profiles[@]}"; do
     done
 done
 
-say ""
-say "NCF, the ladder's fastest rung (LARS lr 10, warmup 25 steps, bf16, batch $ncf_batch), 1 process:"
-run=$OUT/ncf-rung5
 if [[ -n $build_pid ]]; then
     if wait "$build_pid"; then
         export PYTHONPATH=$HVD_SITE${PYTHONPATH:+:$PYTHONPATH}
@@ -133,6 +150,65 @@ if [[ -n $build_pid ]]; then
         say "the Horovod build failed: see $OUT/horovod-build.log"
     fi
 fi
+
+say ""
+say "The job's own step: hvd-bert pretrain, PyTorch, 1 rank, NVLAMB, $precision, against transformers"
+say "(bert_train.py, AdamW) on a batch with the data's padding; sequences/s, median of the logged intervals:"
+say "$(printf '%-6s %-6s %5s %6s %5s %12s %13s %7s' model phase seq batch fill 'hvd-bert job' transformers ratio)"
+if ((SMOKE)); then jobs=("tiny 1 128 20 8" "tiny 2 512 80 4"); job_steps=6 job_every=2
+else jobs=("base 1 128 20 128" "base 2 512 80 32" "large 1 128 20 64" "large 2 512 80 16"); job_steps=40 job_every=10; fi
+want job || jobs=()
+if ((${#jobs[@]})); then  # BERT's vocabulary size: the corpus's tokens, then [unused] entries
+    work=$(mktemp -d)
+    "$PY" -m hvd_bert prepare-bert --output "$work/p0" --max-seq-length 128 >"$work/prepare.log" 2>&1 || true
+    { cat "$work/p0/vocab.txt"; for ((i = $(wc -l <"$work/p0/vocab.txt"); i < 30522; i++)); do echo "[unused$i]"; done; } \
+        >"$work/vocab.txt"
+fi
+for c in "${jobs[@]}"; do
+    read -r preset phase seq pred batch <<<"$c"
+    data=$work/p$seq name=job-$preset-phase$phase
+    [[ -d $data ]] || "$PY" -m hvd_bert prepare-bert --output "$data" --vocab "$work/vocab.txt" --max-seq-length "$seq" \
+        --max-predictions-per-seq "$pred" >>"$work/prepare.log" 2>&1 || { say "preparing $data failed: $work/prepare.log"; continue; }
+    fill=$("$PY" - "$data" <<'PYEOF'
+import sys
+from hvd_bert.pt.data import ShardedDataset
+s = ShardedDataset(sys.argv[1], "bert-pretraining", 0, 1, 64).stream(0)
+masks = [next(s)["input_mask"] for _ in range(16)]
+print(round(sum(float(m.float().mean()) for m in masks) / len(masks), 2))
+PYEOF
+)
+    rm -rf "$OUT/$name"
+    timeout 240 "$PY" -m hvd_bert pretrain --framework pt --set data="$data" --set model="$preset" \
+        --set max_seq_length="$seq" --set max_predictions_per_seq="$pred" --set train.output_dir="$OUT/$name" \
+        --set train.batch.local_batch_size="$batch" --set train.batch.backward_passes_per_step=1 \
+        --set train.schedule.total_steps="$job_steps" --set train.log_every="$job_every" \
+        --set train.checkpoint_every=0 --set train.precision.mode="$precision" --set progress=false \
+        --set train.check_memory=false >"$OUT/$name.log" 2>&1 || true
+    timeout 200 "$PY" benchmarks/bert_train.py --device "$device" --precision "$precision" --preset "$preset" \
+        --vocab 30522 --seq "$seq" --predictions "$pred" --batch "$batch" --fill "$fill" --steps 8 --warmup 3 \
+        --repeats 1 --variants transformers --json "$OUT/$name-peer.json" >"$OUT/$name-peer.log" 2>&1 || true
+    say "$("$PY" - "$OUT/$name/metrics.jsonl" "$OUT/$name-peer.json" "$preset" "$phase" "$seq" "$batch" "$fill" <<'PYEOF'
+import json, statistics, sys
+metrics, peer, preset, phase, seq, batch, fill = sys.argv[1:]
+try:
+    rates = [r["sequences_per_s"] for r in map(json.loads, open(metrics)) if "sequences_per_s" in r][1:]
+    ours = statistics.median(rates)
+except (OSError, statistics.StatisticsError):
+    ours = float("nan")
+try:
+    theirs = json.load(open(peer))["rows"][0]["sequences_per_s"]
+except (OSError, KeyError, IndexError):
+    theirs = float("nan")
+print(f"{preset:<6} {phase:<6} {seq:>5} {batch:>6} {fill:>5} {ours:>12.1f} {theirs:>13.1f} {ours / theirs:>6.2f}x"
+      + ("" if ours == ours and theirs == theirs else "  (a run failed: see its log)"))
+PYEOF
+)"
+done
+want ncf || { say ""; say "results: $OUT"; exit 0; }
+
+say ""
+say "NCF, the ladder's fastest rung (LARS lr 10, warmup 25 steps, bf16, batch $ncf_batch), 1 process:"
+run=$OUT/ncf-rung5
 rm -rf "$run"
 status=0
 timeout "$ncf_limit" "$PY" -m hvd_bert ncf --framework pt --set train.output_dir="$run" \
