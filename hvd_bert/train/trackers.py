@@ -8,12 +8,14 @@ An MLflow run (``mlflow``, or the lighter ``mlflow-skinny`` with SQLAlchemy for 
 goes to ``MLFLOW_TRACKING_URI`` when it is set (a ``sqlite:///`` file, a local folder with
 ``MLFLOW_ALLOW_FILE_STORE=true``, or a server), else to ``sqlite:///<run folder>/mlflow.db``
 with its artifacts in ``<run folder>/mlflow-artifacts``: nothing leaves the machine unless the
-user points it elsewhere. The experiment is ``MLFLOW_EXPERIMENT_NAME`` or the job's name, the
-run is named after the run folder; the resolved settings are its parameters (dotted names, as
-``--set`` takes them), every logged step's numbers its metrics (``train/loss``, ``eval/...``),
-and when the run ends its best model (``best.npz`` and ``best.json``, or NCF's ``best/``), else
-its newest checkpoint, its artifacts. A resumed run continues the same MLflow run.
-"""
+user points it elsewhere. A new experiment in a local SQLite store keeps its artifacts in
+``mlflow-artifacts`` beside the database file (MLflow's own default is ``./mlruns`` under
+whatever folder the job was started from); a server decides for itself. The experiment is
+``MLFLOW_EXPERIMENT_NAME`` or the job's name, the run is named after the run folder; the
+resolved settings are its parameters (dotted names, as ``--set`` takes them), every logged
+step's numbers its metrics (``train/loss``, ``eval/...``), and when the run ends its best model
+(``best.npz`` and ``best.json``, or NCF's ``best/``), else its newest checkpoint, its
+artifacts. A resumed run continues the same MLflow run."""
 
 from __future__ import annotations
 
@@ -23,6 +25,15 @@ from pathlib import Path
 __all__ = ["TRACKERS", "make_writer", "Writers", "MlflowWriter"]
 
 TRACKERS = ("tensorboard", "mlflow")
+
+
+def _artifacts_beside(uri: str) -> str | None:
+    """A local SQLite store's artifact folder, beside its database file; None for a server or
+    a file store (MLflow's own choice)."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return None
+    return (Path(uri[len(prefix):]).expanduser().resolve().parent / "mlflow-artifacts").as_uri()
 
 
 class Writers:
@@ -72,9 +83,7 @@ class MlflowWriter:
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or f"hvd_bert {job}"
         exp = self.client.get_experiment_by_name(name)
         if exp is None:
-            artifacts = None if os.environ.get("MLFLOW_TRACKING_URI") else \
-                (self.out.resolve() / "mlflow-artifacts").as_uri()
-            exp_id = self.client.create_experiment(name, artifact_location=artifacts)
+            exp_id = self.client.create_experiment(name, artifact_location=_artifacts_beside(uri))
         else:
             exp_id = exp.experiment_id
         run_id = self._previous(exp_id)  # a resumed run continues its MLflow run

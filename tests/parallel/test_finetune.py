@@ -187,6 +187,9 @@ def an_mlflow_client_reads_the_run_back(out, store, metrics, best):
     assert history == pytest.approx({m["step"]: m["eval_accuracy"] for m in metrics if "eval_accuracy" in m})
     assert len(client.get_metric_history(run_id, "train/loss")) == 8  # (log_every 10 of 80 steps)
     assert {a.path for a in client.list_artifacts(run_id)} >= {"best.npz", "best.json"}
+    # beside the SQLite file (MLflow's own default is ./mlruns in the job's working folder)
+    beside = (out.parent / "mlflow-artifacts").resolve().as_uri()  # (the store is tmp_path/mlflow.db)
+    assert run.info.artifact_uri.startswith(beside), run.info.artifact_uri
     assert best["greater_is_better"] is True
 
 
