@@ -12,7 +12,8 @@ against the unfused composition, in the model and as a kernel, in both framework
 ``--fill F`` gives the batch padding: a fraction F of its token slots real (Wikipedia's shards:
 0.92 at sequence 128, 0.78 at 512), some sequences cut to a random length (as Google's
 create_pretraining_data's short sequences and document ends do); ``hvd_bert-packed`` trains
-on the same batch packed into fewer rows (``pack_sequences``, ``hvd_bert.data.packing``).
+on the same batch packed into fewer rows (``pack_sequences``, ``hvd_bert.data.packing``);
+``hvd_bert-compiled`` with its encoder layers under ``torch.compile`` (``compile_layers``).
 
 Each variant runs in its own process (fresh allocator and compile caches), one after the
 other, alternating for ``--repeats`` rounds; the figure is the median step time. A training
@@ -31,7 +32,7 @@ import time
 
 from peers import transformers_bert_config  # benchmarks/peers.py
 
-VARIANTS = ("hvd_bert", "hvd_bert-packed", "hvd_bert-unfused", "transformers")
+VARIANTS = ("hvd_bert", "hvd_bert-packed", "hvd_bert-compiled", "hvd_bert-unfused", "transformers")
 
 
 def _batch(torch, vocab, b, s, p, device, fill=1.0, pack=False):
@@ -70,6 +71,8 @@ def run_variant(variant: str, preset: str, b: int, s: int, p: int, steps: int, w
     if variant.startswith("hvd_bert"):
         from hvd_bert.pt.models.bert import BertForPreTraining, pretraining_loss
         model = BertForPreTraining(cfg).to(device)
+        if variant == "hvd_bert-compiled":
+            model.compile_layers()  # (compile_layers; the warm-up steps compile)
 
         def loss_fn():
             return pretraining_loss(model, batch)[0]

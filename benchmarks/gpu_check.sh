@@ -9,7 +9,7 @@
 #      (0.92 of the tokens real at 128, 0.78 at 512) and hvd_bert also runs them packed
 #      (pack_sequences);
 #   2. where the step's time goes: benchmarks/gpu_profile.py (torch.profiler), BERT-Large at 128
-#      and 512, padded and packed;
+#      and 512: padded, packed, and with the encoder layers compiled (compile_layers);
 #   3. the job's own step: `hvd-bert pretrain` (PyTorch, 1 rank, Horovod, NVLAMB, bf16) on data
 #      prepared here from the built-in corpus with BERT's 30,522-entry vocabulary (the corpus's
 #      WordPiece tokens plus [unused] entries: the masked-LM head costs what BERT's does), at
@@ -128,10 +128,10 @@ if ((SMOKE)); then profiles=("tiny 128 8 0.92"); else profiles=("large 128 64 0.
 want profile || profiles=()
 for p in "${profiles[@]}"; do
     read -r preset seq batch fill <<<"$p"
-    for pack in "" --pack; do
-        name=profile-$preset-$seq${pack:+-packed}
-        if timeout 120 "$PY" benchmarks/gpu_profile.py --device "$device" --precision "$precision" \
-            --preset "$preset" --seq "$seq" --batch "$batch" --fill "$fill" $pack \
+    for how in "" --pack --compile; do
+        name=profile-$preset-$seq${how:+-${how#--}}
+        if timeout 150 "$PY" benchmarks/gpu_profile.py --device "$device" --precision "$precision" \
+            --preset "$preset" --seq "$seq" --batch "$batch" --fill "$fill" $how \
             $( ((SMOKE)) && echo --smoke) --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1; then
             while IFS= read -r line; do say "$line"; done < <(grep -A8 '^BERT-' "$OUT/$name.log")
         else

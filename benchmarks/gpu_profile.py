@@ -10,7 +10,8 @@ next-sentence loss, and NVLAMB built as ``hvd-bert pretrain`` builds it
 
 On a GPU the categories are the CUDA kernels' names (cuBLAS/CUTLASS products, flash/efficient
 attention and softmax, layer norm, multi-tensor optimizer kernels); on the CPU (``--smoke``) the
-leaf operators' own times. ``--fill`` and ``--pack`` as in benchmarks/bert_train.py.
+operators' own times. ``--fill`` and ``--pack`` as in benchmarks/bert_train.py; ``--compile``:
+the encoder layers under ``torch.compile`` (``compile_layers``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--fill", type=float, default=1.0)
     ap.add_argument("--pack", action="store_true", help="the batch packed (pack_sequences)")
+    ap.add_argument("--compile", action="store_true", help="the encoder layers compiled (compile_layers)")
     ap.add_argument("--steps", type=int, default=5, help="profiled steps (after --warmup)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--device", default="cuda")
@@ -71,6 +73,8 @@ def main() -> None:
     batch = _batch(torch, cfg.vocab_size, a.batch, a.seq, a.predictions, a.device, a.fill, a.pack)
     torch.manual_seed(0)
     model = BertForPreTraining(cfg).to(a.device).train()
+    if a.compile:
+        model.compile_layers()  # (the warm-up steps compile)
     opt = build_optimizer(model.named_parameters(), OptimConfig(name="nvlamb", lr=1e-4, weight_decay=0.01))
     cuda = a.device.startswith("cuda")
     dtype = torch.bfloat16 if a.precision == "bf16" else None
@@ -123,6 +127,7 @@ def main() -> None:
     gaps = max(0.0, span - busy) / a.steps
     rows = int(batch["input_ids"].shape[0])
     report = {"preset": a.preset, "seq": a.seq, "batch": a.batch, "rows": rows, "fill": a.fill, "pack": a.pack,
+              "compile": a.compile,
               "device": a.device, "precision": a.precision, "step_ms": wall_us / 1e3,
               "sequences_per_s": a.batch / (wall_us / 1e6),
               "device_ms": {c: v / 1e3 for c, v in sorted(per_step.items())},
@@ -131,7 +136,8 @@ def main() -> None:
                                / a.steps / 1e3) for e in sorted(prof.key_averages(),
                                                                key=lambda e: -(e.device_time_total if cuda
                                                                                else e.self_cpu_time_total))[:15]]}
-    print(f"BERT-{a.preset} seq {a.seq} batch {a.batch} ({rows} rows, fill {a.fill}{', packed' if a.pack else ''}), "
+    how = (", packed" if a.pack else "") + (", compiled layers" if a.compile else "")
+    print(f"BERT-{a.preset} seq {a.seq} batch {a.batch} ({rows} rows, fill {a.fill}{how}), "
           f"{a.precision}, {a.device}: {report['step_ms']:.1f} ms/step, {report['sequences_per_s']:.1f} seq/s")
     prof_ms = report["profiled_step_ms"]
     for c, v in sorted(report["device_ms"].items(), key=lambda kv: -kv[1]):

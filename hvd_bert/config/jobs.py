@@ -37,6 +37,9 @@ class PretrainConfig:
     pack_sequences: bool = doc(False, "pack each batch's sequences into fewer rows (each attends only to "
                                       "itself, its positions restart): the same loss, fewer padded "
                                       "tokens computed; PyTorch only")
+    compile_layers: bool = doc(False, "torch.compile each encoder layer (on a GPU: its bias, dropout, "
+                                      "residual and LayerNorm kernels fused); the first steps compile; "
+                                      "PyTorch only")
     init_checkpoint: str = doc("", "phase 2: start from this phase-1 checkpoint's weights with a "
                                    "fresh optimizer and schedule")
     eval_data: str = doc("", "held-out prepared pretraining folder (same vocab and lengths), scored at "
@@ -56,6 +59,8 @@ class PretrainConfig:
         require(not (self.pack_sequences and self.framework == "tf"),
                 "pack_sequences is PyTorch's only (the Keras BERT has no packed layout): use framework=pt "
                 "or pack_sequences=false")
+        require(not (self.compile_layers and self.framework == "tf"),
+                "compile_layers is PyTorch's (torch.compile): use framework=pt or compile_layers=false")
 
     def resolve_given(self, given: set[str]) -> PretrainConfig:
         """A global batch the user gave derives what the user did not (TrainConfig's rule)."""

@@ -63,6 +63,8 @@ def run(cfg: PretrainConfig, backend) -> dict:
     backend.seed(cfg.train.seed + rank)  # per-rank dropout streams
     # PyTorch builds only this rank's share (train.tensor_parallel), the same weights on any layout
     model = backend.bert_pretraining(bert, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.train)
+    if cfg.compile_layers:
+        backend.compile_layers(model)  # (compiled at the first steps)
     error = None
     split = cfg.train.tensor_parallel > 1  # (then every rank loads its share of init_checkpoint)
     if cfg.init_checkpoint and (launch.reads_here(rank) or split):  # phase 2: weights only (broadcast)

@@ -74,6 +74,9 @@ class PyTorchBackend(ModelFunctions):
         return TP.build(lambda: BertForPreTraining(config), seed=train.seed, std=config.initializer_range,
                         tp=train.tensor_parallel, device=self.device)
 
+    def compile_layers(self, model) -> None:
+        model.compile_layers()
+
     def load_weights(self, model, arrays: dict, source: str) -> None:
         groups = getattr(model, "tp_groups", None)
         if groups is None:

@@ -64,6 +64,10 @@ class TensorFlowBackend(ModelFunctions):
         from hvd_bert.tf.models.bert import BertForPreTraining, build_model
         return build_model(BertForPreTraining(config), max_seq_length, max_predictions)
 
+    def compile_layers(self, model) -> None:
+        raise ConfigError("compile_layers is PyTorch's (torch.compile): use framework=pt or "
+                          "compile_layers=false")
+
     def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int):
         from hvd_bert.tf.models.bert import BertForSequenceClassification, build_model
         return build_model(BertForSequenceClassification(config, num_labels), max_seq_length)

@@ -61,6 +61,10 @@ class Backend(Protocol):
         rank's share materialised (``train.tensor_parallel``), initialised from ``train.seed``
         the same whatever the layout (``hvd_bert.pt.tensor_parallel.build``)."""
 
+    def compile_layers(self, model) -> None:
+        """Compile each encoder layer of ``model`` in place (PyTorch: ``torch.compile``; the
+        parameter names stay). A backend without it raises ConfigError."""
+
     def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int) -> Any:
         """A classifier on the pooled first token; ``num_labels=1``: a regression head."""
 

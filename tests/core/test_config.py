@@ -228,8 +228,9 @@ def test_a_given_global_batch_derives_what_the_user_did_not_give(given, local, k
         clash.train.batch.plan(world_size=2)
 
 
-def test_packed_sequences_are_pytorch_s_only():
+@pytest.mark.parametrize("key", ["pack_sequences", "compile_layers"])
+def test_packed_sequences_and_compiled_layers_are_pytorch_s_only(key):
     from hvd_bert.config.jobs import PretrainConfig
-    assert apply_overrides(PretrainConfig(), ["pack_sequences=true"]).pack_sequences
-    with pytest.raises(ConfigError, match=r"pack_sequences is PyTorch's only .*framework=pt"):
-        apply_overrides(PretrainConfig(), ["pack_sequences=true", "framework=tf"])
+    assert getattr(apply_overrides(PretrainConfig(), [f"{key}=true"]), key)
+    with pytest.raises(ConfigError, match=rf"{key} is PyTorch's.*use framework=pt or {key}=false"):
+        apply_overrides(PretrainConfig(), [f"{key}=true", "framework=tf"])

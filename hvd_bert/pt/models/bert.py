@@ -193,6 +193,13 @@ class BertModel(nn.Module):
             x = layer(x, attn_bias)
         return x
 
+    def compile_layers(self) -> None:
+        """``torch.compile`` each encoder layer in place (``nn.Module.compile``: the parameter
+        names, and so the checkpoints, stay): on a GPU its bias, dropout, residual and LayerNorm
+        kernels fuse. A new batch shape (packed rows) compiles again, then shapes go dynamic."""
+        for layer in self.layers:
+            layer.compile(dynamic=None)
+
     def pool(self, x, cls_positions=None):
         """The first token's tanh projection (packed rows: at each sequence's ``cls_positions``)."""
         first = x[:, 0] if cls_positions is None else x.flatten(0, 1)[cls_positions]
