@@ -1,6 +1,6 @@
 """Packed pretraining batches (hvd_bert.data.packing): every real token lands once, where the
 model's gather indices say, and the per-sequence targets stay in the batch's order. (That the
-model gives the unpacked batch's loss and gradients: tests/pt/test_packing.py and the job
+model gives the unpacked batch's loss and gradients: tests/pt/test_packed_bert.py and the job
 against transformers in tests/pt/test_training_equivalence.py.)"""
 
 import numpy as np

@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from closeness import assert_close, seed_of  # noqa: E402
-from test_packing import VOCAB, batch, loss_and_grads  # noqa: E402
+from test_packed_bert import VOCAB, batch, loss_and_grads  # noqa: E402
 
 from hvd_bert.config.bert import bert_preset  # noqa: E402
 from hvd_bert.data.packing import pack_batch  # noqa: E402
