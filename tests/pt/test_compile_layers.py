@@ -1,6 +1,8 @@
 """``compile_layers``: BERT's encoder layers under ``torch.compile`` (inductor) give the eager
 layers' loss and gradients, on a padded batch and then on a packed one (another shape: a
-recompile), with the same parameter names (so checkpoints do not change). Dropout off."""
+recompile), with the same parameter names (so checkpoints do not change). Dropout off.
+About 14 s, over the 10 s of a single-process test: inductor compiles the layer for two shapes,
+and compiling is what is tested."""
 
 import sys
 from dataclasses import replace
