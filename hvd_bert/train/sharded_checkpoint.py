@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -165,8 +166,6 @@ class Writer:
         self.error: BaseException | None = None
 
     def submit(self, write) -> None:
-        import threading
-
         def run():
             try:
                 write()
@@ -180,8 +179,6 @@ class Writer:
         """Write a checkpoint in the background: this rank's ``pieces`` into ``path``; on rank 0,
         then the index once all ``world`` ranks' pieces are on disk, then the pruning of the
         older checkpoints in ``folder`` (the newest ``keep`` stay). Returns ``path``."""
-        import threading
-
         main = threading.main_thread()  # (its end stops rank 0 waiting for the others' manifests)
 
         def write():
