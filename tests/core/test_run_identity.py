@@ -96,3 +96,12 @@ def test_a_run_of_an_older_version_resumes_where_a_setting_added_since_keeps_its
     why = resume_mismatch(tmp_path, {**new, "pack_sequences": True}, defaults=defaults)
     assert why and "pack_sequences: False -> True" in why
     assert "pack_sequences: None -> False" in resume_mismatch(tmp_path, new)  # (without the defaults)
+    # what a job's run folder claim passes on (jobs/run_folder.open_run gives the job's defaults)
+    from hvd_bert.train.run_folder import claim_run_folder
+    claim = claim_run_folder(tmp_path, new, defaults=defaults, hold_until_exit=False)
+    assert claim.problem is None
+    claim.release()
+    claim = claim_run_folder(tmp_path, {**new, "pack_sequences": True}, defaults=defaults,
+                             hold_until_exit=False)
+    assert claim.problem and claim.problem[0] == "resume"
+    assert "pack_sequences: False -> True" in claim.problem[1]
