@@ -6,7 +6,29 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-__all__ = ["build_parser", "EXAMPLES", "without_launch_flags"]
+__all__ = ["build_parser", "EXAMPLES", "without_launch_flags", "int64"]
+
+
+def int64(text: str) -> int:
+    """An integer option: what a 64-bit signed integer holds (the range of every integer setting,
+    ``config.base``), so that a seed or a count past it is refused here, not deep in a framework."""
+    from hvd_bert.config.base import INT_RANGE
+
+    value = int(text)
+    if not INT_RANGE[0] <= value <= INT_RANGE[1]:
+        raise argparse.ArgumentTypeError(f"{text} is outside the 64-bit integers ({INT_RANGE[0]} to "
+                                         f"{INT_RANGE[1]})")
+    return value
+
+
+def seed(text: str) -> int:
+    """A seed option: in [0, 2**31) like ``train.seed`` (numpy takes seeds below 2**32)."""
+    from hvd_bert.config.train import SEED_MAX
+
+    value = int(text)
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{text} is not a seed in [0, {SEED_MAX}]")
+    return value
 
 
 # each job's example recipe and override in --help (tests/core/test_cli.py runs them)
@@ -29,7 +51,7 @@ LAUNCH_FLAGS = {"-np": 1, "-H": 1, "--network-interface": 1, "--gloo": 0, "--mpi
 
 
 def _add_launch_args(p: argparse.ArgumentParser, default_np: int | None) -> None:
-    p.add_argument("-np", dest="np", type=int, default=default_np,
+    p.add_argument("-np", dest="np", type=int64, default=default_np,
                    help="ranks to start (mpirun, or horovodrun --gloo)" + (f" (default {default_np})"
                                                                             if default_np else ""))
     p.add_argument("-H", dest="hosts", help="hosts and slots, e.g. node1:2,node2:2 (default: this machine)")
@@ -71,13 +93,13 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("doctor", help="check the installation with real 2-process Horovod runs")
-    p.add_argument("--np", type=int, default=2, help="processes per check (default 2)")
+    p.add_argument("--np", type=int64, default=2, help="processes per check (default 2)")
     p.add_argument("--timeout", type=float, default=180, help="seconds per distributed check")
     p.add_argument("--no-runs", action="store_true", help="only report versions and the build")
     p.add_argument("--hosts", metavar="H1:SLOTS,H2:SLOTS",
                    help="check these hosts for a multi-node run instead: passwordless ssh, the same "
                         "environment path, a shared folder, the network interface, a cross-host allreduce")
-    p.add_argument("--ssh-port", type=int, help="ssh port of the hosts (default: ssh's)")
+    p.add_argument("--ssh-port", type=int64, help="ssh port of the hosts (default: ssh's)")
     p.set_defaults(func=commands["doctor"])
 
     p = sub.add_parser("config", help="print the resolved training configuration (YAML)")
@@ -110,19 +132,19 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--vocab", help="the WordPiece vocabulary: a vocab.txt, a tokenizer.json, or a "
                                    "checkpoint folder (Hugging Face, Google) holding one (default: train "
                                    "one on the input)")
-    p.add_argument("--vocab-size", type=int, default=8192, help="size of a trained vocab")
+    p.add_argument("--vocab-size", type=int64, default=8192, help="size of a trained vocab")
     p.add_argument("--like", metavar="DATA_OR_RUN",
                    help="phase 2: the text, vocab and case of this phase-1 data folder (or of a run "
                         "folder's data); --input, --vocab, --cased/--uncased still override")
     _add_case_args(p)
-    p.add_argument("--num-shards", type=int, default=None,
+    p.add_argument("--num-shards", type=int64, default=None,
                    help="output shards (default: 8, or about one per 32 MiB of input text)")
-    p.add_argument("--max-seq-length", type=int, default=128)
-    p.add_argument("--max-predictions-per-seq", type=int, default=20)
+    p.add_argument("--max-seq-length", type=int64, default=128)
+    p.add_argument("--max-predictions-per-seq", type=int64, default=20)
     p.add_argument("--masked-lm-prob", type=float, default=0.15)
     p.add_argument("--short-seq-prob", type=float, default=0.1)
-    p.add_argument("--dupe-factor", type=int, default=5)
-    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--dupe-factor", type=int64, default=5)
+    p.add_argument("--seed", type=seed, default=12345)
     p.add_argument("--overwrite", action="store_true", help="replace prepared data in --output")
     p.set_defaults(func=commands["prepare_bert"])
 
@@ -143,8 +165,8 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--regression", action="store_true",
                    help="the label column is a number (fine-tuned with a 1-output head and MSE, as STS-B)")
     _add_case_args(p)
-    p.add_argument("--num-shards", type=int, default=2)
-    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--num-shards", type=int64, default=2)
+    p.add_argument("--max-seq-length", type=int64, default=128)
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=commands["prepare_classification"])
 
@@ -159,10 +181,10 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--version-2-with-negative", action="store_true",
                    help="SQuAD v2.0: questions may have no answer (is_impossible)")
     _add_case_args(p)
-    p.add_argument("--max-seq-length", type=int, default=384)
-    p.add_argument("--doc-stride", type=int, default=128)
-    p.add_argument("--max-query-length", type=int, default=64)
-    p.add_argument("--num-shards", type=int, default=8)
+    p.add_argument("--max-seq-length", type=int64, default=384)
+    p.add_argument("--doc-stride", type=int64, default=128)
+    p.add_argument("--max-query-length", type=int64, default=64)
+    p.add_argument("--num-shards", type=int64, default=8)
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=commands["prepare_squad"])
 
@@ -172,7 +194,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--movielens", help="MovieLens ratings, told apart by content: ratings.csv (ml-20m, "
                                        "ml-25m, ml-latest), ratings.dat (ml-1m, ml-10m), u.data (ml-100k), "
                                        "or its folder")
-    p.add_argument("--eval-negatives", type=int, choices=[100, 999], default=100,
+    p.add_argument("--eval-negatives", type=int64, choices=[100, 999], default=100,
                    help="negatives each held-out item is ranked among: 100 (NCF paper, NVIDIA; HR@10 ~0.96 "
                         "on ml-20m) or 999 (MLPerf; target HR@10 0.635 on ml-20m)")
     p.add_argument("--skip-bad-lines", action="store_true",
@@ -180,7 +202,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--synthetic", default="ml-1m", choices=["ml-1m", "ml-20m"],
                    help="synthetic data of this size when no --movielens is given (default ml-1m)")
     p.add_argument("--scale", type=float, default=1.0, help="scale the synthetic users and interactions")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=commands["prepare_ncf"])
 
@@ -254,16 +276,16 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
                                         "(alpha-beta allreduce model)")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="bert-large-p1")
     p.add_argument("--params", type=float, help="a custom model: trainable parameters")
-    p.add_argument("--tensors", type=int, default=200, help="custom model: parameter tensors")
+    p.add_argument("--tensors", type=int64, default=200, help="custom model: parameter tensors")
     p.add_argument("--micro-batch-seconds", type=float, default=0.1, help="custom: compute per micro-batch")
-    p.add_argument("--samples", type=int, default=64, help="custom: samples per micro-batch")
-    p.add_argument("--gpus", type=int, nargs="+", default=[1, 16, 128, 512, 1472])
+    p.add_argument("--samples", type=int64, default=64, help="custom: samples per micro-batch")
+    p.add_argument("--gpus", type=int64, nargs="+", default=[1, 16, 128, 512, 1472])
     p.add_argument("--interconnect", choices=sorted(INTERCONNECTS), default="dgx2h")
     p.add_argument("--algorithm", choices=["ring", "tree", "hierarchical"], default="hierarchical")
     p.add_argument("--fusion-mb", type=float, default=128, help="tensor fusion buffer (0: no fusion)")
     p.add_argument("--fp16", action="store_true", help="fp16 gradient compression")
     p.add_argument("--no-overlap", action="store_true", help="reductions after the backward pass")
-    p.add_argument("--k", type=int, default=1, help="backward_passes_per_step")
+    p.add_argument("--k", type=int64, default=1, help="backward_passes_per_step")
     p.add_argument("--bert-recipe", action="store_true",
                    help="also project NVIDIA's BERT-Large LAMB recipe (both phases) on the last --gpus")
     p.add_argument("--model-size", action="store_true",
@@ -274,7 +296,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
                    help="with --model-size: fp32 training (4+4+8 bytes per parameter, not 2+2+12)")
     p.add_argument("--calibrate", action="store_true",
                    help="fit alpha and bandwidth from allreduces measured here (flat network)")
-    p.add_argument("--calibrate-np", type=int, help="ranks to measure with (2; with --calibrate-hosts: "
+    p.add_argument("--calibrate-np", type=int64, help="ranks to measure with (2; with --calibrate-hosts: "
                                                     "every slot)")
     p.add_argument("--calibrate-hosts", help="measure across these hosts (horovodrun -H syntax, e.g. "
                                              "node1:2,node2:2; run it on the first of them)")

@@ -39,7 +39,8 @@ _STALL_SEEN = "stalled:"  # (a rank's stall line: the first one printed is the o
 # mpirun's report of a rank that died by a signal
 _SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
 # what horovodrun and mpirun print about a rank's exit status
-_EXIT = (re.compile(r"Process \d+ exit with status code (\d+)"), re.compile(r"Exit code:\s+(\d+)"))
+_EXIT = (re.compile(r"Process (\d+) exit with status code (\d+)"), re.compile(r"Exit code:\s+(\d+)"))
+_MPI_RANK = re.compile(r"Process name:\s+\[\[\d+,\d+\],(\d+)\]")  # (mpirun's, before its "Exit code:")
 # the launchers' own report of a rank that exited non-zero (the job's line says it better)
 _LAUNCHER_NOISE = re.compile(r"^-{20,}$|^Traceback|^  File |^    |^\S+Error: |Primary job|Per user-direction|"
                              r"mpirun (detected|noticed|has exited)|the job to be terminated|Process name:|"
@@ -95,6 +96,8 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
     in_error: set[str] = set()  # ranks whose error message goes on over more lines
     codes: list[int] = []
     lost: list[tuple[str, int]] = []  # (rank, signal) of ranks that died by a signal
+    exits: list[tuple[str | None, int]] = []  # (rank, status) of ranks that exited non-zero themselves
+    mpi_rank = None
     import psutil  # noqa: F401  (here, not in the handler: a second signal during the import
     # would find psutil half-imported, the handler would raise, and the job would never hear)
     before = {sig: signal.signal(sig, state.handle) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -103,7 +106,12 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
     try:
         for line, tag in _pieces(proc.stdout):
             if tag is None:  # the launcher's own line
-                found = [int(x.group(1)) for p in _EXIT if (x := p.search(line))]
+                hits = [x for p in _EXIT if (x := p.search(line))]
+                found = [int(x.group(x.re.groups)) for x in hits]
+                if (named := _MPI_RANK.search(line)) is not None:
+                    mpi_rank = named.group(1)  # (mpirun names the rank, then its exit code)
+                exits += [(x.group(1) if x.re.groups == 2 else mpi_rank, int(x.group(x.re.groups)))
+                          for x in hits if int(x.group(x.re.groups)) not in (0, 130, 143)]
                 codes += found
                 if (died := _SIGNALLED.search(line)) is not None:
                     lost.append((died.group(1), int(died.group(2))))
@@ -126,11 +134,13 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
         state.cancel()
         for sig, handler in before.items():
             signal.signal(sig, handler)
-    return _status(rc, codes, lost, errors_seen, state, err)
+    return _status(rc, codes, lost, errors_seen, state, err, exits)
 
 
-def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err) -> int:
-    """The launch's exit status from the child launcher's, the ranks' and what was seen."""
+def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err, exits=()) -> int:
+    """The launch's exit status from the child launcher's, the ranks' and what was seen: a rank
+    that exited with a status of its own (a user's script's ``sys.exit(7)``) is named with it, and
+    the launch exits with it; the ranks the launcher then ended are not "lost"."""
     if state.killed:
         return _fail(err, state.killed, EXIT_INTERRUPTED)
     if EXIT_STALLED in codes or rc == EXIT_STALLED or _stall(errors_seen):
@@ -144,6 +154,13 @@ def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err)
             _fail(err, "stopped by a signal during start-up, before training began: nothing to save; run the "
                        "same command again to start (exit status 3)")
         return EXIT_STOPPED
+    own = [(r, c) for r, c in exits if 0 < c < 128 and c not in (EXIT_USER, EXIT_STOPPED)]
+    if own and not state.signalled:
+        rank, code = own[0]
+        if code not in (EXIT_LOST_RANK, EXIT_STALLED):
+            who = f"rank {rank}" if rank is not None else "a rank"
+            return _fail(err, f"{who} exited with status {code} (its own output above says why), so the job "
+                              f"stopped; the launch exits with the same status", code)
     gone = [(r, s) for r, s in lost if s != signal.SIGTERM or not state.signalled]
     dead = [c for c in codes if c >= 128 or c < 0]
     if gone or (dead and not state.signalled):
@@ -303,16 +320,17 @@ def _is_rank(p, argv: list[str]) -> bool:
 
 
 def _pieces(stream):
-    """``(text, (rank, stream) or None)`` of each line; a line that holds several ranks' pieces
-    (a rank's line written in two parts, another's in between) is cut at each tag."""
+    """``(text, (rank, stream) or None)`` of each line. Only the launcher's tag (the first on the
+    line) says whose a line is: what follows is that rank's text, tags and all, so a rank's own
+    output cannot pass for another rank's (the ranks write whole lines: ``cluster.run_script``,
+    and the toolkit's jobs flush each line)."""
     for raw in stream:
         line = raw.rstrip("\n")
-        tags = list(_TAG.finditer(line))
-        if not tags:
+        m = _TAG.search(line)
+        if m is None:
             yield line, None
             continue
-        if tags[0].start() > 0:
-            yield line[:tags[0].start()], None
-        for m, nxt in zip(tags, tags[1:] + [None]):
-            yield line[m.end():nxt.start() if nxt else len(line)], (m.group(1), m.group(2))
+        if m.start() > 0:
+            yield line[:m.start()], None
+        yield line[m.end():], (m.group(1), m.group(2))
 

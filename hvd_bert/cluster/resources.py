@@ -56,8 +56,13 @@ def descriptor_problem(local_ranks: int) -> str | None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = descriptors_needed(local_ranks)
     if soft != resource.RLIM_INFINITY and soft < need:
-        can = ("" if hard == resource.RLIM_INFINITY or hard >= need else
-               f" (the hard limit is {hard}: ask your admin)")
+        want = max(4096, 1 << (need - 1).bit_length())  # (a round number that covers the need)
+        if hard != resource.RLIM_INFINITY and hard < need:
+            fix = (f"the hard limit is {hard}, below that: start fewer ranks on this machine (at most "
+                   f"{max(1, local_ranks * hard // need)}), or ask your admin to raise the hard limit to "
+                   f"{want}")
+        else:
+            fix = f"raise it with `ulimit -n {want if hard == resource.RLIM_INFINITY else min(want, hard)}`"
         return (f"the open-files limit (ulimit -n) is {soft}, and {local_ranks} rank(s) on this machine need "
-                f"at least {need}: raise it with `ulimit -n 4096`{can}")
+                f"at least {need}: {fix}")
     return None

@@ -24,6 +24,8 @@ __all__ = ["ConfigError", "doc", "require", "from_dict", "to_dict", "load_config
            "overlay", "check_applicable", "explain",
            "given_keys"]
 
+INT_RANGE = (-2**63, 2**63 - 1)  # every integer setting: what a 64-bit signed integer holds
+
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the key and the fix."""
@@ -86,6 +88,9 @@ def _coerce(value: Any, tp, key: str) -> Any:
             return value
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not INT_RANGE[0] <= value <= INT_RANGE[1]:
+                raise ConfigError(f"{key}: {shown(value)} is outside the 64-bit integers every integer "
+                                  f"setting holds ({INT_RANGE[0]} to {INT_RANGE[1]}); give a smaller number")
             return value
     elif tp is float:
         number = None
@@ -207,6 +212,9 @@ def _expanded_size(root, source: str) -> int:
             children = _children(node)
             sizes[key] = 1 + sum(sizes[id(c)] for c in children)
             if sizes[key] > MAX_YAML_NODES:
+                if len(sizes) >= sizes[key]:  # (as many nodes written as counted: no alias in it)
+                    raise ConfigError(f"{source} holds more than {MAX_YAML_NODES:,} YAML values, where a "
+                                      f"recipe has a few hundred: give a recipe of settings, not data")
                 raise ConfigError(f"{source} expands to more than {MAX_YAML_NODES:,} YAML nodes (aliases of "
                                   f"aliases): write the values out instead of nesting aliases")
             continue
@@ -322,9 +330,15 @@ def _for_job(cls, data: dict, path: Path) -> dict:
     job than ``cls``'s (``cls.JOB``; the engine's own TrainConfig reads any job's ``train:``)."""
     job = data.pop("job", None)
     mine = getattr(cls, "JOB", None)
-    if job is not None and not isinstance(job, str):
-        raise ConfigError(f"config file {path}: job must be a job's name (pretrain, finetune, ncf), got "
-                          f"{shown(job)}")
+    from hvd_bert.config import jobs
+
+    names = sorted({c.JOB for c in vars(jobs).values() if isinstance(c, type) and isinstance(
+        getattr(c, "JOB", None), str)})
+    if job is not None and (not isinstance(job, str) or job not in names):
+        close = difflib.get_close_matches(job, names, n=1) if isinstance(job, str) else []
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"config file {path}: job {shown(job)} is not one of hvd-bert's jobs{hint}; write "
+                          f"job: as one of {', '.join(names)}, or leave it out")
     if job and mine and job != mine:
         raise ConfigError(f"config file {path} is a recipe for hvd-bert {job}, not {mine}: run it with "
                           f"hvd-bert {job} --config {path}, or give {mine} one of its own recipes")

@@ -15,6 +15,8 @@ from hvd_bert.core.optim import BERT_EXCLUDE, LARS_EXCLUDE, name_mask
 __all__ = ["OptimConfig", "ScheduleConfig", "BatchConfig", "PrecisionConfig", "HorovodConfig",
            "ElasticConfig", "ZeroConfig", "TrainConfig", "OPTIM_FIELDS"]
 
+SEED_MAX = 2**31 - 1  # (a seed plus any rank stays below 2**32)
+
 # Which OptimConfig fields each optimizer reads (beside name, lr, lr_scaling, base_batch_size,
 # max_grad_norm and exclude, which every one does).
 OPTIM_FIELDS = {
@@ -341,6 +343,8 @@ class TrainConfig:
                "is longer (a stuck collective, data read or file system); 0: never")
 
     def __post_init__(self) -> None:
+        require(0 <= self.seed <= SEED_MAX, f"train.seed must be in [0, {SEED_MAX}], got {self.seed}: numpy "
+                f"and TensorFlow take seeds below 2**32, and each rank adds its rank to it")
         require(self.stall_timeout_s >= 0, f"stall_timeout_s must be >= 0, got {self.stall_timeout_s}")
         require(self.tensor_parallel >= 1, f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
         require(self.max_skipped_steps > 0, f"max_skipped_steps must be > 0, got {self.max_skipped_steps}")

@@ -133,6 +133,11 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
                 raise DatasetError(f"{table}: example {n + 1} has the label {y!r}; give finite numbers")
     else:
         label_list = list(labels) if labels is not None else label_list
+        if labels is not None:
+            from hvd_bert.data.finetune import label_fault
+
+            if label_fault(list(labels)):
+                raise DatasetError(f"--labels: {label_fault(list(labels))}; give each label once")
         unknown = sorted(set(ys) - set(label_list))
         if unknown:
             raise DatasetError(f"{table}: labels {unknown} are not in the label list {label_list}")
@@ -192,6 +197,12 @@ def read_texts(path: str | Path, text_a: str = "", text_b: str = "", id_field: s
         header, table = read_table(p, None)
         rows = table
         get = lambda r, k: r[header.index(k)] if len(r) == len(header) else None  # noqa: E731
+    squad = ({"question", "context"} <= set(header) or
+             any(isinstance(r, dict) and isinstance(r.get("data"), list) for r in rows[:1]))
+    if squad and not text_a:
+        raise DatasetError(f"{p} holds SQuAD questions and contexts, and this model classifies texts: give a "
+                           f"table or JSON lines of texts (or name the text with --text-a), or a SQuAD "
+                           f"model's checkpoint")
     a = text_a or next((c for c in ("sentence", "text") if c in header), header[0] if header else "")
     for col, what in ((a, "--text-a"), (text_b, "--text-b"), (id_field, "--id")):
         if col and col not in header:

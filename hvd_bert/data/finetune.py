@@ -14,7 +14,8 @@ from hvd_bert.data.records import DatasetError
 from hvd_bert.data.sidecar import read_sidecar
 from hvd_bert.core.sharding import check_epochs, epoch_batches
 
-__all__ = ["SQUAD", "CLASSIFICATION", "REGRESSION", "task_of", "check_finetune_data", "total_steps",
+__all__ = ["label_fault", "id2label_names", "SQUAD", "CLASSIFICATION", "REGRESSION", "task_of",
+           "check_finetune_data", "total_steps",
            "TASK_FILE", "task_record", "read_task_record", "prediction_mismatch"]
 
 TASK_FILE = "task.json"  # in a fine-tuning run folder: what the model was trained to predict
@@ -113,6 +114,45 @@ def task_record(meta: dict) -> dict:
     return rec
 
 
+def label_fault(names) -> str | None:
+    """Why ``names`` is not a label map (a list of distinct, non-empty names, the classifier's
+    outputs in order): one name twice would give two outputs one name and collapse their scores."""
+    if not isinstance(names, list) or not names or not all(isinstance(x, str) and x.strip() for x in names):
+        return f"labels {names!r} is not a list of names"
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            return f"the label {name!r} names outputs {seen[name]} and {i}: a label map is one-to-one"
+        seen[name] = i
+    return None
+
+
+def id2label_names(hf: dict, where: str) -> list | None:
+    """The label names of a Hugging Face ``config.json`` (``hf``, read from ``where``), by output
+    index; None when it has no ``id2label``. A map that is not one-to-one (a name twice, indices
+    that are not 0..n-1, a ``label2id`` that disagrees) is a DatasetError naming the file."""
+    id2label = hf.get("id2label")
+    if id2label is None or id2label == {}:
+        return None
+
+    def bad(what: str) -> DatasetError:
+        return DatasetError(f"{where}: {what}; give id2label as {{\"0\": name, \"1\": name, ...}} with "
+                            f"each output's own name, and label2id its inverse")
+    if not isinstance(id2label, dict):
+        raise bad(f"id2label is {type(id2label).__name__}, not an object")
+    keys = sorted(id2label, key=lambda k: (len(k), k))
+    if keys != [str(i) for i in range(len(id2label))]:
+        raise bad(f"id2label's keys {keys[:6]} are not the outputs 0 to {len(id2label) - 1}")
+    names = [id2label[str(i)] for i in range(len(id2label))]
+    fault = label_fault(names)
+    if fault:
+        raise bad(fault)
+    label2id = hf.get("label2id")
+    if isinstance(label2id, dict) and label2id and label2id != {n: i for i, n in enumerate(names)}:
+        raise bad("label2id is not the inverse of id2label")
+    return names
+
+
 def _checked_task(path: Path) -> dict:
     """A run folder's task record, every field a reader uses checked (a DatasetError otherwise)."""
     import json
@@ -127,9 +167,8 @@ def _checked_task(path: Path) -> dict:
     if not isinstance(rec, dict) or rec.get("task") not in (SQUAD, CLASSIFICATION, REGRESSION):
         raise bad("no task of squad, classification or regression")
     labels = rec.get("labels")
-    if labels is not None and not (isinstance(labels, list) and labels
-                                   and all(isinstance(x, str) for x in labels)):
-        raise bad(f"labels {labels!r} is not a list of names")
+    if labels is not None and label_fault(labels):
+        raise bad(label_fault(labels))
     for key in ("max_seq_length", "doc_stride", "max_query_length"):
         v = rec.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
@@ -152,11 +191,8 @@ def read_task_record(checkpoint: str | Path) -> dict | None:
         hf = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
     except (OSError, ValueError):
         return None
-    id2label = (hf.get("id2label") if isinstance(hf, dict) else None) or {}
-    if not isinstance(id2label, dict):
-        return None
-    names = [id2label.get(str(i)) for i in range(len(id2label))]
-    if names and all(names) and names != [f"LABEL_{i}" for i in range(len(names))]:
+    names = id2label_names(hf, str(folder / "config.json")) if isinstance(hf, dict) else None
+    if names and names != [f"LABEL_{i}" for i in range(len(names))]:
         return {"task": CLASSIFICATION, "labels": names, "glue_task": None}
     return None
 

@@ -29,6 +29,7 @@ from hvd_bert.evaluation.finetune import (Evaluation, best_metric_of, eval_batch
                                           evaluate_regression, evaluate_squad)
 from hvd_bert.jobs.run_folder import finish_line, open_run, ranks_agree, with_run_folder
 from hvd_bert.files import atomic_write, read_json_object
+from hvd_bert.train.checkpoint import file_crc
 from hvd_bert.train.engine import ResumeError
 from hvd_bert.train.identity import has_checkpoints
 from hvd_bert.train.loop import fit
@@ -118,7 +119,7 @@ def run(cfg: FinetuneConfig, backend) -> dict:
             save_weights(out / "best.npz", backend.export_weights(model), bert)
             atomic_write(out / "best.json", lambda t: t.write_text(json.dumps(
                 {"step": step, "metric": metric, "greater_is_better": on_step.larger, "score": res[metric],
-                 "scores": res}, indent=1)))
+                 "scores": res, "crc32c": file_crc(out / "best.npz")}, indent=1)))  # (what it scores)
 
     on_step = Evaluation(cfg, steps, log, evaluate, share, positive=labels[1] if len(labels) == 2 else None,
                          metric=metric, save_best=save_best)

@@ -59,6 +59,13 @@ def run(cfg: PretrainConfig, backend) -> dict:
                           f"{bert.max_position_embeddings} positions of init_checkpoint "
                           f"{cfg.init_checkpoint}: give --set max_seq_length={bert.max_position_embeddings} "
                           f"or less (and data prepared for it)")
+    tp = cfg.train.tensor_parallel
+    if bert.num_heads % tp or bert.intermediate_size % tp:  # (before anything is built or launched further)
+        fits = [t for t in range(1, bert.num_heads + 1) if not bert.num_heads % t
+                and not bert.intermediate_size % t and not size % t]
+        raise ConfigError(f"train.tensor_parallel={tp} does not divide the model's {bert.num_heads} "
+                          f"attention heads and its intermediate size {bert.intermediate_size}: each rank "
+                          f"of a group holds whole heads; give train.tensor_parallel one of {fits}")
     memory_plan = plan_memory(cfg.train, bert, backend, size)  # (refused here, before anything is built)
     backend.seed(cfg.train.seed + rank)  # per-rank dropout streams
     # PyTorch builds only this rank's share (train.tensor_parallel), the same weights on any layout

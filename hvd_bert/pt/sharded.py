@@ -109,14 +109,9 @@ def optimizer_step(engine) -> int:
 def save(engine, writer: S.Writer, folder: str | Path, meta: dict, keep: int) -> Path:
     """Copy this rank's pieces to host memory, then write them in the background (rank 0: then the
     index, then the pruning of older checkpoints). Returns the checkpoint's folder."""
-    import shutil
-
     writer.wait()  # (one save in flight: the one before is on disk, or its error raised here)
-    path = checkpoint_path(folder, engine.step_count, S.SUFFIX)
-    if engine.rank == 0 and path.exists():  # (a checkpoint of this step again: its old files go)
-        shutil.rmtree(path)
-    hvd.barrier()  # Horovod: no rank writes into the folder before it is fresh
-    path.mkdir(parents=True, exist_ok=True)
+    # (a checkpoint of this step again: its old files go; Horovod: no rank writes before it is fresh)
+    path = S.fresh_folder(checkpoint_path(folder, engine.step_count, S.SUFFIX), engine.rank, hvd.barrier)
     pieces = pieces_of(engine)
     meta = {**meta, "optimizer_step": optimizer_step(engine), "scaler": engine.scaler.state_dict(),
             "layout": {"world_size": engine.world_size, "zero_stage": engine.zero.stage if engine.zero else 0,
@@ -135,8 +130,8 @@ def load_into(engine, folder: str | Path) -> dict:
 def _load(engine, reader: S.Reader) -> dict:
     meta = reader.meta
     specs, tensors = _local_tensors(engine)
-    for (name, _, split), t in zip(specs, tensors):
-        data = reader.read(name, split, dtype=t.detach().cpu().numpy().dtype)
+    for (name, whole, split), t in zip(specs, tensors):
+        data = reader.read(name, split, dtype=t.detach().cpu().numpy().dtype, shape=whole)
         t.copy_(torch.from_numpy(data).view(t.shape))
     _, bufs, params = _optimizer_tensors(engine)
     step = int(meta.get("optimizer_step", 0))
@@ -146,16 +141,17 @@ def _load(engine, reader: S.Reader) -> dict:
         for b, bspecs in bufs.items():
             z.state[b].zero_()
             for i, off, pos, n in z.pieces:
-                name, _, split = bspecs[i]
-                z.state[b][pos:pos + n].copy_(torch.from_numpy(reader.read(name, split, (off, off + n))))
+                name, whole, split = bspecs[i]
+                z.state[b][pos:pos + n].copy_(torch.from_numpy(reader.read(name, split, (off, off + n),
+                                                                           shape=whole)))
     else:
         sd = engine.optimizer.state_dict()
         state = {}
         for i, p in enumerate(params):
             entry = {"step": torch.tensor(float(step), dtype=torch.float32)}
             for b, bspecs in bufs.items():
-                name, _, split = bspecs[i]
-                entry[b] = torch.from_numpy(reader.read(name, split)).view(p.shape).to(p.dtype)
+                name, whole, split = bspecs[i]
+                entry[b] = torch.from_numpy(reader.read(name, split, shape=whole)).view(p.shape).to(p.dtype)
             state[i] = entry
         engine.optimizer.load_state_dict({**sd, "state": state})
     engine.scaler.load_state_dict(meta["scaler"])

@@ -80,14 +80,9 @@ def optimizer_step(engine) -> int:
 def save(engine, writer: S.Writer, folder: str | Path, meta: dict, keep: int) -> Path:
     """As PyTorch's: copy this rank's pieces to host memory, write them in the background (rank 0:
     then the index and the pruning); returns the checkpoint's folder (a collective)."""
-    import shutil
-
     writer.wait()
-    path = checkpoint_path(folder, engine.step_count, S.SUFFIX)
-    if engine.rank == 0 and path.exists():
-        shutil.rmtree(path)
-    hvd.allreduce(tf.constant(0.0), name="hvd_bert.barrier.shards")  # Horovod: the folder is fresh
-    path.mkdir(parents=True, exist_ok=True)
+    path = S.fresh_folder(checkpoint_path(folder, engine.step_count, S.SUFFIX), engine.rank,
+                          lambda: hvd.allreduce(tf.constant(0.0), name="hvd_bert.barrier.shards"))  # Horovod:
     pieces = pieces_of(engine)
     meta = {**meta, "optimizer_step": optimizer_step(engine),
             "scaler": {"loss_scale": float(engine.loss_scale.numpy()),
@@ -107,7 +102,7 @@ def load_into(engine, folder: str | Path) -> dict:
 def _load(engine, reader: S.Reader) -> dict:
     meta = reader.meta
     for name, shape, v, t in _model_tensors(engine):
-        a = reader.read(name).reshape(shape)
+        a = reader.read(name, shape=shape).reshape(shape)
         v.assign(a.T if t else a)
     step = int(meta.get("optimizer_step", 0))
     z = engine.zero
@@ -115,11 +110,11 @@ def _load(engine, reader: S.Reader) -> dict:
         if z is not None:
             shard = np.zeros(z.part.shard, np.float32)
             for i, off, pos, k in z.pieces:
-                shard[pos:pos + k] = reader.read(bspecs[i][0], None, (off, off + k))
+                shard[pos:pos + k] = reader.read(bspecs[i][0], None, (off, off + k), shape=bspecs[i][1])
             z.state[b].assign(shard)
         else:
             for (name, shape, _), slot in zip(bspecs, engine.optimizer.slots(b)):
-                slot.assign(reader.read(name).reshape(shape))
+                slot.assign(reader.read(name, shape=shape).reshape(shape))
     if z is not None:
         z.step_count = step
     else:

@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["zip_damage", "file_digests", "digest_damage", "pick_checkpoint", "run_folder_of",
+__all__ = ["zip_damage", "file_digests", "file_crc", "digest_damage", "pick_checkpoint", "run_folder_of",
            "release_run_folder", "checkpoint_path", "is_checkpoint_name", "list_checkpoints",
            "latest_checkpoint", "prune", "SHARDED", "SHARDED_INDEX",
            "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
@@ -40,18 +40,20 @@ def zip_damage(path: str | Path) -> str | None:
 def file_digests(folder: str | Path, skip: tuple[str, ...] = ("meta.json",)) -> dict[str, str]:
     """``{relative name: CRC-32C}`` of every file under ``folder`` (a checkpoint folder), written
     into its metadata at save time and checked at load time."""
+    folder = Path(folder)
+    return {str(p.relative_to(folder)): file_crc(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name not in skip}
+
+
+def file_crc(path: str | Path) -> str:
+    """The CRC-32C of a file's bytes (8 hex digits), read in blocks."""
     import crc32c
 
-    folder = Path(folder)
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        if p.is_file() and p.name not in skip:
-            value = 0
-            with open(p, "rb") as f:
-                for block in iter(lambda: f.read(1 << 22), b""):
-                    value = crc32c.crc32c(block, value)
-            out[str(p.relative_to(folder))] = f"{value:08x}"
-    return out
+    value = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            value = crc32c.crc32c(block, value)
+    return f"{value:08x}"
 
 
 def digest_damage(folder: str | Path, recorded: dict | None) -> str | None:
@@ -69,11 +71,13 @@ def digest_damage(folder: str | Path, recorded: dict | None) -> str | None:
 
 
 def run_folder_of(path: str | Path) -> Path | None:
-    """The folder a checkpoint belongs to: ``path`` itself when it is a folder, the folder a
-    checkpoint file sits in when that is a run folder (checkpoints, ``best.npz``, ``config.json``
-    or ``task.json`` beside it); None for a file on its own (a ``.npz`` in the working folder)."""
+    """The folder a checkpoint belongs to: ``path`` itself when it is a run folder, the folder a
+    checkpoint (a file, or a ``ckpt-*.shards`` / ``ckpt-*.tf`` folder) sits in when that is a run
+    folder (checkpoints, ``best.npz``, ``config.json`` or ``task.json`` beside it); None for a file
+    on its own (a ``.npz`` in the working folder)."""
     p = Path(path).expanduser()
-    if p.is_dir():
+    m = _NAME.match(p.name)
+    if p.is_dir() and not (m and m.group(2) in ALL):  # (a checkpoint folder belongs to its run folder)
         return p
     folder = p.parent
     marks = ("best.npz", "config.json", "task.json", "bert_config.json")
@@ -97,6 +101,9 @@ def pick_checkpoint(path: str | Path, pick: str = "best") -> tuple[Path, str]:
         try:
             rec = json.loads((p / "best.json").read_text())
             why = f" ({rec['metric']} {float(rec['score']):.4g} at step {rec['step']})"
+            if rec.get("crc32c") and rec["crc32c"] != file_crc(p / "best.npz"):  # (replaced since)
+                why = (" (not the one best.json scores: best.npz was replaced after the run wrote it, so "
+                       "its score is unknown)")
         except (OSError, ValueError, KeyError, TypeError):
             why = ""
         other = "; --checkpoint latest for the newest checkpoint" if latest else ""
@@ -256,9 +263,14 @@ def lock_run_folder(folder: str | Path):
 
 def release_run_folder(lock) -> None:
     """Remove the lock file and release the lock (a process that ends without this, by a crash or
-    a kill, still releases the lock; the file then stays, empty of meaning)."""
+    a kill, still releases the lock; the file then stays, empty of meaning). A folder that became
+    read-only or full keeps the file: the lock is released all the same, and the run's own line
+    has said what happened."""
     try:
         os.unlink(lock.name)
-    except FileNotFoundError:
+    except OSError:  # (gone already, or the folder can no longer be written: the flock still goes)
         pass
-    lock.close()
+    try:
+        lock.close()
+    except OSError:
+        pass

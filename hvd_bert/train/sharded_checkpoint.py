@@ -40,9 +40,10 @@ from hvd_bert.files import atomic_write
 from hvd_bert.train.checkpoint import SHARDED as SUFFIX, SHARDED_INDEX as INDEX, prune
 from hvd_bert.train.engine import CheckpointError
 
-__all__ = ["SUFFIX", "INDEX", "FORMAT", "Piece", "share_bounds", "write_rank", "write_index", "Reader",
+__all__ = ["SUFFIX", "INDEX", "FORMAT", "validate", "MAX_INDEX_BYTES", "Piece", "share_bounds", "write_rank",
+           "write_index", "Reader",
            "is_complete", "rank_pieces", "Writer", "LazyTensors", "read_on_every_rank",
-           "is_sharded"]
+           "is_sharded", "fresh_folder"]
 
 FORMAT = "hvd_bert.sharded/1"
 _FIX = "delete the folder to resume from the checkpoint before it, or restore it from a copy"
@@ -192,7 +193,7 @@ class Writer:
     def wait(self) -> None:
         """Wait for the save in flight, then raise the first failing rank's error on every rank
         (a collective: every rank calls it at the same point; a full disk stays a NoSpace)."""
-        from hvd_bert.files import NoSpace
+        from hvd_bert.files import NoSpace, os_error_line
 
         if self.thread is not None:
             self.thread.join()
@@ -204,12 +205,28 @@ class Writer:
                   if f is not None]
         if not failed:
             return
+        # (every rank raises the same kind: a full disk anywhere is a NoSpace, whichever rank saw it
+        # first and however its writer worded it; a resource error of this rank's as itself)
+        full = [f for _, f in failed if f[0] == "NoSpace" or "No space left" in f[1]]
+        if full:
+            raise NoSpace(full[0][2] or "a checkpoint shard", full[0][3] or 0)
         rank, (kind, text, filename, written) = failed[0]
-        if e is not None and mine == failed[0][1]:
+        if isinstance(e, OSError) and mine == failed[0][1] and os_error_line(e):
             raise e
-        if kind == "NoSpace":
-            raise NoSpace(filename, written)
-        raise CheckpointError(f"rank {rank} could not write its checkpoint shard: {text}")
+        raise CheckpointError(f"rank {rank} could not write its checkpoint shard ({kind}: {text}); the "
+                              f"checkpoint before it is intact: fix the cause and run again to resume")
+
+
+def fresh_folder(path: Path, rank: int, barrier) -> Path:
+    """The folder of a new checkpoint, empty on every rank: rank 0 removes what is there (an older
+    checkpoint of the same step, or a link planted under its name: the link itself, never what it
+    points to), ``barrier()`` (the framework's collective), then every rank makes it."""
+    from hvd_bert.files import clear_path, own_folder
+
+    if rank == 0:
+        clear_path(path)
+    barrier()
+    return own_folder(path)
 
 
 def read_on_every_rank(read, folder: str | Path, allgather_object) -> dict:
@@ -220,6 +237,10 @@ def read_on_every_rank(read, folder: str | Path, allgather_object) -> dict:
         got = read(Reader(folder))
     except CheckpointError as e:
         error = str(e)
+    except (KeyError, TypeError, ValueError) as e:  # what validation did not foresee: still one line
+        error = (f"{Path(folder) / INDEX} is damaged: its metadata cannot be taken ({type(e).__name__}: "
+                 f"{e}); "
+                 f"{_FIX}")
     errors = [e for e in allgather_object(error, "hvd_bert.resume.shards") if e]
     if errors:
         raise CheckpointError(errors[0])
@@ -237,9 +258,10 @@ def is_complete(folder: str | Path) -> bool:
 
 # ---------------------------------------------------------------------- reading
 class Reader:
-    """A complete sharded checkpoint, opened for reading any share of any tensor. Opening checks
-    the index and that every file it names is there with the size written; a piece's CRC-32C is
-    checked when the piece is read whole."""
+    """A complete sharded checkpoint, opened for reading any share of any tensor. A checkpoint is
+    untrusted input: opening it validates the index and every shard's header completely before
+    anything is allocated or read (:func:`validate`), and every byte read is checked against its
+    piece's CRC-32C, however the read is split. Any fault is a CheckpointError naming the file."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
@@ -247,27 +269,21 @@ class Reader:
         if not path.is_file():
             raise CheckpointError(f"{self.folder} is an incomplete checkpoint (no {INDEX}: its writing was "
                                   f"interrupted); {_FIX}")
+        size = path.stat().st_size
+        if size > MAX_INDEX_BYTES:
+            raise CheckpointError(f"{path} is damaged: {size / 2**20:.0f} MiB, more than any index of "
+                                  f"{MAX_INDEX_BYTES / 2**20:.0f} MiB this format writes; {_FIX}")
         try:
-            index = json.loads(path.read_text())
-            ok = index.get("format") == FORMAT and isinstance(index.get("files"), dict)
-        except (OSError, ValueError, AttributeError):
+            index = json.loads(path.read_bytes().decode("utf-8"))
+            ok = (isinstance(index, dict) and index.get("format") == FORMAT
+                  and isinstance(index.get("files"), dict))
+        except (OSError, ValueError):
             ok = False
         if not ok:
             raise CheckpointError(f"{path} is not an index of hvd_bert's sharded checkpoints ({FORMAT}); "
                                   f"{_FIX}")
-        self.meta = index.get("meta") or {}
-        self.chunks: dict[str, list[dict]] = {}
-        for file, info in index["files"].items():
-            p = self.folder / file
-            if Path(file).name != file or not p.is_file():
-                raise CheckpointError(f"{self.folder}: {INDEX} names the shard {file}, which is missing; "
-                                      f"{_FIX}")
-            if p.stat().st_size != info["bytes"]:
-                raise CheckpointError(f"{p} is truncated or damaged: {p.stat().st_size} bytes, "
-                                      f"{info['bytes']} were written; {_FIX}")
-            for key, e in info["pieces"].items():
-                self.chunks.setdefault(e["name"], []).append({**e, "file": file, "key": key})
-        self._open = {}
+        self._open: dict[str, tuple[int, dict]] = {}
+        self.meta, self.chunks = validate(self, index)
 
     def names(self, prefix: str = "") -> list[str]:
         return sorted(n for n in self.chunks if n.startswith(prefix))
@@ -281,49 +297,80 @@ class Reader:
                                   f"or optimizer; resume it with the settings it was written with")
         return self.chunks[name]
 
-    def _header(self, file: str) -> dict:
+    def _header(self, file: str) -> tuple[int, dict]:
         """A shard's safetensors header (8 bytes of length, then JSON: each key's dtype, shape and
-        byte range after the header), read once."""
+        byte range after the header): read once, and checked against the file's real size."""
         if file not in self._open:
             path = self.folder / file
             try:
+                size = path.stat().st_size
                 with open(path, "rb") as f:
                     n = int.from_bytes(f.read(8), "little")
-                    header = json.loads(f.read(n)) if 0 < n < (1 << 26) else None
+                    if not 0 < n <= size - 8:
+                        raise ValueError(f"a header of {n} bytes in a file of {size}")
+                    header = json.loads(f.read(n))
                 if not isinstance(header, dict):
-                    raise ValueError("no header")
+                    raise ValueError("its header is not a JSON object")
             except (OSError, ValueError) as e:
                 raise CheckpointError(f"{path} cannot be read as safetensors ({e}); {_FIX}") from None
+            body = size - 8 - n
+            for key, entry in header.items():
+                if key == "__metadata__":
+                    continue
+                bad = _header_entry_fault(entry, body)
+                if bad:
+                    raise CheckpointError(f"{path} is damaged: its header's tensor {key!r} {bad}; {_FIX}")
             self._open[file] = (8 + n, header)
         return self._open[file]
 
     def _slice(self, c: dict, lo: int, hi: int) -> np.ndarray:
-        """Elements [lo, hi) of chunk ``c`` (flat positions of its share): only their bytes are read
-        (a positioned read; no mapping of the file, so memory holds the piece and nothing more)."""
-        start, header = self._header(c["file"])
-        entry = header.get(c["key"])
-        dtype = np.dtype(_DTYPES.get(entry.get("dtype"), "V")) if isinstance(entry, dict) else None
-        if dtype is None or dtype.kind == "V":
-            raise CheckpointError(f"{self.folder / c['file']} has no tensor {c['key']} of a known type; "
-                                  f"{_FIX}")
-        a, b = c["flat"]
-        begin = start + entry["data_offsets"][0] + (lo - a) * dtype.itemsize
-        data = np.empty(hi - lo, dtype)
-        with open(self.folder / c["file"], "rb") as f:
-            got = f.readinto(memoryview(data).cast("B")) if f.seek(begin) == begin else 0
-        if got != data.nbytes:
-            raise CheckpointError(f"{self.folder / c['file']} is truncated: {c['name']} ends past its end; "
-                                  f"{_FIX}")
-        if (lo, hi) == (a, b) and _crc(data) != c["crc32c"]:
-            raise CheckpointError(f"{self.folder / c['file']} is damaged: the CRC-32C of {c['name']} no "
-                                  f"longer "
-                                  f"matches what was written; {_FIX}")
-        return data
+        """Elements [lo, hi) of chunk ``c`` (flat positions of its share). The whole piece's bytes
+        pass through its CRC-32C (positioned reads in blocks of ``_BLOCK``, no mapping of the file),
+        and only [lo, hi) is kept: memory holds the range asked for and one block."""
+        import crc32c
 
-    def read(self, name: str, split=None, flat=None, dtype=np.float32) -> np.ndarray:
+        start, header = self._header(c["file"])
+        entry = header[c["key"]]
+        dtype = np.dtype(_DTYPES[entry["dtype"]])
+        a, b = c["flat"]
+        first = start + entry["data_offsets"][0]
+        out = np.empty(hi - lo, dtype)
+        view, want = memoryview(out).cast("B"), ((lo - a) * dtype.itemsize, (hi - a) * dtype.itemsize)
+        crc, pos, total = 0, 0, (b - a) * dtype.itemsize
+        path = self.folder / c["file"]
+        with open(path, "rb") as f:
+            f.seek(first)
+            while pos < total:
+                block = f.read(min(_BLOCK, total - pos))
+                if not block:
+                    raise CheckpointError(f"{path} is truncated: {c['name']} ends past its end; {_FIX}")
+                crc = crc32c.crc32c(block, crc)
+                s0, s1 = max(pos, want[0]), min(pos + len(block), want[1])
+                if s0 < s1:
+                    view[s0 - want[0]:s1 - want[0]] = block[s0 - pos:s1 - pos]
+                pos += len(block)
+        if f"{crc:08x}" != c["crc32c"]:
+            raise CheckpointError(f"{path} is damaged: the CRC-32C of {c['name']} no longer matches what was "
+                                  f"written; {_FIX}")
+        return out
+
+    def read(self, name: str, split=None, flat=None, dtype=np.float32, shape=None) -> np.ndarray:
         """Elements ``flat`` of share ``split`` of ``name`` (see :class:`Piece`), flat, from the
-        pieces that overlap it, whatever layout wrote them."""
+        pieces that overlap it, whatever layout wrote them. ``shape``: the whole shape this model
+        has for it (another is refused: the checkpoint is another model's)."""
         chunks = self._chunks(name)
+        if shape is not None and tuple(int(d) for d in shape) != tuple(chunks[0]["shape"]):
+            raise CheckpointError(f"{self.folder} holds {name} of shape {tuple(chunks[0]['shape'])}, this "
+                                  f"model's is {tuple(int(d) for d in shape)}: it was written by another "
+                                  f"model; resume "
+                                  f"it with the model settings it was written with, or give another "
+                                  f"train.output_dir")
+        if split is not None:
+            try:
+                share_shape(chunks[0]["shape"], split)
+            except ValueError as e:
+                raise CheckpointError(f"{self.folder}: {name} cannot be read as this model splits it ({e}); "
+                                      f"resume it with the model settings it was written with") from None
         want = Piece(name, tuple(chunks[0]["shape"]), tuple(split) if split is not None else None,
                      tuple(flat) if flat is not None else None)
         lo, hi = want.span()
@@ -351,6 +398,138 @@ class Reader:
 
 _DTYPES = {"F32": "<f4", "F64": "<f8", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
            "U8": "u1", "BOOL": "?"}
+_NUMPY = {np.dtype(v).name: k for k, v in _DTYPES.items()}  # the manifest's dtype -> the header's
+MAX_INDEX_BYTES = 256 * 2**20  # far above an index of BERT-Large's pieces written by 1024 ranks
+_BLOCK = 16 * 2**20  # bytes read (and CRC-checked) at a time
+
+
+def _count(x, low: int = 0) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+
+def _header_entry_fault(entry, body: int) -> str | None:
+    """What is wrong with one tensor's entry of a safetensors header whose data holds ``body``
+    bytes; None when it is sound (a known dtype, a shape of counts, a byte range of that size
+    inside the data)."""
+    if not isinstance(entry, dict) or entry.get("dtype") not in _DTYPES:
+        return "has no known dtype"
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(_count(d) for d in shape):
+        return f"has the shape {shape!r} (not a list of counts)"
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_count(o) for o in offsets)
+            and offsets[0] <= offsets[1] <= body):
+        return f"has the byte range {offsets!r}, not inside its {body} bytes of data"
+    if offsets[1] - offsets[0] != math.prod(shape) * np.dtype(_DTYPES[entry["dtype"]]).itemsize:
+        return f"has a byte range of {offsets[1] - offsets[0]} bytes for {math.prod(shape)} values"
+    return None
+
+
+def _piece_fault(e) -> str | None:
+    """What is wrong with one piece of a manifest (types and ranges); None when it is sound."""
+    if not isinstance(e, dict):
+        return "is not a JSON object"
+    name, shape, split, flat = e.get("name"), e.get("shape"), e.get("split"), e.get("flat")
+    if not isinstance(name, str) or not name:
+        return "has no tensor name"
+    if not isinstance(shape, list) or not all(_count(d) for d in shape):
+        return f"({name}) has the shape {shape!r}, not a list of counts"
+    if split is not None:
+        if not (isinstance(split, list) and len(split) == 3 and _count(split[0]) and _count(split[1], 1)
+                and _count(split[2]) and split[0] < len(shape) and split[2] < split[1]):
+            return f"({name}) has the split {split!r}, not [dim, parts, index] of its shape {shape}"
+        if shape[split[0]] % split[1]:
+            return f"({name}) splits dimension {split[0]} of {shape} {split[1]} ways, which does not divide "\
+                   f"it"
+    n = math.prod(share_shape(shape, _norm(split)))
+    if not (isinstance(flat, list) and len(flat) == 2 and all(_count(v) for v in flat)
+            and flat[0] <= flat[1] <= n):
+        return f"({name}) has the range {flat!r}, not inside the {n} values of its share"
+    if e.get("dtype") not in _NUMPY:
+        return f"({name}) has the dtype {e.get('dtype')!r}"
+    crc = e.get("crc32c")
+    if not (isinstance(crc, str) and len(crc) == 8 and all(ch in "0123456789abcdef" for ch in crc)):
+        return f"({name}) has no CRC-32C"
+    return None
+
+
+def _meta_fault(meta) -> str | None:
+    """What is wrong with the index's ``meta`` (the keys this format reads); None when sound."""
+    if not isinstance(meta, dict):
+        return "its meta is not a JSON object"
+    if "optimizer_step" in meta and not _count(meta["optimizer_step"]):
+        return f"its meta's optimizer_step is {meta['optimizer_step']!r}, not a count of steps"
+    scaler = meta.get("scaler", {})
+    if not isinstance(scaler, dict) or not all(
+            isinstance(v, (int, float, bool)) and (not isinstance(v, float) or math.isfinite(v))
+            for v in scaler.values()):
+        return f"its meta's scaler is {scaler!r}, not an object of numbers"
+    layout = meta.get("layout")
+    if layout is not None and not (isinstance(layout, dict) and all(_count(v) for v in layout.values())):
+        return f"its meta's layout is {layout!r}, not an object of counts"
+    return None
+
+
+def validate(reader: Reader, index: dict) -> tuple[dict, dict[str, list[dict]]]:
+    """Check a loaded index, and the header of every shard it names, completely, before anything
+    is allocated or read; returns ``(meta, {tensor: [its pieces]})``. Checked: every type and
+    range; each file is there with the size written and a sound header holding each piece as
+    written (dtype, number of values); a tensor's pieces agree on its shape and split, and cover
+    each of its shares exactly once (so a shape claimed in the index is backed by as many bytes
+    in the files). A fault is a CheckpointError naming the file and what is wrong."""
+    folder, where = reader.folder, reader.folder / INDEX
+
+    def fault(what: str):
+        return CheckpointError(f"{where} is damaged: {what}; {_FIX}")
+
+    bad = _meta_fault(index.get("meta"))
+    if bad:
+        raise fault(bad)
+    chunks: dict[str, list[dict]] = {}
+    for file, info in index["files"].items():
+        p = folder / file
+        if not isinstance(file, str) or Path(file).name != file or file in ("", ".", "..") or not p.is_file():
+            raise CheckpointError(f"{folder}: {INDEX} names the shard {file}, which is missing; {_FIX}")
+        if not (isinstance(info, dict) and _count(info.get("bytes"))
+                and isinstance(info.get("pieces"), dict)):
+            raise fault(f"its entry for {file} is not {{bytes, pieces}}")
+        if p.stat().st_size != info["bytes"]:
+            raise CheckpointError(f"{p} is truncated or damaged: {p.stat().st_size} bytes, "
+                                  f"{info['bytes']} were written; {_FIX}")
+        _, header = reader._header(file)
+        for key, e in info["pieces"].items():
+            bad = _piece_fault(e)
+            if bad:
+                raise fault(f"the piece {key} of {file} {bad}")
+            entry = header.get(key) if key != "__metadata__" else None
+            a, b = e["flat"]
+            if not isinstance(entry, dict) or entry["dtype"] != _NUMPY[e["dtype"]] or \
+                    math.prod(entry["shape"]) != b - a:
+                raise fault(f"the piece {key} of {file} ({e['name']}, {b - a} values of {e['dtype']}) is not "
+                            f"what the file holds under that key")
+            chunks.setdefault(e["name"], []).append({**e, "file": file, "key": key})
+    for name, pieces in chunks.items():
+        shapes = {tuple(c["shape"]) for c in pieces}
+        splits = {(_norm(c["split"]) or (None, 1, 0))[:2] for c in pieces}
+        if len(shapes) > 1 or len(splits) > 1:
+            raise fault(f"the pieces of {name} disagree on its shape or split "
+                        f"({sorted(map(str, shapes | splits))})")
+        shares: dict[int, list] = {}
+        for c in pieces:
+            shares.setdefault((_norm(c["split"]) or (0, 1, 0))[2], []).append(tuple(c["flat"]))
+        parts = next(iter(splits))[1]
+        n = math.prod(share_shape(pieces[0]["shape"], _norm(pieces[0]["split"])))
+        for k in range(parts):
+            end = 0
+            for a, b in sorted(shares.get(k, [])):
+                if a != end:
+                    raise fault(f"the pieces of {name} ({f'share {k}, ' if parts > 1 else ''}values {end} to "
+                                f"{a}) {'overlap' if a < end else 'leave a gap'}")
+                end = b
+            if end != n:
+                raise fault(f"the pieces of {name} cover {end} of its {n} values"
+                            f"{f' in share {k}' if parts > 1 else ''}")
+    return index["meta"], chunks
+
 
 
 class LazyTensors(Mapping):

@@ -10,6 +10,25 @@ other ranks. A phase that waits on other ranks (the step's allreduce, the bookke
 collectives) gets ``WAIT_GRACE_S`` more (at most the timeout itself), so that a rank stuck on
 its own (a data read that never returns) is the one that reports. The last complete checkpoint
 is left as it is: a stalled rank cannot take part in the collectives a new one needs.
+
+The watchdog measures the job's progress, not the wall clock: a job suspended as a whole
+(SIGSTOP to every process, as SLURM's ``scontrol suspend`` does) and resumed is never a stall,
+however long it was stopped. Every clock the kernel offers keeps running while a process is
+stopped (``CLOCK_MONOTONIC`` and ``CLOCK_BOOTTIME`` alike), and the process's CPU time also stands
+still in a genuine stall (a rank blocked in a collective uses none), so neither tells the two
+apart. What does is the checker thread itself: it asks to wake every ``interval`` seconds, and
+a running process wakes it about on time. The watchdog's clock (:meth:`Watchdog.clock`) therefore
+advances with the monotonic clock, but by at most ``interval + SUSPEND_SLACK_S`` from one wake
+of the thread to the next: the rest of a longer gap is time in which the process did not run,
+and is not counted. The cap holds between wakes too, so a phase that the loop enters right
+after a resume, before the thread has woken, does not count the gap either. A gap also starts
+the current phase's count afresh: after a resume the ranks do not continue at the same
+instant (the signals reach them one after another, on a cluster from several hosts), and a
+rank that waits in a collective for a peer that is not running yet is no more stalled than
+before the suspension. The price: a thread that is late by more than ``SUSPEND_SLACK_S`` for
+another reason (a machine so loaded that it cannot run for seconds) delays a stall's line
+by as long; it never ends a healthy job. A rank stopped on its own (one process SIGSTOPped,
+the others running) is still a stall: the ranks that run wait for it and see no gap.
 """
 
 from __future__ import annotations
@@ -24,6 +43,7 @@ __all__ = ["Watchdog", "PHASES"]
 
 FACTOR = 20.0
 WAIT_GRACE_S = 10.0
+SUSPEND_SLACK_S = 2.0  # how late the checker thread may wake before the gap counts as a suspension
 # phase -> (what the line says the rank was doing, whether it waits on other ranks)
 PHASES = {"data": ("reading its next batch (its data or file system is stuck)", False),
           "step": ("in the training step (forward, backward and the gradient allreduce: a rank is stuck, or "
@@ -33,18 +53,31 @@ PHASES = {"data": ("reading its next batch (its data or file system is stuck)", 
 
 
 class Watchdog:
-    """``with dog.running(): ... dog.enter(phase) ...``; ``timeout_s`` 0 turns it off."""
+    """``with dog.running(): ... dog.enter(phase) ...``; ``timeout_s`` 0 turns it off.
+    ``monotonic``: the wall clock it reads (tests give their own)."""
 
-    def __init__(self, command: str, rank: int, timeout_s: float, step=lambda: None, checkpoint=lambda: None):
+    def __init__(self, command: str, rank: int, timeout_s: float, step=lambda: None, checkpoint=lambda: None,
+                 monotonic=time.monotonic):
         self.command, self.rank, self.timeout = command, rank, float(timeout_s)
         self.step, self.checkpoint = step, checkpoint  # (callables: the step and last checkpoint now)
+        self.interval = min(1.0, max(0.05, self.timeout / 10))  # how often the thread checks
+        self.suspended_s = 0.0  # the gaps not counted so far (a suspended process)
+        self._monotonic = monotonic
+        self._max_gap = float("inf")  # (no cap while no thread ticks: running() sets it)
+        self._tick = (0.0, monotonic())  # (the watchdog clock, the wall clock) at the thread's last wake
         self.longest: dict[str, float] = {}
-        self.phase, self.since = None, time.monotonic()
+        self.phase, self.since = None, self.clock()
         self._done = threading.Event()
         self._thread = None
 
+    def clock(self) -> float:
+        """Seconds the process ran (see the module docstring): the monotonic clock, advancing at
+        most ``interval + SUSPEND_SLACK_S`` past the checker thread's last wake."""
+        at, wall = self._tick  # (one tuple: read and written whole, by either thread)
+        return at + min(max(self._monotonic() - wall, 0.0), self._max_gap)
+
     def enter(self, phase: str) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if self.phase is not None:
             self.longest[self.phase] = max(self.longest.get(self.phase, 0.0), now - self.since)
         self.phase, self.since = phase, now
@@ -60,7 +93,9 @@ class Watchdog:
             def __enter__(self):
                 if dog.timeout > 0:
                     dog._done.clear()
-                    dog.since = time.monotonic()
+                    dog._max_gap = dog.interval + SUSPEND_SLACK_S
+                    dog._tick = (dog.clock(), dog._monotonic())
+                    dog.since = dog.clock()
                     dog._thread = threading.Thread(target=dog._watch, name="hvd_bert-watchdog", daemon=True)
                     dog._thread.start()
                 return dog
@@ -68,15 +103,28 @@ class Watchdog:
             def __exit__(self, *exc):
                 dog._done.set()
                 dog.phase = None
+                dog._tick, dog._max_gap = (dog.clock(), dog._monotonic()), float("inf")  # (no thread ticks)
                 return False
         return _Running()
 
+    def _wake(self) -> None:
+        """The thread woke: the clock takes in the time since its last wake, less a gap in which
+        the process did not run; such a gap starts the current phase's count afresh."""
+        at, wall = self._tick
+        now = self._monotonic()
+        gap = max(now - wall, 0.0)
+        self._tick = (at + min(gap, self._max_gap), now)
+        if gap > self._max_gap:
+            self.suspended_s += gap - self._max_gap
+            self.since = max(self.since, self._tick[0])  # (peers resume one after another)
+
     def _watch(self) -> None:
-        while not self._done.wait(min(1.0, max(0.05, self.timeout / 10))):
+        while not self._done.wait(self.interval):
+            self._wake()
             phase = self.phase
             if phase is None:
                 continue
-            waited = time.monotonic() - self.since
+            waited = self.clock() - self.since
             if waited > self.limit(phase) and phase == self.phase:
                 self._stalled(phase, waited)
 

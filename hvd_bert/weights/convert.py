@@ -35,7 +35,8 @@ def reading_framework(src: Path, framework: str = "auto") -> str:
 def vocab_of(src: Path) -> Path | None:
     """The vocab.txt that goes with a checkpoint: a Hugging Face folder's own, or the one of the
     data a run folder trained on (its config.json names the data)."""
-    folder = src if src.is_dir() else src.parent
+    # (a checkpoint file or a ckpt-*.shards folder: its run folder's)
+    folder = run_folder_of(src) or (src if src.is_dir() else src.parent)
     if (folder / "vocab.txt").is_file():
         return folder / "vocab.txt"
     cfg = folder / "config.json"
@@ -72,6 +73,10 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
     # (a sharded checkpoint's tensors are read one at a time, as they are written: counted by shape)
     n = f"{len(arrays)} tensors, {sum(math.prod(shape_of(arrays, k)) for k in arrays) / 1e6:.1f}M parameters"
     vocab = Path(vocab) if vocab else vocab_of(src)
+    if to in ("hf", "google") and vocab is None:  # (an export without its vocabulary is not a model)
+        raise WeightsError(f"no vocab.txt for {src}: neither its run folder nor the data its config.json "
+                           f"names holds one; give the vocabulary it was trained with: --vocab FILE (nothing "
+                           f"was written)")
     if to == "google":
         from hvd_bert.tf.google_ckpt import write_google  # TensorFlow writes TF1 checkpoints
 
@@ -86,7 +91,7 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
                               labels=task.get("labels"))
         arch = json.loads((out / "config.json").read_text())["architectures"][0]  # the class to load it with
         return (f"{src} ({n}) -> {out} (Hugging Face: transformers.{arch}.from_pretrained({str(out)!r}))"
-                f"{'' if vocab else '; no vocab.txt found: copy one in, or pass --vocab'}{which}")
+                f"{which}")
     out = save_weights(output, arrays, config)
     return (f"{src} ({framework}, {n}) -> {out}; load it with --set init_checkpoint={out} in either framework"
             f"{which}")
