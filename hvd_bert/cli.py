@@ -338,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         return _dispatch(argv)
     except stop.Interrupted as e:
         return stop.interrupted_line(command or "", e)
+    except BrokenPipeError:  # (``hvd-bert config --explain | head``: the reader has what it wanted)
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit)
+        return 0
 
 
 def _dispatch(argv: list[str]) -> int:

@@ -47,6 +47,18 @@ def _add_config_args(p: argparse.ArgumentParser, job: str) -> None:
                    help=f"override one setting, e.g. --set {override} (repeatable)")
 
 
+# the settings a job's --help names first (tests/core/test_cli.py checks that each exists)
+MOST_USED = {
+    "pretrain": ("data", "model", "max_seq_length", "init_checkpoint", "train.optim.lr",
+                 "train.batch.global_batch_size", "train.batch.local_batch_size", "train.schedule.total_steps",
+                 "train.precision.mode", "train.zero.stage", "train.tensor_parallel", "train.output_dir"),
+    "finetune": ("data", "eval_data", "init_checkpoint", "epochs", "train.optim.lr",
+                 "train.batch.global_batch_size", "train.precision.mode", "train.output_dir"),
+    "ncf": ("data", "epochs", "top_k", "train.optim.lr", "train.batch.local_batch_size", "train.output_dir"),
+    "predict": ("batch_size", "max_seq_length", "precision"),
+}
+EXPLAINED = ("train", "pretrain", "finetune", "ncf", "predict")  # (hvd-bert config --job's choices)
+
 LAUNCH_FLAGS = {"-np": 1, "-H": 1, "--network-interface": 1, "--gloo": 0, "--mpi": 0}  # flag: values
 
 
@@ -105,7 +117,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print the resolved training configuration (YAML)")
     _add_config_args(p, "train")
     p.add_argument("--explain", action="store_true", help="document every setting instead")
-    p.add_argument("--job", choices=["train", "pretrain", "finetune", "ncf"], default="train",
+    p.add_argument("--job", choices=list(EXPLAINED), default="train",
                    help="whose settings: a job's, or the engine's alone (train)")
     p.set_defaults(func=commands["config"])
 
@@ -209,7 +221,9 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     from hvd_bert.jobs import JOBS
 
     for name, (text, *_) in JOBS.items():
-        p = sub.add_parser(name, help=text)
+        p = sub.add_parser(name, help=text, epilog=(
+            f"settings: --set KEY=VALUE (or a recipe's keys); every setting with its default and meaning: "
+            f"hvd-bert config --job {name} --explain. Most used: {', '.join(MOST_USED[name])}"))
         _add_launch_args(p, None)  # -np N: this command starts the N ranks itself (hvd-bert launch)
         p.add_argument("--framework", choices=["pt", "tf"], default=None,
                        help="pt (PyTorch, the default) or tf (TensorFlow): the config's framework")

@@ -117,10 +117,23 @@ def _hints(cls) -> dict:
     return typing.get_type_hints(cls)
 
 
+def _nested_keys(cls, prefix: str = "") -> list[str]:
+    """Every dotted key of config class ``cls`` (``optim.lr``, ``batch.local_batch_size``, ...)."""
+    out = []
+    for f, tp in ((f, _hints(cls).get(f.name)) for f in fields(cls)):
+        out.append(prefix + f.name)
+        if isinstance(tp, type) and is_dataclass(tp):
+            out += _nested_keys(tp, f"{prefix}{f.name}.")
+    return out
+
+
 def _unknown(key: str, name: str, cls) -> ConfigError:
     names = [f.name for f in fields(cls)]
     close = difflib.get_close_matches(name, names, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    deeper = [k for k in _nested_keys(cls) if k.rsplit(".", 1)[-1] == name]  # (train.lr: train.optim.lr)
+    section = key[:-len(name)] if key.endswith(name) else ""
+    hint = (f" (did you mean {(section + deeper[0])!r}?)" if deeper else
+            f" (did you mean {close[0]!r}?)" if close else "")
     return ConfigError(f"unknown key {key!r}{hint}; {cls.__name__} has: {', '.join(names)}")
 
 

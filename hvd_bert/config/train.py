@@ -189,7 +189,8 @@ class BatchConfig:
         try:
             return plan_batch(world_size=world_size, local_batch_size=self.local_batch_size,
                               backward_passes_per_step=self.backward_passes_per_step,
-                              global_batch_size=self.global_batch_size)
+                              global_batch_size=self.global_batch_size,
+                              largest_local=type(self)().local_batch_size)  # (the global batch alone)
         except ValueError as e:
             raise ConfigError(f"batch: {e}") from None
 
@@ -361,6 +362,8 @@ class TrainConfig:
         b = self.batch
         if not g:
             return self
+        if not loc and not k:  # the global batch alone: the local batch and k both derived (plan_batch)
+            return replace(self, batch=replace(b, local_batch_size=None, backward_passes_per_step=None))
         if not k and b.backward_passes_per_step is not None and (loc or b.local_batch_size is not None):
             return replace(self, batch=replace(b, backward_passes_per_step=None))
         if k and not loc and b.local_batch_size is not None:

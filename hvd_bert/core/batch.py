@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BatchPlan", "plan_batch", "is_sync_step", "optimizer_steps_done"]
+__all__ = ["BatchPlan", "plan_batch", "largest_divisor_at_most", "is_sync_step", "optimizer_steps_done"]
 
 
 @dataclass(frozen=True)
@@ -42,15 +42,22 @@ def _check_positive_int(name: str, value) -> int:
     return value
 
 
+def largest_divisor_at_most(n: int, cap: int) -> int:
+    """The largest divisor of ``n`` that is at most ``cap`` (a local batch that divides a share)."""
+    return next(d for d in range(min(n, cap), 0, -1) if n % d == 0)
+
+
 def plan_batch(*, world_size: int, local_batch_size: int | None = None,
                backward_passes_per_step: int | None = None,
-               global_batch_size: int | None = None) -> BatchPlan:
+               global_batch_size: int | None = None, largest_local: int | None = None) -> BatchPlan:
     """Resolve and validate a batch layout.
 
     Give any two of ``local_batch_size``, ``backward_passes_per_step`` and
     ``global_batch_size`` (``backward_passes_per_step`` defaults to 1 when only the local size
     is given), or all three if they agree. The missing one is derived; a global batch that the
-    other numbers cannot produce is an error that names the numbers and a fix.
+    other numbers cannot produce is an error that names the numbers and a fix. The global batch
+    alone (with ``largest_local``): the largest local batch up to ``largest_local`` that makes it
+    with a whole number of micro-batches per rank, and that number.
     """
     world_size = _check_positive_int("world_size", world_size)
     for name, v in (("local_batch_size", local_batch_size),
@@ -59,6 +66,13 @@ def plan_batch(*, world_size: int, local_batch_size: int | None = None,
         if v is not None:
             _check_positive_int(name, v)
     local, k, glob = local_batch_size, backward_passes_per_step, global_batch_size
+    if local is None and k is None and glob is not None and largest_local:
+        if glob % world_size:
+            raise ValueError(f"global_batch_size {glob} is not a multiple of world_size {world_size}: each "
+                             f"rank takes an equal share; use "
+                             f"{max(1, round(glob / world_size)) * world_size}, or start a number of ranks "
+                             f"that divides {glob}")
+        local = largest_divisor_at_most(glob // world_size, largest_local)
     if local is None and (k is None or glob is None):
         raise ValueError("give local_batch_size, or both global_batch_size and "
                          "backward_passes_per_step")

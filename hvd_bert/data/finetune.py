@@ -183,8 +183,9 @@ def read_task_record(checkpoint: str | Path) -> dict | None:
     or the labels of a Hugging Face folder whose ``config.json`` names them; None if neither."""
     import json
 
-    p = Path(checkpoint).expanduser()
-    folder = p if p.is_dir() else p.parent
+    from hvd_bert.train.checkpoint import checkpoint_folder
+
+    folder = checkpoint_folder(checkpoint)
     if (folder / TASK_FILE).is_file():
         return _checked_task(folder / TASK_FILE)
     try:

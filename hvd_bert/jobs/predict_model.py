@@ -10,6 +10,7 @@ from hvd_bert.config import ConfigError, PredictConfig
 from hvd_bert.data.finetune import REGRESSION, SQUAD, read_task_record
 from hvd_bert.data.vocab import load_tokenizer, resolve_vocab
 from hvd_bert.files import read_json_object
+from hvd_bert.train.checkpoint import checkpoint_folder
 from hvd_bert.weights.portable import untrained_head
 
 __all__ = ["model_record", "vocab_mismatch", "tokenizer_of", "load_scorer", "output_path"]
@@ -40,7 +41,7 @@ def model_record(checkpoint: str) -> dict:
     rec = read_task_record(checkpoint)
     if rec is not None:
         return rec
-    cfg_file = (p if p.is_dir() else p.parent) / "config.json"
+    cfg_file = checkpoint_folder(p) / "config.json"
     try:
         hf = read_json_object(cfg_file) if cfg_file.is_file() else {}
     except (OSError, ValueError):
@@ -69,7 +70,7 @@ def tokenizer_of(checkpoint: str, rec: dict):
     """``(tokenizer, do_lower_case)`` the checkpoint was fine-tuned with: the run folder's
     ``vocab.txt`` (or the Hugging Face folder's tokenizer) and the case of its training data."""
     ckpt = Path(checkpoint).expanduser()
-    vocab = resolve_vocab(ckpt if ckpt.is_dir() else ckpt.parent)
+    vocab = resolve_vocab(checkpoint_folder(ckpt))
     lower = rec.get("do_lower_case")
     if lower is None:
         lower = vocab.do_lower_case if vocab.do_lower_case is not None else True

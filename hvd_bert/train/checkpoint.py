@@ -13,7 +13,8 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["zip_damage", "file_digests", "file_crc", "digest_damage", "pick_checkpoint", "run_folder_of",
+__all__ = ["zip_damage", "file_digests", "file_crc", "checkpoint_folder",
+           "digest_damage", "pick_checkpoint", "run_folder_of",
            "release_run_folder", "checkpoint_path", "is_checkpoint_name", "list_checkpoints",
            "latest_checkpoint", "prune", "SHARDED", "SHARDED_INDEX",
            "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
@@ -70,16 +71,26 @@ def digest_damage(folder: str | Path, recorded: dict | None) -> str | None:
     return None
 
 
+def checkpoint_folder(path: str | Path) -> Path:
+    """The folder whose files describe a checkpoint (``config.json``, ``task.json``,
+    ``bert_config.json``, ``vocab.txt``): a run or model folder itself; for a checkpoint in one (a
+    ``ckpt-*`` file or ``ckpt-*.shards`` / ``ckpt-*.tf`` folder, ``best.npz``, any file) the folder it
+    sits in. Every reader of a checkpoint's companions asks this, so none takes a checkpoint
+    folder for the run folder."""
+    p = Path(path).expanduser()
+    m = _NAME.match(p.name)
+    return p if p.is_dir() and not (m and m.group(2) in ALL) else p.parent
+
+
 def run_folder_of(path: str | Path) -> Path | None:
     """The folder a checkpoint belongs to: ``path`` itself when it is a run folder, the folder a
     checkpoint (a file, or a ``ckpt-*.shards`` / ``ckpt-*.tf`` folder) sits in when that is a run
     folder (checkpoints, ``best.npz``, ``config.json`` or ``task.json`` beside it); None for a file
     on its own (a ``.npz`` in the working folder)."""
     p = Path(path).expanduser()
-    m = _NAME.match(p.name)
-    if p.is_dir() and not (m and m.group(2) in ALL):  # (a checkpoint folder belongs to its run folder)
+    folder = checkpoint_folder(p)
+    if folder == p:  # (a checkpoint folder belongs to its run folder)
         return p
-    folder = p.parent
     marks = ("best.npz", "config.json", "task.json", "bert_config.json")
     if list_checkpoints(folder, ALL) or any((folder / m).exists() for m in marks):
         return folder

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from hvd_bert.core.batch import BatchPlan
+from hvd_bert.core.batch import BatchPlan, largest_divisor_at_most
 from hvd_bert.train.log import RunLog
 
 __all__ = ["launched_elastic", "Layout", "elastic_layout", "ElasticHook", "launch_mode", "PlainLaunch",
@@ -71,10 +71,6 @@ class Layout:
                 f"(train.elastic.uneven={uneven})")
 
 
-def _largest_divisor_at_most(n: int, cap: int) -> int:
-    return next(d for d in range(min(n, cap), 0, -1) if n % d == 0)
-
-
 def elastic_layout(target: int, local_batch_size: int, world_size: int, uneven: str = "nearest") -> Layout:
     """The layout of ``target`` samples per step on ``world_size`` ranks with micro-batches of at
     most ``local_batch_size``: exact when ``world_size`` divides ``target`` (the largest local
@@ -87,15 +83,15 @@ def elastic_layout(target: int, local_batch_size: int, world_size: int, uneven: 
         raise ValueError(f"train.elastic.uneven must be 'nearest' or 'wait', got {uneven!r}")
     if target % world_size == 0:
         share = target // world_size
-        local = _largest_divisor_at_most(share, local_batch_size)
+        local = largest_divisor_at_most(share, local_batch_size)
         return Layout(BatchPlan(local, share // local, world_size), target, True)
     if uneven == "wait":
         return Layout(None, target, False)
     low = max(1, target // world_size)
     # the nearer per-rank share; a tie goes to the one with the larger micro-batch
     share = min((low, low + 1), key=lambda s: (abs(s * world_size - target),
-                                               -_largest_divisor_at_most(s, local_batch_size)))
-    local = _largest_divisor_at_most(share, local_batch_size)
+                                               -largest_divisor_at_most(s, local_batch_size)))
+    local = largest_divisor_at_most(share, local_batch_size)
     return Layout(BatchPlan(local, share // local, world_size), target, False)
 
 

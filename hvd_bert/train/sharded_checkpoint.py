@@ -43,7 +43,7 @@ from hvd_bert.train.engine import CheckpointError
 __all__ = ["SUFFIX", "INDEX", "FORMAT", "validate", "MAX_INDEX_BYTES", "Piece", "share_bounds", "write_rank",
            "write_index", "Reader",
            "is_complete", "rank_pieces", "Writer", "LazyTensors", "read_on_every_rank",
-           "is_sharded", "fresh_folder"]
+           "is_sharded", "fresh_folder", "model_weights"]
 
 FORMAT = "hvd_bert.sharded/1"
 _FIX = "delete the folder to resume from the checkpoint before it, or restore it from a copy"
@@ -553,6 +553,19 @@ class LazyTensors(Mapping):
 
     def __len__(self) -> int:
         return len(self.names)
+
+
+def model_weights(folder: str | Path):
+    """``(weights, bert config)`` of a sharded checkpoint for either framework's reader: its
+    model's tensors under their portable names, each read when it is used (``LazyTensors``; the
+    optimizer state is left unread), and the ``bert_config.json`` of its run folder. A damaged
+    checkpoint is a WeightsError (one line)."""
+    from hvd_bert.weights.portable import WeightsError, read_run_bert_config
+
+    try:
+        return LazyTensors(Reader(folder), "model/"), read_run_bert_config(Path(folder).parent)
+    except CheckpointError as e:
+        raise WeightsError(str(e)) from None
 
 
 def _norm(split) -> tuple | None:

@@ -10,7 +10,8 @@ import math
 from pathlib import Path
 
 from hvd_bert.files import read_json_object, refuse_clash
-from hvd_bert.train.checkpoint import SHARDED, latest_checkpoint, pick_checkpoint, run_folder_of
+from hvd_bert.train.checkpoint import (SHARDED, checkpoint_folder, latest_checkpoint, pick_checkpoint,
+                                      run_folder_of)
 from hvd_bert.weights.hf import is_hf_folder, write_hf_folder
 from hvd_bert.weights.portable import WeightsError, save_weights, shape_of
 
@@ -35,8 +36,7 @@ def reading_framework(src: Path, framework: str = "auto") -> str:
 def vocab_of(src: Path) -> Path | None:
     """The vocab.txt that goes with a checkpoint: a Hugging Face folder's own, or the one of the
     data a run folder trained on (its config.json names the data)."""
-    # (a checkpoint file or a ckpt-*.shards folder: its run folder's)
-    folder = run_folder_of(src) or (src if src.is_dir() else src.parent)
+    folder = checkpoint_folder(src)  # (a checkpoint file or a ckpt-*.shards folder: its run folder's)
     if (folder / "vocab.txt").is_file():
         return folder / "vocab.txt"
     cfg = folder / "config.json"

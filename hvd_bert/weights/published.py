@@ -31,8 +31,7 @@ def checkpoint_config(path: str | Path) -> BertConfig | None:
     if is_hf_folder(p):
         return read_hf_config(p)[0]
     if google_checkpoint_prefix(p) is not None or is_nvidia_checkpoint(p):
-        folder = p if p.is_dir() else p.parent
-        config = read_google_config(folder)
+        config = read_google_config(p if p.is_dir() else p.parent)  # (a published folder, or its prefix's)
         return dataclasses.replace(config, gelu="none") if is_nvidia_checkpoint(p) else config
     if p.suffix == ".npz" and p.is_file():
         try:
@@ -40,7 +39,9 @@ def checkpoint_config(path: str | Path) -> BertConfig | None:
                 return config_from_json(z[CONFIG_KEY].tobytes(), str(p)) if CONFIG_KEY in z.files else None
         except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
             return None  # (the weights' reader names the damage)
-    return read_run_bert_config(p if p.is_dir() else p.parent)
+    from hvd_bert.train.checkpoint import checkpoint_folder
+
+    return read_run_bert_config(checkpoint_folder(p))
 
 
 def read_published(path: Path, load_bin=None, read_google=None):

@@ -63,3 +63,15 @@ def test_sync_step_rejects_bad_input():
         is_sync_step(-1, 2)
     with pytest.raises(ValueError):
         is_sync_step(0, 0)
+
+
+@pytest.mark.parametrize("glob, world, local, k", [(32, 2, 16, 1), (4096, 2, 32, 64), (96, 4, 24, 1),
+                                                   (7 * 32, 1, 32, 7), (14, 2, 7, 1)])
+def test_the_global_batch_alone_derives_the_largest_local_batch_up_to_the_default(glob, world, local, k):
+    plan = plan_batch(world_size=world, global_batch_size=glob, largest_local=32)
+    assert (plan.local_batch_size, plan.backward_passes_per_step, plan.global_batch_size) == (local, k, glob)
+
+
+def test_a_global_batch_the_ranks_cannot_share_equally_names_the_fix():
+    with pytest.raises(ValueError, match="not a multiple of world_size 4.*use 32"):
+        plan_batch(world_size=4, global_batch_size=30, largest_local=32)

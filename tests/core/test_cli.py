@@ -144,3 +144,35 @@ def test_a_command_that_is_not_a_training_loop_stops_at_once_on_a_signal(tmp_pat
     assert proc.returncode == 130, err
     assert err.strip().splitlines() == [err.strip()] and "interrupted (SIGINT)" in err, err
     assert not (tmp_path / "out").exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".")]
+
+
+@pytest.mark.parametrize("job", ["pretrain", "finetune", "ncf", "predict"])
+def test_a_jobs_help_names_its_most_used_settings_and_where_the_rest_are(job):
+    """Each job's --help points to ``hvd-bert config --job JOB --explain``, and every setting it
+    names first is one of the job's (a key ``--set`` takes)."""
+    import argparse
+
+    from hvd_bert.cli import build_parser
+    from hvd_bert.cli_args import MOST_USED
+    from hvd_bert.config import JOB_CONFIGS, apply_overrides
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    text = " ".join(sub.choices[job].format_help().split())
+    assert f"hvd-bert config --job {job} --explain" in text
+    cls = JOB_CONFIGS[job]
+    for key in MOST_USED[job]:
+        value = C_VALUES.get(key.rsplit(".", 1)[-1], "1")
+        apply_overrides(cls(), [f"{key}={value}"])  # (an unknown key raises)
+
+
+C_VALUES = {"model": "base", "mode": "bf16", "precision": "bf16", "lr": "0.001", "output_dir": "runs/x",
+            "data": "d", "eval_data": "d", "init_checkpoint": "ckpt", "max_seq_length": "128", "stage": "1"}
+
+
+def test_output_cut_short_by_its_reader_is_not_an_error():
+    import subprocess
+    import sys
+
+    p = subprocess.run(f"{sys.executable} -m hvd_bert config --job pretrain --explain | head -n 1", shell=True,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "Traceback" not in p.stderr and p.stdout.count("\n") == 1, p.stderr

@@ -234,3 +234,16 @@ def test_packed_sequences_and_compiled_layers_are_pytorch_s_only(key):
     assert getattr(apply_overrides(PretrainConfig(), [f"{key}=true"]), key)
     with pytest.raises(ConfigError, match=rf"{key} is PyTorch's.*use framework=pt or {key}=false"):
         apply_overrides(PretrainConfig(), [f"{key}=true", "framework=tf"])
+
+
+def test_the_global_batch_alone_is_reached_on_any_world_size():
+    """``--set train.batch.global_batch_size=32`` alone on 2 ranks: local 16, one micro-batch (not
+    a refusal for 32 x 2 ranks); given with a local batch, k is derived from it."""
+    from hvd_bert.config import PretrainConfig, load_config
+
+    cfg = load_config(PretrainConfig, None, ["train.batch.global_batch_size=32"])
+    plan = cfg.train.batch.plan(2)
+    assert (plan.local_batch_size, plan.backward_passes_per_step) == (16, 1)
+    cfg = load_config(PretrainConfig, None, ["train.batch.global_batch_size=256",
+                                             "train.batch.local_batch_size=8"])
+    assert cfg.train.batch.plan(2).backward_passes_per_step == 16

@@ -353,7 +353,9 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], Be
     if p.suffix == ".npz":
         return read_weights(p)
     if p.suffix == f".{SHARDED}" and p.is_dir():  # tensor by tensor, the optimizer state left unread
-        return _read_sharded_model(p), read_run_bert_config(p.parent)
+        from hvd_bert.train.sharded_checkpoint import model_weights
+
+        return model_weights(p)
     if p.suffix == ".tf" or p.is_dir():
         raise WeightsError(f"{p} is a TensorFlow checkpoint; convert it with `hvd-bert convert {p} "
                            f"--output weights.npz` and give the .npz")
@@ -368,16 +370,6 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], Be
     except CheckpointError as e:
         raise WeightsError(str(e)) from None
     return {k: v.float().numpy() for k, v in state["model"].items()}, read_run_bert_config(p.parent)
-
-
-def _read_sharded_model(folder: Path):
-    from hvd_bert.train.engine import CheckpointError
-    from hvd_bert.train.sharded_checkpoint import LazyTensors, Reader
-
-    try:
-        return LazyTensors(Reader(folder), "model/")  # (each tensor read when used: convert streams)
-    except CheckpointError as e:
-        raise WeightsError(str(e)) from None
 
 
 def _read_google_in_tf_process(path: Path) -> tuple[dict[str, np.ndarray], BertConfig]:

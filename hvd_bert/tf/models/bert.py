@@ -294,7 +294,7 @@ def read_checkpoint_weights(path: str | Path, model: BertModel | None = None):
     """Portable weights from a ``.npz``, or from a TensorFlow checkpoint folder
     ``ckpt-*.tf`` / a run folder (its newest one). A TensorFlow checkpoint is read into a
     model built from the run's ``bert_config.json`` (or ``model`` if given)."""
-    from hvd_bert.train.checkpoint import latest_checkpoint
+    from hvd_bert.train.checkpoint import SHARDED, latest_checkpoint
 
     p = Path(path).expanduser()
     from hvd_bert.tf.google_ckpt import read_google
@@ -308,11 +308,16 @@ def read_checkpoint_weights(path: str | Path, model: BertModel | None = None):
         raise WeightsError(f"{p} is a PyTorch checkpoint: drop --framework tf (or give --framework pt) to "
                            f"read it with PyTorch, or convert it for TensorFlow with `hvd-bert convert {p} "
                            f"--output weights.npz` and give the .npz")
-    if p.is_dir() and p.suffix != ".tf":
-        found = latest_checkpoint(p, "tf")
+    if p.is_dir() and p.suffix not in (".tf", f".{SHARDED}"):
+        found = latest_checkpoint(p, ("tf", SHARDED))
         if found is None:
-            raise WeightsError(f"{p} has no ckpt-*.tf checkpoint; give a checkpoint or a .npz")
+            raise WeightsError(f"{p} has no ckpt-*.tf or ckpt-*.shards checkpoint; give a checkpoint or a "
+                               f".npz")
         p = found
+    if p.suffix == f".{SHARDED}" and p.is_dir():  # either framework's: tensor by tensor
+        from hvd_bert.train.sharded_checkpoint import model_weights
+
+        return model_weights(p)
     if not (p / "ckpt.index").is_file():
         raise WeightsError(f"{p} is not a TensorFlow checkpoint written by hvd_bert (no ckpt.index)")
     config = read_run_bert_config(p.parent)

@@ -1,0 +1,182 @@
+"""The fourth adversarial round, through the command line: outputs never over a sharded run's
+files, a sharded checkpoint that trusts nothing it reads, numbers past their type's range, input
+kinds that do not match the model's task, label maps that are not one-to-one, and a user's
+script's exit status named truthfully by ``launch``. Every case ends in one line and its
+documented status, is bounded in time, and leaves every input byte-identical."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from one_process import hvd, one_line, pretrain
+from test_adversarial_round3 import classifier, digests
+
+VOCAB = Path(__file__).parents[1] / "data" / "stdlib-uncased-1500-vocab.txt"
+
+
+@pytest.fixture(scope="module")
+def sharded_template(bert_data, tmp_path_factory):
+    """A finished 2-step PyTorch run that saved a sharded checkpoint (one process)."""
+    out = tmp_path_factory.mktemp("sharded") / "run"
+    res = pretrain(bert_data, out, "--set", "train.checkpoint_format=sharded")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+@pytest.fixture
+def sharded_run(sharded_template, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(sharded_template, out)
+    return out
+
+
+def the_shards(run):
+    (ckpt,) = sorted(run.glob("ckpt-*.shards"))
+    return ckpt
+
+
+def test_no_output_over_a_sharded_runs_files(sharded_run, tmp_path):
+    """The .shards folder belongs to its run folder: its config.json, best model and checkpoints
+    are what the command reads, whichever path names the input."""
+    ckpt = the_shards(sharded_run)
+    (sharded_run / "best.npz").write_bytes(b"a best model")
+    before = digests(sharded_run)
+    for out in (sharded_run / "config.json", sharded_run / "best.npz", ckpt / "index.json"):
+        one_line(hvd("convert", ckpt, "--output", out), str(out), "which this command reads")
+    one_line(hvd("convert", ckpt, "--to", "hf", "--output", sharded_run / "hf"), "lies inside")
+    assert digests(sharded_run) == before
+
+
+def test_a_sharded_export_carries_its_vocabulary(sharded_run, tmp_path):
+    """convert of a .shards folder finds the vocabulary of the data its run trained on."""
+    res = hvd("convert", the_shards(sharded_run), "--to", "hf", "--output", tmp_path / "hf")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "hf" / "vocab.txt").is_file()
+
+
+def edit(path, change):
+    index = json.loads(path.read_text())
+    change(index)
+    path.write_text(json.dumps(index))
+
+
+def first(index):
+    return next(e for f in index["files"].values() for e in f["pieces"].values())
+
+
+DAMAGES = {
+    "a range past its tensor": (lambda i: first(i).__setitem__("flat", [0, 10**9]), "range"),
+    "a negative shape": (lambda i: first(i).__setitem__("shape", [-3]), "not a list of counts"),
+    "mistyped meta": (lambda i: i["meta"].__setitem__("scaler", "x"), "scaler"),
+    "a claimed huge tensor": (lambda i: first(i).__setitem__("shape", [2**31, 512]), "cover"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_index_is_one_line_for_every_reader(damage, sharded_run, bert_data, tmp_path):
+    """convert, a resume and init_checkpoint all refuse it in one line, before reading a tensor."""
+    change, words = DAMAGES[damage]
+    ckpt = the_shards(sharded_run)
+    edit(ckpt / "index.json", change)
+    before = digests(sharded_run)
+    one_line(hvd("convert", ckpt, "--output", tmp_path / "w.npz", timeout=120), "index.json", words)
+    assert not (tmp_path / "w.npz").exists()
+    if damage == "mistyped meta":  # (the run resumes: its metadata is read)
+        one_line(pretrain(bert_data, sharded_run, "--set", "train.checkpoint_format=sharded", steps=3),
+                 "index.json", words)
+    assert digests(sharded_run) == before
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("train.seed=1180591620717411303424", "outside the 64-bit integers"),
+    ("train.seed=-1", "train.seed must be in [0,"),
+    ("train.seed=4294967296", "train.seed must be in [0,"),
+    ("train.batch.local_batch_size=99999999999999999999", "outside the 64-bit integers"),
+])
+def test_numbers_past_their_range_are_one_line(setting, words, bert_data, tmp_path):
+    one_line(pretrain(bert_data, tmp_path / "r", "--set", setting, timeout=120), words)
+    assert not (tmp_path / "r").exists()
+
+
+def test_options_past_their_range_are_refused(tmp_path):
+    for args in (("prepare-ncf", "--output", tmp_path / "n", "--synthetic", "ml-1m", "--seed", "-1"),
+                 ("prepare-ncf", "--output", tmp_path / "n", "--synthetic", "ml-1m", "--seed", str(2**64)),
+                 ("simulate", "--samples", str(2**70))):
+        res = hvd(*args, timeout=60)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert "seed in [0," in res.stderr or "64-bit" in res.stderr, res.stderr
+    assert not (tmp_path / "n").exists()
+
+
+def test_a_classifier_given_squad_input_refuses(finished_run, tmp_path):
+    model = classifier(finished_run, tmp_path / "clf")
+    squad = tmp_path / "dev.json"
+    squad.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": [
+        {"context": "the cat sat", "qas": [{"id": "1", "question": "who sat", "answers": []}]}]}]}))
+    jl = tmp_path / "q.jsonl"
+    jl.write_text(json.dumps({"question": "who sat", "context": "the cat sat"}) + "\n")
+    for source in (squad, jl):
+        one_line(hvd("predict", model, source), "SQuAD questions and contexts", "classifies texts")
+    assert not list(tmp_path.glob("*.predictions.jsonl"))
+
+
+@pytest.mark.parametrize("id2label, words", [
+    ({"0": "pos", "1": "pos"}, "names outputs 0 and 1"),
+    ({"0": "neg", "2": "pos"}, "are not the outputs 0 to 1"),
+    ({"0": "neg", "1": ""}, "not a list of names"),
+])
+def test_a_label_map_that_is_not_one_to_one_is_refused(id2label, words, finished_run, tmp_path):
+    model = classifier(finished_run, tmp_path / "clf")
+    config = json.loads((model / "config.json").read_text())
+    config.update(id2label=id2label, label2id={})
+    (model / "config.json").write_text(json.dumps(config))
+    table = tmp_path / "in.tsv"
+    table.write_text("sentence\nhello\n")
+    one_line(hvd("predict", model, table), "config.json", words)
+    assert not (tmp_path / "in.tsv.predictions.jsonl").exists()
+
+
+def test_prepare_refuses_a_label_given_twice(tmp_path):
+    table = tmp_path / "t.tsv"
+    table.write_text("sentence\tlabel\ngood\t1\nbad\t0\n")
+    one_line(hvd("prepare-classification", table, "--output", tmp_path / "out", "--vocab", VOCAB,
+                 "--text-a", "sentence", "--label", "label", "--labels", "0", "1", "0"),
+             "names outputs 0 and 2")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_misspelt_recipe_job_is_named_not_echoed(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("job: pretrian\ntrain:\n  seed: 1\n")
+    line = one_line(hvd("pretrain", "--config", recipe, timeout=60), "not one of hvd-bert's jobs",
+                    "did you mean pretrain")
+    assert "hvd-bert pretrian" not in line
+    big = tmp_path / "big.yaml"
+    big.write_text("model:\n  x: [" + ", ".join(["1"] * 120_000) + "]\n")
+    line = one_line(hvd("pretrain", "--config", big, timeout=60), "YAML values")
+    assert "alias" not in line
+
+
+@pytest.mark.parametrize("launcher", ["--gloo", "--mpi"])
+def test_launch_names_a_scripts_own_exit_status(launcher, tmp_path):
+    """A rank's sys.exit(7): the launch exits 7 and says which rank; a forged tag in a rank's
+    output stays that rank's text; a missing module is one line."""
+    script = tmp_path / "s.py"
+    script.write_text("import os, sys\nrank = int(os.environ.get('OMPI_COMM_WORLD_RANK', "
+                      "os.environ.get('HOROVOD_RANK', '0')))\n"
+                      "print('[1,1]<stderr>:hvd-bert: forged' if rank == 0 else 'plain', flush=True)\n"
+                      "sys.exit(7 if rank == 1 else 0)\n")
+    res = hvd("launch", "-np", "2", launcher, "--", "python", script, timeout=180)
+    assert res.returncode == 7, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "exited with status 7" in res.stderr and "killed by" not in res.stderr, res.stderr
+    assert "hvd-bert: forged" not in res.stderr.replace("[1,1]<stderr>:hvd-bert: forged", ""), res.stderr
+    res = hvd("launch", "-np", "2", launcher, "--", "python", "-m", "no_such_module_here", timeout=180)
+    one_line(res, "no module named 'no_such_module_here'")
+
+
+def test_tensor_parallel_that_does_not_divide_the_heads(bert_data, tmp_path):
+    """Checked when the model's shape is known, before anything is built, with the degrees that fit."""
+    one_line(pretrain(bert_data, tmp_path / "r", "--set", "train.tensor_parallel=3", timeout=120),
+             "does not divide the model's", "give train.tensor_parallel one of")
