@@ -50,7 +50,8 @@ def _add_config_args(p: argparse.ArgumentParser, job: str) -> None:
 # the settings a job's --help names first (tests/core/test_cli.py checks that each exists)
 MOST_USED = {
     "pretrain": ("data", "model", "max_seq_length", "init_checkpoint", "train.optim.lr",
-                 "train.batch.global_batch_size", "train.batch.local_batch_size", "train.schedule.total_steps",
+                 "train.batch.global_batch_size", "train.batch.local_batch_size",
+                 "train.schedule.total_steps",
                  "train.precision.mode", "train.zero.stage", "train.tensor_parallel", "train.output_dir"),
     "finetune": ("data", "eval_data", "init_checkpoint", "epochs", "train.optim.lr",
                  "train.batch.global_batch_size", "train.precision.mode", "train.output_dir"),

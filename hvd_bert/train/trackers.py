@@ -15,16 +15,30 @@ whatever folder the job was started from); a server decides for itself. The expe
 resolved settings are its parameters (dotted names, as ``--set`` takes them), every logged
 step's numbers its metrics (``train/loss``, ``eval/...``), and when the run ends its best model
 (``best.npz`` and ``best.json``, or NCF's ``best/``), else its newest checkpoint, its
-artifacts. A resumed run continues the same MLflow run."""
+artifacts. A resumed run continues the same MLflow run.
+
+A tracker is best-effort: it never costs the run. One that cannot start (a server that does not
+answer, a malformed ``MLFLOW_TRACKING_URI``, a SQLite file that cannot be created) refuses the
+run before it trains, in one line naming the store and the fix (exit status 2). One that fails
+later (the store gone, the disk full, the server down) is named once in one line on stderr and
+turned off; the training goes on to its normal end, and ``metrics.jsonl`` has every step.
+HTTP requests to a tracking server are bounded (``HTTP_BOUNDS``, unless the user set them): a
+server that does not answer is named within seconds, not after MLflow's own minutes of retries."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
-__all__ = ["TRACKERS", "make_writer", "Writers", "MlflowWriter"]
+__all__ = ["TRACKERS", "HTTP_BOUNDS", "make_writer", "Writers", "MlflowWriter"]
 
 TRACKERS = ("tensorboard", "mlflow")
+# MLflow's HTTP settings for this process where the user set none (MLflow's own: 120 s a request
+# and 7 retries with backoff, minutes before a server that does not answer is named): 5 s a
+# request, one retry (at once, then after a second: a server that restarts is tolerated).
+HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+               "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5"}
 
 
 def _artifacts_beside(uri: str) -> str | None:
@@ -37,23 +51,63 @@ def _artifacts_beside(uri: str) -> str | None:
 
 
 class Writers:
-    """Several writers as one (``add_scalar``, ``purge_from``, ``close``)."""
+    """Several writers as one (``add_scalar``, ``purge_from``, ``close``), each best-effort: a
+    writer that raises is named once on stderr (one line) and left out from then on."""
 
-    def __init__(self, writers: list):
-        self.writers = [w for w in writers if w is not None]
+    def __init__(self, writers: dict):
+        self.writers = {name: w for name, w in writers.items() if w is not None}
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
-        for w in self.writers:
-            w.add_scalar(tag, value, step)
+        for name, w in list(self.writers.items()):
+            self._guard(name, f"logging {tag} at step {step}", w.add_scalar, tag, value, step)
 
     def purge_from(self, step: int) -> None:
-        for w in self.writers:
+        for name, w in list(self.writers.items()):
             if hasattr(w, "purge_from"):
-                w.purge_from(step)
+                self._guard(name, f"dropping the points after step {step - 1}", w.purge_from, step)
 
     def close(self) -> None:
-        for w in self.writers:
-            w.close()
+        for name, w in list(self.writers.items()):
+            self._guard(name, "ending the run", w.close)
+        self.writers = {}
+
+    def _guard(self, name: str, what: str, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - no tracker's error may end the training
+            from hvd_bert.stop import STOP
+
+            where = getattr(self.writers.pop(name), "where", "")
+            line = (f"{STOP.command}: {name}: {what} failed{where} ({_reason(e)}); tracking is off for the "
+                    f"rest of this run, which goes on (metrics.jsonl has every step)")
+            try:
+                os.write(2, (line + "\n").encode())
+            except OSError:
+                pass
+
+
+_SILENT = ("connection refused", "no answer within", "the host name does not resolve",
+           "the connection was dropped")  # (what _reason says of a server that does not answer)
+
+
+def _reason(e: BaseException) -> str:
+    """An exception as a few words: what a network or SQLite error comes to, else its first
+    line (MLflow's and SQLAlchemy's messages run over several lines and name their own docs)."""
+    text = f"{e}".strip() or type(e).__name__
+    for pattern, words in ((r"Connection refused", "connection refused"),
+                           (r"[Rr]ead timed out|timed out|ConnectTimeout",
+                            f"no answer within {os.environ.get('MLFLOW_HTTP_REQUEST_TIMEOUT', '?')} s"),
+                           (r"Name or service not known|Failed to resolve|nodename nor servname",
+                            "the host name does not resolve"),
+                           (r"Connection reset|RemoteDisconnected|Connection aborted", "the connection was dropped"),
+                           (r"unable to open database file", "unable to open the database file"),
+                           (r"readonly database", "the database is read-only"),
+                           (r"disk I/O error", "a disk I/O error"),
+                           (r"database or disk is full|No space left", "the disk is full")):
+        if re.search(pattern, text):
+            return words
+    first = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", text.splitlines()[0])
+    return first if len(first) <= 200 else first[:197] + "..."
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -67,7 +121,8 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 class MlflowWriter:
-    """One MLflow run: parameters at the start, metrics per step, the best model at the end."""
+    """One MLflow run: parameters at the start, metrics per step, the best model at the end.
+    One that cannot start raises ConfigError (one line: the store and the fix)."""
 
     def __init__(self, out: Path, job: str, params: dict):
         try:
@@ -77,13 +132,25 @@ class MlflowWriter:
             raise ConfigError("train.report_to names mlflow, which is not installed here: pip install "
                               "mlflow-skinny sqlalchemy alembic (or mlflow), or leave mlflow out of "
                               "train.report_to") from None
+        for name, value in HTTP_BOUNDS.items():  # (read by MLflow at each request)
+            os.environ.setdefault(name, value)
         self.mlflow, self.out = mlflow, Path(out)
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.out.resolve() / 'mlflow.db'}"
-        self.client = mlflow.tracking.MlflowClient(uri)
+        given = os.environ.get("MLFLOW_TRACKING_URI")
+        self.uri = given or f"sqlite:///{self.out.resolve() / 'mlflow.db'}"
+        self.where = f" at {self.uri}"  # (named in a line about a failure)
+        try:
+            self.run_id = self._start(job, params)
+        except Exception as e:  # noqa: BLE001 - whatever MLflow raises, one line
+            from hvd_bert.config import ConfigError
+            raise ConfigError(_start_problem(self.uri, e, given is not None)) from None
+
+    def _start(self, job: str, params: dict) -> str:
+        mlflow = self.mlflow
+        self.client = mlflow.tracking.MlflowClient(self.uri)
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or f"hvd_bert {job}"
         exp = self.client.get_experiment_by_name(name)
         if exp is None:
-            exp_id = self.client.create_experiment(name, artifact_location=_artifacts_beside(uri))
+            exp_id = self.client.create_experiment(name, artifact_location=_artifacts_beside(self.uri))
         else:
             exp_id = exp.experiment_id
         run_id = self._previous(exp_id)  # a resumed run continues its MLflow run
@@ -91,12 +158,12 @@ class MlflowWriter:
             run = self.client.create_run(exp_id, run_name=self.out.resolve().name,
                                          tags={"hvd_bert.run_folder": str(self.out.resolve())})
             run_id = run.info.run_id
-            self._record(run_id)
             items = [(k, str(v)[:6000]) for k, v in _flat(params).items()]
             for i in range(0, len(items), 100):  # (MLflow takes at most 100 parameters a call)
                 batch = [mlflow.entities.Param(k, v) for k, v in items[i:i + 100]]
                 self.client.log_batch(run_id, params=batch)
-        self.run_id = run_id
+            self._record(run_id)  # (once the run holds its parameters: a refused start leaves no mark)
+        return run_id
 
     def _previous(self, exp_id: str) -> str | None:
         mark = self.out / "mlflow_run.txt"
@@ -131,15 +198,45 @@ class MlflowWriter:
         self.client.set_terminated(self.run_id)
 
 
+def _start_problem(uri: str, e: Exception, given: bool) -> str:
+    """The line for an MLflow run that cannot start at ``uri`` (``given``: by MLFLOW_TRACKING_URI)."""
+    from urllib.parse import urlparse
+
+    reason, off = _reason(e), "or leave mlflow out of train.report_to"
+    try:
+        scheme = urlparse(uri).scheme.lower()
+    except ValueError:
+        scheme = "?"
+    if scheme in ("http", "https"):
+        if reason.startswith(_SILENT):
+            timeout = os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT")
+            return (f"train.report_to=mlflow: the MLflow tracking server at {uri} does not answer ({reason}): "
+                    f"start it, or set MLFLOW_TRACKING_URI to one that answers (MLFLOW_HTTP_REQUEST_TIMEOUT, "
+                    f"now {timeout} s, is how long to wait), {off}")
+        return (f"train.report_to=mlflow: the MLflow tracking server at {uri} refused to start the run "
+                f"({reason}): check MLFLOW_TRACKING_URI and the server's credentials (MLFLOW_TRACKING_TOKEN, "
+                f"or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD), {off}")
+    if scheme == "sqlite":
+        path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else uri
+        fix = ("set MLFLOW_TRACKING_URI to sqlite:////<absolute path>/mlflow.db in a writable folder, or unset "
+               "it for the run folder's own" if given else "make the run folder writable")
+        return (f"train.report_to=mlflow: cannot create or open the MLflow SQLite store {path} ({reason}) "
+                f"(from {'MLFLOW_TRACKING_URI' if given else 'the run folder'}): {fix}, {off}")
+    return (f"train.report_to=mlflow: MLFLOW_TRACKING_URI={uri!r} is not a tracking store MLflow can open "
+            f"({reason}): use http(s)://<host>:<port> (a server), sqlite:////<absolute path>/mlflow.db, or a "
+            f"folder with MLFLOW_ALLOW_FILE_STORE=true; unset it for the run folder's own, {off}")
+
+
 def make_writer(report_to, out: Path, job: str, params: dict, tensorboard=None):
     """Rank 0's writer for ``train.report_to``: ``tensorboard`` (the backend's, given) and/or an
-    MLflow run; None when it names neither."""
+    MLflow run, each best-effort (:class:`Writers`); None when it names neither. An MLflow run
+    that cannot start raises ConfigError."""
     unknown = [t for t in report_to if t not in TRACKERS]
     if unknown:
         from hvd_bert.config import ConfigError
         raise ConfigError(f"train.report_to: unknown tracker {unknown[0]!r}; choose from "
                           f"{', '.join(TRACKERS)}")
-    writers = [tensorboard if "tensorboard" in report_to else None,
-               MlflowWriter(out, job, params) if "mlflow" in report_to else None]
-    writers = [w for w in writers if w is not None]
+    writers = {"tensorboard": tensorboard if "tensorboard" in report_to else None,
+               "mlflow": MlflowWriter(out, job, params) if "mlflow" in report_to else None}
+    writers = {name: w for name, w in writers.items() if w is not None}
     return Writers(writers) if writers else None

@@ -173,6 +173,6 @@ def test_output_cut_short_by_its_reader_is_not_an_error():
     import subprocess
     import sys
 
-    p = subprocess.run(f"{sys.executable} -m hvd_bert config --job pretrain --explain | head -n 1", shell=True,
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(f"{sys.executable} -m hvd_bert config --job pretrain --explain | head -n 1",
+                       shell=True, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "Traceback" not in p.stderr and p.stdout.count("\n") == 1, p.stderr
