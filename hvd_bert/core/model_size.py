@@ -256,8 +256,8 @@ def rank_memory(split: int, whole: int, *, buffers: int, zero_stage: int, tensor
 def memory_plan_line(m: RankMemory, ranks_here: int, available: float, where: str) -> tuple[str, bool]:
     """``(line, fits)``: the training state a rank will hold, what the ranks on this host (or
     device) need together and what it has available."""
-    def gib(n):
-        return f"{n / 2 ** 30:.2f} GiB"
+    from hvd_bert.core.text import size_text as gib
+
     need = m.total * ranks_here
     line = (f"memory plan per rank: weights {gib(m.weights)}, gradients {gib(m.gradients)}, optimizer state "
             f"{gib(m.optimizer_state)} = {gib(m.total)} before activations; {ranks_here} rank"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from hvd_bert.config import ConfigError, FinetuneConfig
 from hvd_bert.config.bert import bert_preset
+from hvd_bert.core.text import plural
 from hvd_bert.data.finetune import (REGRESSION, SQUAD, TASK_FILE, check_finetune_data, prediction_mismatch,
                                    task_of, task_record, total_steps)
 from hvd_bert.data.vocab import init_vocab_error
@@ -93,7 +94,7 @@ def run(cfg: FinetuneConfig, backend) -> dict:
     origin = "from " + cfg.init_checkpoint if arrays is not None else "from scratch"
     if cfg.do_train:
         log.print(f"fine-tuning BERT ({origin}, {backend.label}, {what}) on {cfg.data}: {about}, "
-                  f"{cfg.epochs:g} epochs = {steps} steps")
+                  f"{plural(cfg.epochs, 'epoch')} = {plural(steps, 'step')}")
     else:
         log.print(f"evaluating BERT ({origin}, {backend.label}, {what}) on {cfg.eval_data}: {about}")
 

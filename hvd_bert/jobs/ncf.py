@@ -18,6 +18,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from hvd_bert.core.text import plural
 from hvd_bert.config import ConfigError
 from hvd_bert.files import atomic_write
 from hvd_bert.train.loop import fit
@@ -55,7 +56,7 @@ def run(cfg: NCFConfig, backend) -> dict:
     log.print(f"NeuMF ({backend.param_count(model) / 1e6:.2f}M parameters, {backend.label}) on {cfg.data}: "
               f"{data.n_users} users, {data.n_items} items, {len(data.train_users)} positives x "
               f"(1 + {cfg.num_negatives} negatives) = {epochs.steps_per_epoch} steps an epoch, at most "
-              f"{cfg.epochs} epochs")
+              f"{plural(cfg.epochs, 'epoch')}")
 
     score = backend.ncf_scorer(model)
 

@@ -270,8 +270,8 @@ def peak_host_bytes() -> int:
 
 def memory_line(m: dict) -> str:
     """One start-of-run line from an engine's ``memory()``: what a rank holds, and its peak."""
-    def gib(n):
-        return f"{n / 2 ** 30:.3f} GiB"
+    from hvd_bert.core.text import size_text as gib
+
     stage, n = m.get("zero_stage", 0), m.get("world_size", 1)
     grads = f" (1/{n}, between backward passes)" if stage == 2 else ""
     state = f" (1/{n} replicas: ZeRO stage {stage})" if stage else ""
