@@ -40,8 +40,8 @@ def test_the_phase_that_raised_the_peak_is_named():
     assert "build 1.00, resume 2.00, steps 2.00, save 5.00" in line
 
 
-@pytest.mark.parametrize("n, text", [(0, "0 B"), (512, "512 B"), (3 * 2**10, "3 KiB"), (1.5 * 2**20, "1.5 MiB"),
-                                     (5 * 2**30, "5.00 GiB")])
+@pytest.mark.parametrize("n, text", [(0, "0 B"), (512, "512 B"), (3 * 2**10, "3 KiB"),
+                                     (1.5 * 2**20, "1.5 MiB"), (5 * 2**30, "5.00 GiB")])
 def test_sizes_read_in_the_unit_that_shows_them(n, text):
     from hvd_bert.core.text import size_text
 
