@@ -227,7 +227,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from hvd_bert.weights.convert import convert
 
     print(convert(args.checkpoint, args.output, to=args.to, framework=args.framework, vocab=args.vocab,
-                  cased=args.cased, pick=args.pick))
+                  cased=args.cased, pick=args.pick, overwrite=args.overwrite))
     return 0
 
 

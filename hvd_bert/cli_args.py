@@ -269,15 +269,18 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
 
     p = sub.add_parser("convert", help="a BERT checkpoint (either framework's, .npz, Hugging Face) -> "
                                        "portable weights (.npz) or a Hugging Face folder")
-    p.add_argument("checkpoint", help="ckpt-*.pt, ckpt-*.tf, a run folder (its newest checkpoint), a .npz, "
-                                      "or a Hugging Face model folder (config.json + model.safetensors "
-                                      "or pytorch_model.bin)")
-    p.add_argument("--output", required=True, help="the .npz, or (--to hf) the folder, to write")
+    p.add_argument("checkpoint", help="ckpt-*.pt, ckpt-*.tf, ckpt-*.shards, a run folder (its best model, "
+                                      "else its newest checkpoint), a .npz, a Hugging Face model folder "
+                                      "(config.json + model.safetensors or pytorch_model.bin) or a Google "
+                                      "TF1 checkpoint")
+    p.add_argument("--output", required=True, help="the .npz, or (--to hf / google) the folder, to write")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --output folder (once the new one is complete)")
     p.add_argument("--to", choices=["npz", "hf", "google"], default="npz",
                    help="npz: portable weights both frameworks load; hf: a folder transformers loads; "
                         "google: a TF1 checkpoint Google's modeling.py loads")
-    p.add_argument("--vocab", help="--to hf: the vocab.txt to include (default: the checkpoint's, or "
-                                   "its data's)")
+    p.add_argument("--vocab", help="--to hf / google: the vocab.txt to include (default: the checkpoint's "
+                                   "run folder's, or its data's; none found: refused)")
     p.add_argument("--cased", action="store_true", help="--to hf: the tokenizer keeps case")
     p.add_argument("--framework", choices=["auto", "pt", "tf"], default="auto",
                    help="which framework reads the checkpoint (auto: from its suffix)")

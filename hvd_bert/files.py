@@ -223,24 +223,34 @@ def own_folder(path: str | Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_folder(folder: str | Path, exists_error: type[Exception] = FileExistsError):
+def atomic_folder(folder: str | Path, exists_error: type[Exception] = FileExistsError,
+                  overwrite: bool = False):
     """Write a new folder atomically: yields a temporary folder beside it, renamed to ``folder``
     when the block ends without error, removed otherwise. An existing non-empty ``folder`` is
-    refused (``exists_error``): nothing is overwritten."""
+    refused (``exists_error``), unless ``overwrite``: then it is replaced only once the new one is
+    complete (a failure leaves it as it was); a link there is removed, never followed."""
     folder = Path(folder)
-    if folder.is_symlink() or (folder.exists() and any(folder.iterdir())):
-        raise exists_error(f"{folder} exists and is not empty; give a new --output folder")
+    if not overwrite and (folder.is_symlink() or (folder.exists() and any(folder.iterdir()))):
+        raise exists_error(f"{folder} exists and is not empty; give a new --output folder, or --overwrite to "
+                           f"replace it")
+    if folder.exists() and not folder.is_dir():
+        raise exists_error(f"{folder} is a file; give a folder path as --output")
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
     clear_path(tmp)
     tmp.mkdir(parents=True)
     try:
         yield tmp
-        if folder.exists():
-            folder.rmdir()
+        if folder.is_symlink() or folder.exists():
+            clear_path(old)
+            folder.rename(old)  # (the link itself, or the old folder: removed once the new one is in place)
         tmp.rename(folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() or old.is_symlink():
+            old.rename(folder)
         raise
+    clear_path(old)
 
 
 _FIXES = {

@@ -75,7 +75,8 @@ def patch(tree: Path) -> None:
         texts[rel] = text.replace(old, new)
     for rel, text in texts.items():
         (tree / rel).write_text(text)
-    print(f"patch_horovod: applied {len(EDITS)} edits to {tree}")
+    changes = len({why for *_, why in EDITS})  # (one change may take edits in several files)
+    print(f"patch_horovod: applied {changes} changes ({len(EDITS)} edits in {len(texts)} files) to {tree}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ __all__ = ["launch_job", "default_launcher"]
 _TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
 _USER_ERROR = re.compile(r"^hvd-bert( [a-z-]+)?: ")  # (a user's script under the toolkit: "hvd-bert: ")
 _WAITED = "stopped because another rank failed"
+_SAVED = "stopped by a signal at step"  # (rank 0's last line: its checkpoint is complete; jobs.run_folder)
 _STALL_SEEN = "stalled:"  # (a rank's stall line: the first one printed is the one that says who)
 # mpirun's report of a rank that died by a signal
 _SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
@@ -127,6 +128,8 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
                 print(text, file=err, flush=True)
                 continue
             in_error.discard(rank)
+            if text.startswith(_SAVED):
+                state.saved = True  # (a second signal from now on is not a reason to kill the job)
             if text.strip():
                 print(f"[{rank}] {text}", file=err if stream == "stderr" else out, flush=True)
     finally:
@@ -239,6 +242,7 @@ class _Stop:
     def __init__(self, proc: subprocess.Popen, argv: list[str], grace: float):
         self.proc, self.argv, self.grace = proc, argv, grace
         self.signalled, self.killed, self.first_at, self.timer = False, "", 0.0, None
+        self.saved = False  # (the ranks said their checkpoint is complete: they are on their way out)
 
     def handle(self, sig, _frame) -> None:
         import threading
@@ -253,11 +257,11 @@ class _Stop:
             self.timer = threading.Timer(self.grace, self.kill, (why,))
             self.timer.daemon = True
             self.timer.start()
-        elif now - self.first_at >= StopSignal.REPEAT_S:
+        elif now - self.first_at >= StopSignal.REPEAT_S and not self.saved:
             self.kill("interrupted again: the job was killed at once, without a new checkpoint")
 
     def kill(self, why: str) -> None:
-        if self.proc.poll() is not None:
+        if self.proc.poll() is not None or self.saved:
             return
         self.killed = (f"{why}; the last complete checkpoint is intact: run the same command again to resume "
                        f"from it")

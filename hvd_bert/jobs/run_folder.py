@@ -112,9 +112,16 @@ def finish_line(res, rank: int, detail: str, backend, out: Path | None = None) -
     """Rank 0's last line (with ``out``: where the metrics and the TensorBoard logs are, the same
     for every job); then every rank waits for it (a collective), so that no rank exits (with
     status 3 after a signal, which launchers answer by killing the others) before it is out."""
-    if out is not None:
-        detail += (f"; metrics: {out / 'metrics.jsonl'}; TensorBoard: tensorboard --logdir "
-                   f"{out / 'tensorboard'}")
+    # (only what exists: a run stopped early may have logged nothing yet)
+    if out is not None and (out / "metrics.jsonl").is_file():
+        detail += f"; metrics: {out / 'metrics.jsonl'}"
+    if out is not None and (out / "tensorboard").is_dir() and any((out / "tensorboard").iterdir()):
+        detail += f"; TensorBoard: tensorboard --logdir {out / 'tensorboard'}"
+    phases = getattr(res, "phases", None)
+    if phases is not None:
+        phases.mark("eval")  # (after the final evaluation, which may set the peak)
+        if rank == 0 and phases.line():
+            print(phases.line(), flush=True)
     if rank == 0:
         how = "stopped by a signal at" if res.stopped_by_signal else "finished"
         rerun = "; run the same command again to resume (exit status 3)" if res.stopped_by_signal else ""

@@ -44,12 +44,12 @@ def read_google(path: str | Path) -> tuple[dict[str, np.ndarray], BertConfig]:
 
 
 def write_google(folder: str | Path, arrays: dict, config: BertConfig, vocab_file: str | Path | None = None,
-                 name: str = "bert_model.ckpt") -> Path:
+                 name: str = "bert_model.ckpt", overwrite: bool = False) -> Path:
     """``folder/bert_config.json`` and ``folder/bert_model.ckpt.*`` (TF1 names), written into a
     temporary folder and renamed into place."""
     variables = portable_to_google(arrays, config)
     cfg = google_config(config)
-    with new_folder(folder) as tmp:
+    with new_folder(folder, overwrite) as tmp:
         with tf.Graph().as_default():
             v1 = tf.compat.v1
             tf_vars = {n: v1.get_variable(n, initializer=tf.constant(a), use_resource=False)

@@ -65,6 +65,8 @@ class FitResult:
     stopped_early: bool  # by a signal or by on_step
     history: list[dict] = field(default_factory=list)
     stopped_by_signal: bool = False
+    # which phase set rank 0's peak memory: a job prints it last (after its final evaluation)
+    phases: MemoryPhases | None = None
 
 
 @runtime_checkable
@@ -289,7 +291,7 @@ class MemoryPhases:
     (``peak()``: the engine's, monotone); the phase of a mark that raised it holds the new peak."""
 
     PHASES = {"build": "building", "resume": "resuming", "steps": "the steps", "save": "saving",
-              "commit": "elastic commits"}
+              "commit": "elastic commits", "eval": "the final evaluation"}
 
     def __init__(self, peak: Callable[[], float]):
         self.peak, self.last, self.reached = peak, 0.0, {}

@@ -86,7 +86,7 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
                 log.print(memory_line(engine.memory()))
             train_steps(engine, iter(batches_from(engine.micro_step)), book, total_steps)
             book.finish()
-        if book.phases.line():
+        if own_log and book.phases.line():  # (a job prints it last: jobs.run_folder.finish_line)
             log.print(book.phases.line())  # (which of building, steps, saves or commits set the peak)
     finally:
         if claim is not None:  # (a job's run folder stays claimed until the job exits)
@@ -96,7 +96,7 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
     if book.by_signal:
         STOP.consumed()
     return FitResult(engine.step_count, engine.skipped_steps, book.last_loss, book.checkpoint, book.stopped,
-                     log.history, book.by_signal)
+                     log.history, book.by_signal, book.phases)
 
 
 def start(engine: Engine, log: RunLog, book: StepBook, output_dir, total_steps: int) -> Any:

@@ -50,7 +50,8 @@ def vocab_of(src: Path) -> Path | None:
 
 
 def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", framework: str = "auto",
-            vocab: str | Path | None = None, cased: bool = False, pick: str = "best") -> str:
+            vocab: str | Path | None = None, cased: bool = False, pick: str = "best",
+            overwrite: bool = False) -> str:
     """Convert ``checkpoint`` to ``output`` (see the module docstring; a run folder: its best
     model, else its newest checkpoint, ``pick``); returns the line that says what was written
     and how to load it."""
@@ -80,7 +81,7 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
     if to == "google":
         from hvd_bert.tf.google_ckpt import write_google  # TensorFlow writes TF1 checkpoints
 
-        out = write_google(output, arrays, config, vocab_file=vocab)
+        out = write_google(output, arrays, config, vocab_file=vocab, overwrite=overwrite)
         return (f"{src} ({n}) -> {out} (Google TF1: bert_config.json + bert_model.ckpt, as modeling.py reads)"
                 f"{which}")
     if to == "hf":
@@ -88,7 +89,7 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
 
         task = read_task_record(src) or {}
         out = write_hf_folder(output, arrays, config, vocab_file=vocab, do_lower_case=not cased,
-                              labels=task.get("labels"))
+                              labels=task.get("labels"), overwrite=overwrite)
         arch = json.loads((out / "config.json").read_text())["architectures"][0]  # the class to load it with
         return (f"{src} ({n}) -> {out} (Hugging Face: transformers.{arch}.from_pretrained({str(out)!r}))"
                 f"{which}")

@@ -241,7 +241,7 @@ def hf_config(config: BertConfig, architecture: str, num_labels: int | None = No
 
 def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config: BertConfig,
                     vocab_file: str | Path | None = None, do_lower_case: bool = True,
-                    labels: list[str] | None = None) -> Path:
+                    labels: list[str] | None = None, overwrite: bool = False) -> Path:
     """A Hugging Face model folder (``config.json``, ``model.safetensors``, and the tokenizer
     files when ``vocab_file`` is given), written to a temporary folder and renamed into place;
     a classifier's ``labels`` become its ``id2label``."""
@@ -253,7 +253,7 @@ def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config
             "BertForQuestionAnswering" if "qa_outputs.weight" in state else "BertForPreTraining")
     names = [k for k in state if arch == "BertForPreTraining" or not k.startswith("cls.")]  # (fine-tuned:
     num_labels = int(shape_of(state, "classifier.weight")[0]) if classifier else None  # no pretraining heads)
-    with new_folder(folder) as tmp:
+    with new_folder(folder, overwrite) as tmp:
         write_safetensors(tmp / "model.safetensors", state, names, metadata={"format": "pt"})
         usual_mode(tmp / "model.safetensors")
         (tmp / "config.json").write_text(json.dumps(hf_config(config, arch, num_labels, labels), indent=2))
@@ -265,6 +265,6 @@ def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config
     return Path(folder)
 
 
-def new_folder(folder: str | Path):
-    """:func:`hvd_bert.train.checkpoint.atomic_folder`, an existing folder a WeightsError."""
-    return atomic_folder(folder, exists_error=WeightsError)
+def new_folder(folder: str | Path, overwrite: bool = False):
+    """:func:`hvd_bert.files.atomic_folder`, an existing folder a WeightsError (unless ``overwrite``)."""
+    return atomic_folder(folder, exists_error=WeightsError, overwrite=overwrite)

@@ -84,3 +84,17 @@ def test_gpu_check_refuses_bad_arguments_before_writing(tmp_path, args, says):
     assert p.returncode == 2, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and says in p.stderr
     assert not out.exists()
+
+
+def test_the_docs_count_horovods_changes_as_the_patch_says_them():
+    """docs/development.md quotes the patch's own log line: the same numbers of changes, edits
+    and files as scripts/patch_horovod.py's EDITS."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("patch_horovod", ROOT / "scripts" / "patch_horovod.py")
+    patch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(patch)
+    changes, edits = len({e[3] for e in patch.EDITS}), len(patch.EDITS)
+    files = len({e[0] for e in patch.EDITS})
+    docs = (ROOT / "docs" / "development.md").read_text()
+    assert f'"applied {changes} changes ({edits} edits in {files} files)"' in docs
