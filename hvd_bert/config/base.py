@@ -25,6 +25,8 @@ __all__ = ["ConfigError", "doc", "require", "from_dict", "to_dict", "load_config
            "given_keys"]
 
 INT_RANGE = (-2**63, 2**63 - 1)  # every integer setting: what a 64-bit signed integer holds
+# the jobs a recipe's ``job:`` may name: config.jobs' classes' JOB (tests/core/test_config.py checks)
+RECIPE_JOBS = ("finetune", "ncf", "predict", "pretrain")
 
 
 class ConfigError(ValueError):
@@ -62,6 +64,9 @@ def _coerce(value: Any, tp, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError as e:
                 errors.append(e)
+        kinds = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(kinds) == 1 and value is not None:  # (an optional setting: the one kind's own reason)
+            raise errors[[a for a in typing.get_args(tp)].index(kinds[0])]
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {shown(value)}")
     if tp is type(None):
         if value is None:
@@ -343,10 +348,7 @@ def _for_job(cls, data: dict, path: Path) -> dict:
     job than ``cls``'s (``cls.JOB``; the engine's own TrainConfig reads any job's ``train:``)."""
     job = data.pop("job", None)
     mine = getattr(cls, "JOB", None)
-    from hvd_bert.config import jobs
-
-    names = sorted({c.JOB for c in vars(jobs).values() if isinstance(c, type) and isinstance(
-        getattr(c, "JOB", None), str)})
+    names = RECIPE_JOBS
     if job is not None and (not isinstance(job, str) or job not in names):
         close = difflib.get_close_matches(job, names, n=1) if isinstance(job, str) else []
         hint = f" (did you mean {close[0]}?)" if close else ""

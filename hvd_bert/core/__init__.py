@@ -10,4 +10,5 @@ are tested against.
     kernels     what the fused kernels of both frameworks agree on (GELU forms, the compile switch)
     zero        ZeRO's partition over the ranks: shards, partial norms, one rank's sharded step
     init        layout-independent initialisation: each tensor's seed, BERT's rule per tensor
+    text        how numbers read in the toolkit's lines (sizes in their unit, plurals)
 """

@@ -39,6 +39,8 @@ import numpy as np
 from hvd_bert.files import atomic_write
 from hvd_bert.train.checkpoint import SHARDED as SUFFIX, SHARDED_INDEX as INDEX, prune
 from hvd_bert.train.engine import CheckpointError
+from hvd_bert.train.sharded_index import (DTYPES, FIX, MAX_INDEX_BYTES, header_entry_fault, norm_split,
+                                          share_shape, validate)
 
 __all__ = ["SUFFIX", "INDEX", "FORMAT", "validate", "MAX_INDEX_BYTES", "Piece", "share_bounds", "write_rank",
            "write_index", "Reader",
@@ -46,7 +48,7 @@ __all__ = ["SUFFIX", "INDEX", "FORMAT", "validate", "MAX_INDEX_BYTES", "Piece", 
            "is_sharded", "fresh_folder", "model_weights"]
 
 FORMAT = "hvd_bert.sharded/1"
-_FIX = "delete the folder to resume from the checkpoint before it, or restore it from a copy"
+_BLOCK = 16 * 2**20  # bytes read (and CRC-checked) at a time
 
 
 @dataclass(frozen=True)
@@ -64,16 +66,6 @@ class Piece:
 
     def span(self) -> tuple[int, int]:
         return tuple(self.flat) if self.flat is not None else (0, math.prod(self.share_shape()))
-
-
-def share_shape(shape, split) -> tuple:
-    shape = tuple(int(s) for s in shape)
-    if split is None:
-        return shape
-    dim, parts, _ = split
-    if shape[dim] % parts:
-        raise ValueError(f"dimension {dim} of {shape} does not split {parts} ways")
-    return shape[:dim] + (shape[dim] // parts,) + shape[dim + 1:]
 
 
 def share_bounds(shape, split) -> tuple[int, int, int]:
@@ -98,8 +90,8 @@ def rank_pieces(tensors: list[tuple[str, tuple, tuple | None]], parts: int, inde
     out = []
     for i, off, _, n in partition(sizes, parts).pieces(index):
         name, shape, split = tensors[i]
-        if replica or _norm(split) is not None:
-            out.append((i, Piece(name, tuple(shape), _norm(split), (off, off + n))))
+        if replica or norm_split(split) is not None:
+            out.append((i, Piece(name, tuple(shape), norm_split(split), (off, off + n))))
     return out
 
 
@@ -240,7 +232,7 @@ def read_on_every_rank(read, folder: str | Path, allgather_object) -> dict:
     except (KeyError, TypeError, ValueError) as e:  # what validation did not foresee: still one line
         error = (f"{Path(folder) / INDEX} is damaged: its metadata cannot be taken ({type(e).__name__}: "
                  f"{e}); "
-                 f"{_FIX}")
+                 f"{FIX}")
     errors = [e for e in allgather_object(error, "hvd_bert.resume.shards") if e]
     if errors:
         raise CheckpointError(errors[0])
@@ -268,11 +260,11 @@ class Reader:
         path = self.folder / INDEX
         if not path.is_file():
             raise CheckpointError(f"{self.folder} is an incomplete checkpoint (no {INDEX}: its writing was "
-                                  f"interrupted); {_FIX}")
+                                  f"interrupted); {FIX}")
         size = path.stat().st_size
         if size > MAX_INDEX_BYTES:
             raise CheckpointError(f"{path} is damaged: {size / 2**20:.0f} MiB, more than any index of "
-                                  f"{MAX_INDEX_BYTES / 2**20:.0f} MiB this format writes; {_FIX}")
+                                  f"{MAX_INDEX_BYTES / 2**20:.0f} MiB this format writes; {FIX}")
         try:
             index = json.loads(path.read_bytes().decode("utf-8"))
             ok = (isinstance(index, dict) and index.get("format") == FORMAT
@@ -281,9 +273,9 @@ class Reader:
             ok = False
         if not ok:
             raise CheckpointError(f"{path} is not an index of hvd_bert's sharded checkpoints ({FORMAT}); "
-                                  f"{_FIX}")
+                                  f"{FIX}")
         self._open: dict[str, tuple[int, dict]] = {}
-        self.meta, self.chunks = validate(self, index)
+        self.meta, self.chunks = validate(self.folder, index, lambda file: self._header(file)[1])
 
     def names(self, prefix: str = "") -> list[str]:
         return sorted(n for n in self.chunks if n.startswith(prefix))
@@ -312,14 +304,14 @@ class Reader:
                 if not isinstance(header, dict):
                     raise ValueError("its header is not a JSON object")
             except (OSError, ValueError) as e:
-                raise CheckpointError(f"{path} cannot be read as safetensors ({e}); {_FIX}") from None
+                raise CheckpointError(f"{path} cannot be read as safetensors ({e}); {FIX}") from None
             body = size - 8 - n
             for key, entry in header.items():
                 if key == "__metadata__":
                     continue
-                bad = _header_entry_fault(entry, body)
+                bad = header_entry_fault(entry, body)
                 if bad:
-                    raise CheckpointError(f"{path} is damaged: its header's tensor {key!r} {bad}; {_FIX}")
+                    raise CheckpointError(f"{path} is damaged: its header's tensor {key!r} {bad}; {FIX}")
             self._open[file] = (8 + n, header)
         return self._open[file]
 
@@ -331,7 +323,7 @@ class Reader:
 
         start, header = self._header(c["file"])
         entry = header[c["key"]]
-        dtype = np.dtype(_DTYPES[entry["dtype"]])
+        dtype = np.dtype(DTYPES[entry["dtype"]])
         a, b = c["flat"]
         first = start + entry["data_offsets"][0]
         out = np.empty(hi - lo, dtype)
@@ -343,7 +335,7 @@ class Reader:
             while pos < total:
                 block = f.read(min(_BLOCK, total - pos))
                 if not block:
-                    raise CheckpointError(f"{path} is truncated: {c['name']} ends past its end; {_FIX}")
+                    raise CheckpointError(f"{path} is truncated: {c['name']} ends past its end; {FIX}")
                 crc = crc32c.crc32c(block, crc)
                 s0, s1 = max(pos, want[0]), min(pos + len(block), want[1])
                 if s0 < s1:
@@ -351,7 +343,7 @@ class Reader:
                 pos += len(block)
         if f"{crc:08x}" != c["crc32c"]:
             raise CheckpointError(f"{path} is damaged: the CRC-32C of {c['name']} no longer matches what was "
-                                  f"written; {_FIX}")
+                                  f"written; {FIX}")
         return out
 
     def read(self, name: str, split=None, flat=None, dtype=np.float32, shape=None) -> np.ndarray:
@@ -376,7 +368,7 @@ class Reader:
         lo, hi = want.span()
         out = np.empty(hi - lo, dtype=dtype)
         filled = np.zeros(hi - lo, dtype=bool)
-        same = [c for c in chunks if _norm(c["split"]) == _norm(want.split)]
+        same = [c for c in chunks if norm_split(c["split"]) == norm_split(want.split)]
         if same:  # the layout that wrote it: flat ranges of this very share
             for c in same:
                 a, b = max(lo, c["flat"][0]), min(hi, c["flat"][1])
@@ -392,143 +384,11 @@ class Reader:
             filled[:] = have.reshape(-1)[lo:hi]
         if not filled.all():
             raise CheckpointError(f"{self.folder} does not hold all of {name} ({int((~filled).sum())} values "
-                                  f"missing): a shard of it is missing from {INDEX}; {_FIX}")
+                                  f"missing): a shard of it is missing from {INDEX}; {FIX}")
         return out
 
 
-_DTYPES = {"F32": "<f4", "F64": "<f8", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
-           "U8": "u1", "BOOL": "?"}
-_NUMPY = {np.dtype(v).name: k for k, v in _DTYPES.items()}  # the manifest's dtype -> the header's
-MAX_INDEX_BYTES = 256 * 2**20  # far above an index of BERT-Large's pieces written by 1024 ranks
-_BLOCK = 16 * 2**20  # bytes read (and CRC-checked) at a time
 
-
-def _count(x, low: int = 0) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= low
-
-
-def _header_entry_fault(entry, body: int) -> str | None:
-    """What is wrong with one tensor's entry of a safetensors header whose data holds ``body``
-    bytes; None when it is sound (a known dtype, a shape of counts, a byte range of that size
-    inside the data)."""
-    if not isinstance(entry, dict) or entry.get("dtype") not in _DTYPES:
-        return "has no known dtype"
-    shape, offsets = entry.get("shape"), entry.get("data_offsets")
-    if not isinstance(shape, list) or not all(_count(d) for d in shape):
-        return f"has the shape {shape!r} (not a list of counts)"
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_count(o) for o in offsets)
-            and offsets[0] <= offsets[1] <= body):
-        return f"has the byte range {offsets!r}, not inside its {body} bytes of data"
-    if offsets[1] - offsets[0] != math.prod(shape) * np.dtype(_DTYPES[entry["dtype"]]).itemsize:
-        return f"has a byte range of {offsets[1] - offsets[0]} bytes for {math.prod(shape)} values"
-    return None
-
-
-def _piece_fault(e) -> str | None:
-    """What is wrong with one piece of a manifest (types and ranges); None when it is sound."""
-    if not isinstance(e, dict):
-        return "is not a JSON object"
-    name, shape, split, flat = e.get("name"), e.get("shape"), e.get("split"), e.get("flat")
-    if not isinstance(name, str) or not name:
-        return "has no tensor name"
-    if not isinstance(shape, list) or not all(_count(d) for d in shape):
-        return f"({name}) has the shape {shape!r}, not a list of counts"
-    if split is not None:
-        if not (isinstance(split, list) and len(split) == 3 and _count(split[0]) and _count(split[1], 1)
-                and _count(split[2]) and split[0] < len(shape) and split[2] < split[1]):
-            return f"({name}) has the split {split!r}, not [dim, parts, index] of its shape {shape}"
-        if shape[split[0]] % split[1]:
-            return f"({name}) splits dimension {split[0]} of {shape} {split[1]} ways, which does not divide "\
-                   f"it"
-    n = math.prod(share_shape(shape, _norm(split)))
-    if not (isinstance(flat, list) and len(flat) == 2 and all(_count(v) for v in flat)
-            and flat[0] <= flat[1] <= n):
-        return f"({name}) has the range {flat!r}, not inside the {n} values of its share"
-    if e.get("dtype") not in _NUMPY:
-        return f"({name}) has the dtype {e.get('dtype')!r}"
-    crc = e.get("crc32c")
-    if not (isinstance(crc, str) and len(crc) == 8 and all(ch in "0123456789abcdef" for ch in crc)):
-        return f"({name}) has no CRC-32C"
-    return None
-
-
-def _meta_fault(meta) -> str | None:
-    """What is wrong with the index's ``meta`` (the keys this format reads); None when sound."""
-    if not isinstance(meta, dict):
-        return "its meta is not a JSON object"
-    if "optimizer_step" in meta and not _count(meta["optimizer_step"]):
-        return f"its meta's optimizer_step is {meta['optimizer_step']!r}, not a count of steps"
-    scaler = meta.get("scaler", {})
-    if not isinstance(scaler, dict) or not all(
-            isinstance(v, (int, float, bool)) and (not isinstance(v, float) or math.isfinite(v))
-            for v in scaler.values()):
-        return f"its meta's scaler is {scaler!r}, not an object of numbers"
-    layout = meta.get("layout")
-    if layout is not None and not (isinstance(layout, dict) and all(_count(v) for v in layout.values())):
-        return f"its meta's layout is {layout!r}, not an object of counts"
-    return None
-
-
-def validate(reader: Reader, index: dict) -> tuple[dict, dict[str, list[dict]]]:
-    """Check a loaded index, and the header of every shard it names, completely, before anything
-    is allocated or read; returns ``(meta, {tensor: [its pieces]})``. Checked: every type and
-    range; each file is there with the size written and a sound header holding each piece as
-    written (dtype, number of values); a tensor's pieces agree on its shape and split, and cover
-    each of its shares exactly once (so a shape claimed in the index is backed by as many bytes
-    in the files). A fault is a CheckpointError naming the file and what is wrong."""
-    folder, where = reader.folder, reader.folder / INDEX
-
-    def fault(what: str):
-        return CheckpointError(f"{where} is damaged: {what}; {_FIX}")
-
-    bad = _meta_fault(index.get("meta"))
-    if bad:
-        raise fault(bad)
-    chunks: dict[str, list[dict]] = {}
-    for file, info in index["files"].items():
-        p = folder / file
-        if not isinstance(file, str) or Path(file).name != file or file in ("", ".", "..") or not p.is_file():
-            raise CheckpointError(f"{folder}: {INDEX} names the shard {file}, which is missing; {_FIX}")
-        if not (isinstance(info, dict) and _count(info.get("bytes"))
-                and isinstance(info.get("pieces"), dict)):
-            raise fault(f"its entry for {file} is not {{bytes, pieces}}")
-        if p.stat().st_size != info["bytes"]:
-            raise CheckpointError(f"{p} is truncated or damaged: {p.stat().st_size} bytes, "
-                                  f"{info['bytes']} were written; {_FIX}")
-        _, header = reader._header(file)
-        for key, e in info["pieces"].items():
-            bad = _piece_fault(e)
-            if bad:
-                raise fault(f"the piece {key} of {file} {bad}")
-            entry = header.get(key) if key != "__metadata__" else None
-            a, b = e["flat"]
-            if not isinstance(entry, dict) or entry["dtype"] != _NUMPY[e["dtype"]] or \
-                    math.prod(entry["shape"]) != b - a:
-                raise fault(f"the piece {key} of {file} ({e['name']}, {b - a} values of {e['dtype']}) is not "
-                            f"what the file holds under that key")
-            chunks.setdefault(e["name"], []).append({**e, "file": file, "key": key})
-    for name, pieces in chunks.items():
-        shapes = {tuple(c["shape"]) for c in pieces}
-        splits = {(_norm(c["split"]) or (None, 1, 0))[:2] for c in pieces}
-        if len(shapes) > 1 or len(splits) > 1:
-            raise fault(f"the pieces of {name} disagree on its shape or split "
-                        f"({sorted(map(str, shapes | splits))})")
-        shares: dict[int, list] = {}
-        for c in pieces:
-            shares.setdefault((_norm(c["split"]) or (0, 1, 0))[2], []).append(tuple(c["flat"]))
-        parts = next(iter(splits))[1]
-        n = math.prod(share_shape(pieces[0]["shape"], _norm(pieces[0]["split"])))
-        for k in range(parts):
-            end = 0
-            for a, b in sorted(shares.get(k, [])):
-                if a != end:
-                    raise fault(f"the pieces of {name} ({f'share {k}, ' if parts > 1 else ''}values {end} to "
-                                f"{a}) {'overlap' if a < end else 'leave a gap'}")
-                end = b
-            if end != n:
-                raise fault(f"the pieces of {name} cover {end} of its {n} values"
-                            f"{f' in share {k}' if parts > 1 else ''}")
-    return index["meta"], chunks
 
 
 
@@ -568,19 +428,14 @@ def model_weights(folder: str | Path):
         raise WeightsError(str(e)) from None
 
 
-def _norm(split) -> tuple | None:
-    """A split into one part is the whole tensor."""
-    return None if split is None or split[1] == 1 else tuple(split)
-
-
 def _place(reader: Reader, c: dict, want: Piece, share: np.ndarray, have: np.ndarray) -> None:
     """Copy what chunk ``c`` (a flat range of one share) holds of share ``want`` into it."""
     shape = tuple(c["shape"])
-    src_split, want_split = _norm(c["split"]), _norm(want.split)
+    src_split, want_split = norm_split(c["split"]), norm_split(want.split)
     dims = {s[0] for s in (src_split, want_split) if s is not None}
     if len(dims) > 1:
         raise CheckpointError(f"{reader.folder}: {want.name} is split along another dimension than this "
-                              f"model splits it; {_FIX}")
+                              f"model splits it; {FIX}")
     dim = dims.pop() if dims else 0
     _, s0, s1 = share_bounds(shape, src_split) if src_split is not None else (dim, 0, shape[dim])
     _, w0, w1 = share_bounds(shape, want_split) if want_split is not None else (dim, 0, shape[dim])

@@ -247,3 +247,10 @@ def test_the_global_batch_alone_is_reached_on_any_world_size():
     cfg = load_config(PretrainConfig, None, ["train.batch.global_batch_size=256",
                                              "train.batch.local_batch_size=8"])
     assert cfg.train.batch.plan(2).backward_passes_per_step == 16
+
+
+def test_a_recipes_job_names_are_the_job_configs():
+    from hvd_bert.config import JOB_CONFIGS
+    from hvd_bert.config.base import RECIPE_JOBS
+
+    assert set(RECIPE_JOBS) == {c.JOB for c in JOB_CONFIGS.values() if hasattr(c, "JOB")}

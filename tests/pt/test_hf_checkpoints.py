@@ -117,15 +117,30 @@ def test_bad_hf_folders_are_clear_errors(tmp_path, damage, match):
 
 
 def test_convert_to_hf_from_the_command_line(tmp_path):
+    """An export without a vocabulary is refused and writes nothing; with one it loads in
+    transformers; an existing folder is kept unless --overwrite, which replaces it whole."""
     hf_model("tanh").save_pretrained(tmp_path / "hf")
-    res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(tmp_path / "hf"), "--to", "hf",
-                          "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+
+    def convert(*extra):
+        return subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(tmp_path / "hf"), "--to",
+                               "hf", "--output", str(tmp_path / "out"), *extra], capture_output=True,
+                              text=True, timeout=300)
+    res = convert()
+    assert res.returncode == 2 and "no vocab.txt for" in res.stderr and not (tmp_path / "out").exists()
+    vocab = Path(__file__).parents[1] / "data" / "stdlib-uncased-1500-vocab.txt"
+    res = convert("--vocab", str(vocab))
     assert res.returncode == 0, res.stderr
     again, info = transformers.BertForPreTraining.from_pretrained(tmp_path / "out", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
-    res = subprocess.run([sys.executable, "-m", "hvd_bert", "convert", str(tmp_path / "hf"), "--to", "hf",
-                          "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert (tmp_path / "out" / "vocab.txt").read_bytes() == vocab.read_bytes()
+    (tmp_path / "out" / "stale.txt").write_text("from before")
+    res = convert("--vocab", str(vocab))
     assert res.returncode == 2 and "is not empty" in res.stderr  # nothing overwritten
+    assert (tmp_path / "out" / "stale.txt").is_file()
+    res = convert("--vocab", str(vocab), "--overwrite")
+    assert res.returncode == 0, res.stderr
+    assert not (tmp_path / "out" / "stale.txt").exists()
+    assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
 def test_an_nvidia_deeplearningexamples_checkpoint_gives_the_same_logits(tmp_path):
