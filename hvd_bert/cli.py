@@ -179,7 +179,7 @@ def _cmd_job(args: argparse.Namespace) -> int:
                           nic=args.nic)
     overrides = list(args.overrides) + ([f"framework={args.framework}"] if args.framework else [])
     overrides += [f"task={args.task}"] if getattr(args, "task", None) else []
-    for key in ("checkpoint", "input", "output", "text_a", "text_b", "id", "pick"):  # predict's arguments
+    for key in ("checkpoint", "input", "output", "text_a", "text_b", "id", "label", "pick"):  # predict's
         if getattr(args, key, None):  # (quoted: a path or column name stays a string)
             overrides.append(f"{key}={json.dumps(getattr(args, key))}")
     cfg = load_config(JOB_CONFIGS[args.command], args.config, overrides)
@@ -190,22 +190,25 @@ def _cmd_job(args: argparse.Namespace) -> int:
 def _cmd_launch(args: argparse.Namespace) -> int:
     import shutil
 
-    from hvd_bert.cluster.launcher import launch_job, rank_command
+    from hvd_bert.cluster.launcher import MPI_COMMANDS, launch_job, rank_command
     from hvd_bert.jobs import JOBS
 
     job = args.job[1:] if args.job[:1] == ["--"] else args.job
     if not job:
-        raise UsageError(f"give what to run after --: a job ({', '.join(JOBS)}) or python SCRIPT [ARGS]: "
+        raise UsageError(f"give what to run after --: a job ({', '.join([*JOBS, *MPI_COMMANDS])}) or python "
+                         f"SCRIPT [ARGS]: "
                          f"hvd-bert launch -np 2 -- pretrain, or hvd-bert launch -np 2 -- python train.py")
     python, argv = rank_command(job)
     user = argv[2:] if argv[:2] == ["-m", "hvd_bert.cluster.run_script"] else None  # a user's script
     if python and not shutil.which(python) and not Path(python).is_file():
-        raise UsageError(f"{job[0]} is not a program here: give a job ({', '.join(JOBS)}) or python SCRIPT")
+        raise UsageError(f"{job[0]} is not a program here: give a job ({', '.join([*JOBS, *MPI_COMMANDS])}) "
+                         f"or python SCRIPT")
     script = user[0] if user and user[0] != "-m" else None
     if user is not None and not user:
         raise UsageError("give the script after python: hvd-bert launch -np 2 -- python SCRIPT [ARGS]")
     if script and not Path(script).is_file():
-        raise UsageError(f"{script} is neither a job ({', '.join(JOBS)}) nor a script here: give a job, or "
+        raise UsageError(f"{script} is neither a job ({', '.join([*JOBS, *MPI_COMMANDS])}) nor a script "
+                         f"here: give a job, or "
                          f"the path of your script (hvd-bert launch -np 2 -- python SCRIPT [ARGS])")
     return launch_job(job, args.np, hosts=args.hosts, launcher=args.launcher, nic=args.nic)
 

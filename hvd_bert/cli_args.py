@@ -243,6 +243,8 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
                                             "first column)")
             p.add_argument("--text-b", help="a pair's second text (column or field)")
             p.add_argument("--id", help="a column or field copied into each prediction as its id")
+            p.add_argument("--label", help="a column or field of gold labels (default: label, when the input "
+                                           "has one): the predictions are scored, as Trainer.predict does")
             p.add_argument("--checkpoint", dest="pick", choices=["best", "latest"],
                            help="of a run folder: its best evaluated model (best.npz, the default when it "
                                 "has one) or its latest checkpoint")

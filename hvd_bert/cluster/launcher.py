@@ -29,7 +29,10 @@ from hvd_bert.jobs import JOBS
 from hvd_bert.stop import (EXIT_INTERRUPTED, EXIT_LOST_RANK, EXIT_STALLED, EXIT_STOPPED, EXIT_USER, STOP,
                            StopSignal)
 
-__all__ = ["launch_job", "default_launcher"]
+__all__ = ["launch_job", "default_launcher", "MPI_COMMANDS"]
+
+# commands whose ranks share their work through MPI itself (mpi4py), not Horovod: mpirun only
+MPI_COMMANDS = ("prepare-bert", "prepare-squad")
 
 # a rank's line as horovodrun ("[1]<stdout>:text") and mpirun --tag-output ("[1,1]<stdout>:text") tag it
 _TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
@@ -68,6 +71,11 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
     status (``hvd_bert.stop``'s table; see the module docstring)."""
     if np < 1:
         return _fail(err, f"-np must be at least 1, got {np}")
+    if job and job[0] in MPI_COMMANDS:
+        if launcher == "gloo" or (launcher is None and default_launcher() != "mpi"):
+            return _fail(err, f"{job[0]}'s ranks share the work through MPI: it runs under mpirun (--mpi); "
+                              f"install OpenMPI (mpirun) if it is missing")
+        launcher = "mpi"
     launcher = launcher or default_launcher()
     local = np if not hosts else _local_slots(hosts, np)
     problem = scratch_problem() or (descriptor_problem(local) if launcher == "mpi" else None)
@@ -83,14 +91,18 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
     if STOP.requested:  # (a signal while this launcher started: hvd_bert.cli installs STOP first)
         return _fail(err, "stopped by a signal before the job started: nothing ran, nothing to save; run the "
                           "same command again to start it", EXIT_STOPPED)
-    cmd = launch.command(argv, np=np, launcher=launcher, hosts=hosts, nic=nic, python=python)
+    from hvd_bert.cluster.processes import TAGGED
+
+    cmd = launch.command(argv, np=np, launcher=launcher, hosts=hosts, nic=nic, python=python,
+                         extra_env=(TAGGED,))  # (each line is tagged here: the ranks add no tag of their own)
     if launcher == "mpi":
         cmd.insert(cmd.index("-np"), "--tag-output")
     # The job in a session of its own: a terminal's Ctrl-C reaches this launcher alone, which passes
     # it to each rank once (mpirun, given it, would kill the ranks a second later); if this
     # launcher dies, the child launcher gets SIGTERM and passes it on.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=launch.mpi_env(), stdin=subprocess.DEVNULL, start_new_session=True,
+                            env={**launch.mpi_env(), TAGGED: "1"}, stdin=subprocess.DEVNULL,
+                            start_new_session=True,
                             preexec_fn=_die_with_parent)
     state = _Stop(proc, argv, _grace_s())
     errors_seen: set[str] = set()
@@ -119,7 +131,7 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
                 if not found and not died and not _LAUNCHER_NOISE.search(line) and line.strip():
                     print(line, file=out, flush=True)
                 continue
-            (rank, stream), text = tag, line
+            (rank, stream), text = tag, _last_frame(line)
             if _USER_ERROR.match(text) or (rank in in_error and text[:1].isspace()):
                 in_error.add(rank)
                 if _WAITED in text or text in errors_seen or (_STALL_SEEN in text and errors_seen):
@@ -193,7 +205,7 @@ def rank_command(job: Sequence[str]) -> tuple[str | None, list[str]]:
     user's ``python SCRIPT ...`` (or ``SCRIPT.py ...``) with this interpreter, or with the one a
     path names (``/opt/py/bin/python3 SCRIPT``)."""
     job = list(job)
-    if job and job[0] in JOBS:
+    if job and (job[0] in JOBS or job[0] in MPI_COMMANDS):
         return None, ["-m", "hvd_bert", *job]
     if job and re.fullmatch(r"python[0-9.]*", job[0].rsplit("/", 1)[-1]):
         # a bare python: this interpreter (the one hvd_bert is installed in), as torchrun does
@@ -321,6 +333,15 @@ def _is_rank(p, argv: list[str]) -> bool:
     except Exception:  # noqa: BLE001 - (psutil.Error: gone, or not ours to read)
         return False
     return cmd[1:1 + len(argv)] == argv and "hvd_bert.cluster.horovodrun" not in cmd
+
+
+def _last_frame(text: str) -> str:
+    """What a terminal would show of a line that redraws itself (a progress bar such as Keras'
+    writes ``\\b`` and ``\\r`` between its frames, and a newline only at the end): its last frame."""
+    if "\r" not in text and "\b" not in text:
+        return text
+    frames = [f for f in text.replace("\b", "").split("\r") if f.strip()]
+    return frames[-1] if frames else ""
 
 
 def _pieces(stream):

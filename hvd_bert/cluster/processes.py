@@ -9,7 +9,16 @@ import time
 
 from hvd_bert.cluster.horovod import mpi_launched
 
-__all__ = ["mpi_world", "let_peers_report", "peer_failed"]
+__all__ = ["mpi_world", "let_peers_report", "peer_failed", "rank_tag", "TAGGED"]
+
+TAGGED = "HVD_BERT_TAGGED"  # set by hvd-bert launch for its ranks: it tags each line with the rank
+
+
+def rank_tag(rank: int) -> str:
+    """``[rank r] `` before a rank's own line, unless ``hvd-bert launch`` tags its lines already."""
+    import os
+
+    return "" if os.environ.get(TAGGED) == "1" else f"[rank {rank}] "
 
 
 def mpi_world():

@@ -222,6 +222,8 @@ class PredictConfig:
                           "the first column")
     text_b: str = doc("", "the column or field of a pair's second text; empty: none")
     id: str = doc("", "a column or field to copy into each prediction as its id; empty: the row number")
+    label: str = doc("", "a column or field of gold labels, scored against the predictions (accuracy, F1, "
+                         "MCC; regression: Pearson, Spearman); empty: label, when the input has one")
     max_seq_length: int = doc(0, "tokens per example; 0: the checkpoint's training length (else 128)")
     batch_size: int = doc(64, "examples per batch on one rank")
     precision: Literal["fp32", "bf16", "fp16"] = doc("fp32", "autocast for the forward pass")

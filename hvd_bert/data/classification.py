@@ -168,11 +168,12 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
     return meta
 
 
-def read_texts(path: str | Path, text_a: str = "", text_b: str = "", id_field: str = ""):
-    """``(ids, texts_a, texts_b or None)`` of a TSV/CSV with a header or a JSON-lines file, for
-    prediction: ``text_a`` names the text's column or field (default: ``sentence``, ``text``, or
-    a table's first column), ``text_b`` a pair's second, ``id_field`` the ids (default: the row
-    number, from 0)."""
+def read_texts(path: str | Path, text_a: str = "", text_b: str = "", id_field: str = "", label: str = ""):
+    """``(ids, texts_a, texts_b or None, gold labels or None)`` of a TSV/CSV with a header or a
+    JSON-lines file, for prediction: ``text_a`` names the text's column or field (default:
+    ``sentence``, ``text``, or a table's first column), ``text_b`` a pair's second, ``id_field``
+    the ids (default: the row number, from 0), ``label`` the gold labels (default: ``label``,
+    when there is one; as text)."""
     import json
 
     p = Path(path)
@@ -204,7 +205,7 @@ def read_texts(path: str | Path, text_a: str = "", text_b: str = "", id_field: s
                            f"table or JSON lines of texts (or name the text with --text-a), or a SQuAD "
                            f"model's checkpoint")
     a = text_a or next((c for c in ("sentence", "text") if c in header), header[0] if header else "")
-    for col, what in ((a, "--text-a"), (text_b, "--text-b"), (id_field, "--id")):
+    for col, what in ((a, "--text-a"), (text_b, "--text-b"), (id_field, "--id"), (label, "--label")):
         if col and col not in header:
             raise DatasetError(f"{col!r} is not a column or field of {p} (it has {header}); name the text "
                                f"with {what}")
@@ -222,5 +223,24 @@ def read_texts(path: str | Path, text_a: str = "", text_b: str = "", id_field: s
                            f"{len([*texts_a, *(texts_b or [])][long]):,} characters, over the limit of "
                            f"{MAX_FIELD_CHARS:,}; shorten or split it")
     ids = [get(r, id_field) for r in rows] if id_field else list(range(len(rows)))
-    return ids, texts_a, texts_b
+    gold_field = label or ("label" if "label" in header and a != "label" else "")
+    gold = None
+    if gold_field:
+        gold = [get(r, gold_field) for r in rows]
+        missing = next((n for n, g in enumerate(gold) if g is None or (isinstance(g, str) and not g.strip())),
+                       None)
+        if missing is not None:
+            raise DatasetError(f"{p}: example {missing + 1} has no label in {gold_field!r}; give every "
+                               f"example its label, or leave the column out to predict without scoring")
+        gold = [g if isinstance(g, str) else json_scalar(g) for g in gold]
+    return ids, texts_a, texts_b, gold
+
+
+def json_scalar(value) -> str:
+    """A JSON label (a number or boolean) as the text a table would hold (``1``, ``0.5``, ``true``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 

@@ -27,6 +27,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from hvd_bert.cluster.processes import rank_tag
 from hvd_bert.data import text_input
 from hvd_bert.data.records import DatasetError, shard_name, write_records
 from hvd_bert.data.sidecar import SIDECAR, file_sha256, read_sidecar, write_sidecar
@@ -239,7 +240,7 @@ def _prepare(srcs, units, num_shards, tmp, out, vocab_file, vocab_size, settings
     dt = time.perf_counter() - t0
     agree(comm, err)
     if rank == 0:
-        log(f"[rank 0] read {stats['documents']} documents, {stats['raw_bytes'] / 2**20:.1f} MiB in "
+        log(f"{rank_tag(0)}read {stats['documents']} documents, {stats['raw_bytes'] / 2**20:.1f} MiB in "
             f"{dt:.1f} s ({stats['documents'] / max(dt, 1e-9):.0f} documents/s, "
             f"{stats['raw_bytes'] / 2**20 / max(dt, 1e-9):.1f} MiB/s)")
     every = comm.allgather((stats, counts)) if comm is not None else [(stats, counts)]
@@ -299,7 +300,7 @@ def _prepare(srcs, units, num_shards, tmp, out, vocab_file, vocab_size, settings
             name = shard_name(shard, num_shards)
             n = write_records(tmp / name, masked_records(instances, settings, vsize, ids["[MASK]"], gen))
             shards.append({"file": name, "records": n, "documents": len(mine_docs)})
-            log(f"[rank {rank}] {name}: {n} instances from {len(mine_docs)} documents")
+            log(f"{rank_tag(rank)}{name}: {n} instances from {len(mine_docs)} documents")
             del mine_docs, flat, tokenized, instances
     except OSError as e:
         err = (f"cannot write shards to {out}: {e.strerror or e} (check the folder's permissions "

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from hvd_bert.cluster.processes import rank_tag
 from hvd_bert.data.kinds import KIND_SQUAD
 from hvd_bert.data.records import DatasetError, shard_name, write_examples
 from hvd_bert.data.sidecar import file_sha256, write_sidecar
@@ -325,7 +326,7 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
             name = shard_name(s, num_shards)
             n = write_examples(out / name, (_record(f, is_training) for f in feats))
             shards.append({"file": name, "records": n})
-            log(f"[rank {rank}] {name}: {n} features")
+            log(f"{rank_tag(rank)}{name}: {n} features")
     except OSError as e:
         err = f"cannot write shards to {out}: {e.strerror}"
     agree(comm, err)

@@ -30,6 +30,8 @@ from hvd_bert.jobs.run_folder import finish_line, open_run, ranks_agree, with_ru
 
 __all__ = ["run"]
 
+FEW_STEPS = 100  # steps an epoch below which a smaller batch is advised
+
 
 def run(cfg: NCFConfig, backend) -> dict:
     cfg = with_run_folder(cfg, "ncf")
@@ -57,6 +59,11 @@ def run(cfg: NCFConfig, backend) -> dict:
               f"{data.n_users} users, {data.n_items} items, {len(data.train_users)} positives x "
               f"(1 + {cfg.num_negatives} negatives) = {epochs.steps_per_epoch} steps an epoch, at most "
               f"{plural(cfg.epochs, 'epoch')}")
+    if epochs.steps_per_epoch < FEW_STEPS and plan.local_batch_size > 256:  # (the defaults are ml-20m's)
+        smaller = max(256, plan.local_batch_size * epochs.steps_per_epoch // FEW_STEPS // 256 * 256)
+        log.print(f"note: {epochs.steps_per_epoch} steps an epoch is few for the optimizer to converge in: "
+                  f"the default batch ({plan.local_batch_size} a rank) suits ml-20m; for data this size give "
+                  f"--set train.batch.local_batch_size={smaller} (and scale train.optim.lr down with it)")
 
     score = backend.ncf_scorer(model)
 

@@ -71,6 +71,7 @@ def run(cfg: PredictConfig, backend) -> dict:
     source = Path(cfg.input).expanduser()
     out = output_path(cfg, ".predictions.jsonl")
     build = lambda config, seq: backend.bert_classifier(config, n_out, seq)  # noqa: E731
+    gold = None  # (the input's labels, when it has them: the predictions are scored)
 
     if (source / SIDECAR).is_file():  # a prepared set: its records, its labels checked against the model's
         meta = read_sidecar(source, KIND_CLASSIFY)
@@ -82,7 +83,15 @@ def run(cfg: PredictConfig, backend) -> dict:
         score, _ = load_scorer(backend, cfg, meta["max_seq_length"], build)
         mine = eval_batches(source, meta, rank, size, cfg.batch_size)  # rank r: records r, r + P, ...
     else:
-        ids, texts_a, texts_b = read_texts(source, cfg.text_a, cfg.text_b, cfg.id)
+        ids, texts_a, texts_b, gold = read_texts(source, cfg.text_a, cfg.text_b, cfg.id, cfg.label)
+        try:  # (checked before scoring)
+            gold = gold_values(gold, labels, rec["task"] == REGRESSION, source)
+        except DatasetError as e:
+            if cfg.label:  # (the labels asked for must fit; a column that is only called label need not)
+                raise
+            gold = None
+            if rank == 0:
+                print(f"note: not scored: {e}", flush=True)
         n = len(ids)
         score, seq = load_scorer(backend, cfg, cfg.max_seq_length or rec.get("max_seq_length") or 128, build)
         tok, _ = tokenizer_of(cfg.checkpoint, rec)
@@ -103,12 +112,55 @@ def run(cfg: PredictConfig, backend) -> dict:
             rows[rank + j * size] = logits  # this rank's j-th example is the input's rank + j * P
             j += 1
     outputs = dense_gather(rows, n, (n_out,), lambda x: backend.allreduce_sum(x, "hvd_bert.predict"))
+    metrics = scores(outputs, gold, len(labels), rec) if gold is not None else {}
     if rank == 0:
         _write(out, ids, outputs, labels, rec["task"] == REGRESSION)
         what = "values" if rec["task"] == REGRESSION else f"labels {labels}"
         print(f"wrote {n} predictions ({what}) of {cfg.checkpoint} on {source} to {out}", flush=True)
+        if metrics:
+            print(f"scored against the input's labels ({n} examples): "
+                  + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), flush=True)
     backend.broadcast_object(None, "hvd_bert.finished")  # no rank exits before the file is written
-    return {"stopped": False, "predictions": n, "output": str(out)}
+    return {"stopped": False, "predictions": n, "output": str(out), **metrics}
+
+
+def gold_values(gold: list[str] | None, labels: list[str], regression: bool, source: Path):
+    """The input's gold labels as the model's outputs count them (label indices, or numbers for
+    regression), or None; a label the model does not have is a DatasetError naming it."""
+    if gold is None:
+        return None
+    if regression:
+        try:
+            return np.asarray([float(g) for g in gold], np.float64)
+        except ValueError:
+            bad = next(g for g in gold if not _number(g))
+            raise DatasetError(f"{source}: the label {bad!r} is not a number, and this model predicts "
+                               f"values (regression); give numeric labels, or --label another "
+                               f"column") from None
+    unknown = sorted(set(gold) - set(labels))
+    if unknown:
+        raise DatasetError(f"{source}: labels {unknown[:5]} are not among the model's {labels}; give the "
+                           f"labels it was fine-tuned on, or --label another column")
+    return np.asarray([labels.index(g) for g in gold], np.int64)
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def scores(outputs: np.ndarray, gold: np.ndarray, n_labels: int, rec: dict) -> dict:
+    """The fine-tuning evaluation's metrics (``evaluation.glue.task_metrics``: the task's, or
+    accuracy and F1 for two labels; regression: Pearson and Spearman) of the predictions."""
+    from hvd_bert.evaluation.glue import confusion, task_metrics
+
+    if rec["task"] == REGRESSION:
+        return task_metrics(rec.get("glue_task") or "stsb", predictions=outputs[:, 0], gold=gold)
+    cm = confusion(np.argmax(outputs, axis=-1), gold, n_labels)
+    return task_metrics(rec.get("glue_task"), cm=cm)
 
 
 def _write(out: Path, ids: list, outputs: np.ndarray, labels: list[str], regression: bool) -> None:
