@@ -328,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     from hvd_bert import stop
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    for stream in (sys.stdout, sys.stderr):  # (each line in one write: a launcher tags each write)
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(write_through=False, line_buffering=True)
     # A signal from the first moment on: a rank's or a launcher's is a stop request (the launcher
     # relays it to the ranks it starts, hvd_bert.cluster.launcher), any other command's a stop.
     command = next((a for a in argv if not a.startswith("-")), None)

@@ -141,7 +141,7 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
                 continue
             in_error.discard(rank)
             if text.startswith(_SAVED):
-                state.saved = True  # (a second signal from now on is not a reason to kill the job)
+                state.saved = True  # (a second signal from now on kills ranks that already saved)
             if text.strip():
                 print(f"[{rank}] {text}", file=err if stream == "stderr" else out, flush=True)
     finally:
@@ -269,11 +269,13 @@ class _Stop:
             self.timer = threading.Timer(self.grace, self.kill, (why,))
             self.timer.daemon = True
             self.timer.start()
-        elif now - self.first_at >= StopSignal.REPEAT_S and not self.saved:
-            self.kill("interrupted again: the job was killed at once, without a new checkpoint")
+        elif now - self.first_at >= StopSignal.REPEAT_S:
+            self.kill("interrupted again while the ranks were exiting after their checkpoint (the stop line "
+                      "above): they were killed at once" if self.saved else
+                      "interrupted again: the job was killed at once, without a new checkpoint")
 
     def kill(self, why: str) -> None:
-        if self.proc.poll() is not None or self.saved:
+        if self.proc.poll() is not None:
             return
         self.killed = (f"{why}; the last complete checkpoint is intact: run the same command again to resume "
                        f"from it")
@@ -346,9 +348,10 @@ def _last_frame(text: str) -> str:
 
 def _pieces(stream):
     """``(text, (rank, stream) or None)`` of each line. Only the launcher's tag (the first on the
-    line) says whose a line is: what follows is that rank's text, tags and all, so a rank's own
-    output cannot pass for another rank's (the ranks write whole lines: ``cluster.run_script``,
-    and the toolkit's jobs flush each line)."""
+    line) says whose a line is: a later tag of the same rank and stream (mpirun tags each write,
+    and a line may come in two) is dropped, and any other is that rank's own text, so a rank's
+    output cannot pass for another rank's (the ranks write whole lines: ``hvd_bert.cli`` and
+    ``cluster.run_script`` make their output line-buffered)."""
     for raw in stream:
         line = raw.rstrip("\n")
         m = _TAG.search(line)
@@ -357,5 +360,5 @@ def _pieces(stream):
             continue
         if m.start() > 0:
             yield line[:m.start()], None
-        yield line[m.end():], (m.group(1), m.group(2))
+        yield line[m.end():].replace(m.group(0), ""), (m.group(1), m.group(2))
 
