@@ -322,8 +322,9 @@ class TrainConfig:
                         "tensor_parallel (it needs a folder every rank sees)")
     output_dir: str = doc("runs/latest", "folder for checkpoints and logs (jobs: empty means "
                                          "runs/<job>-<framework>-<data folder name>)")
-    resume_resized: bool = doc(False, "resume a checkpoint written by another number of ranks (same "
-                                      "global batch; each rank's data share and RNG stream change)")
+    resume_resized: bool = doc(True, "resume a checkpoint written by another number of data-parallel "
+                                     "replicas (the same global batch; each rank's data share and RNG stream "
+                                     "change); false: refuse, for a run that must repeat its ranks' streams")
     resume_unchecked: bool = doc(False, "resume a run folder's checkpoints although its config.json is "
                                         "missing or damaged (the settings given now are not compared)")
     check_memory: bool = doc(True, "pretraining: refuse to start (one line, exit 2) when the training "

@@ -251,9 +251,15 @@ class Engine:
         self.rank, self.world_size = hvd.rank(), hvd.size()
         self.data_rank, self.data_size = self.rank, self.world_size  # (no tensor parallelism here)
         if plan is not None:
-            self.plan, self.k, self.schedule = plan, plan.backward_passes_per_step, schedule
-            if self.zero is None or self.zero.stage < 2:
-                self.optimizer.set_backward_passes_per_step(self.k)  # Horovod:
+            self.set_plan(plan, schedule)
+
+    def set_plan(self, plan, schedule) -> None:
+        """A new batch layout on the same ranks (an elastic world's, or a resume's that keeps its
+        checkpoint's global batch): k is Horovod's ``backward_passes_per_step`` from here on, and
+        the LR comes from ``schedule``."""
+        self.plan, self.k, self.schedule = plan, plan.backward_passes_per_step, schedule
+        if self.zero is None or self.zero.stage < 2:
+            self.optimizer.set_backward_passes_per_step(self.k)  # Horovod:
 
     # ------------------------------------------------------------------ the step
     def autocast(self):

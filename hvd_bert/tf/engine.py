@@ -216,7 +216,14 @@ class Engine:
         self.rank, self.world_size = hvd.rank(), hvd.size()
         self.data_rank, self.data_size = self.rank, self.world_size
         if plan is not None:
-            self.plan, self.k, self.schedule = plan, plan.backward_passes_per_step, schedule
+            self.set_plan(plan, schedule)
+        else:
+            self._trace()
+
+    def set_plan(self, plan, schedule) -> None:
+        """A new batch layout on the same ranks (an elastic world's, or a resume's that keeps its
+        checkpoint's global batch); the step functions are traced again (k is a constant in them)."""
+        self.plan, self.k, self.schedule = plan, plan.backward_passes_per_step, schedule
         self._trace()
 
     # ------------------------------------------------------------------ the step

@@ -83,6 +83,7 @@ class Engine(Protocol):
     last_metrics: dict         # the last micro-batch's {"loss": ..., **metrics}
     target_global_batch: int | None  # an elastic run's configured global batch (None otherwise;
     #                                  its plan may be the nearest one), kept in checkpoints
+    config: Any                # its TrainConfig (``from_config``), or None for an engine built by hand
 
     def train_micro_batch(self, batch: Any) -> StepResult | None: ...
 
@@ -99,6 +100,9 @@ class Engine(Protocol):
     def save(self, folder: str | Path, data_state: Any = None, keep: int = 3) -> Path | None: ...
 
     def resume(self, folder: str | Path | None) -> Any: ...
+
+    def set_plan(self, plan: BatchPlan, schedule: Callable[[int], float]) -> None:
+        """A new batch layout on the same ranks, the LR from ``schedule`` from here on."""
 
 
 # ---------------------------------------------------------------------- construction
@@ -177,11 +181,27 @@ def check_resume(meta: dict, path: str | Path, *, world_size: int, plan: BatchPl
                           f"train.output_dir")
     old = meta.get("data_parallel_size", meta["world_size"])
     if old != world_size and not allow_resized:
-        raise ResumeError(f"{path} was written by {old} ranks "
-                          f"(k={meta['backward_passes_per_step']}), "
-                          f"this run has {world_size}: the global batch is the same, but every rank's "
-                          f"data share and RNG stream change; to go on anyway --set "
-                          f"train.resume_resized=true, or start a new run in another train.output_dir")
+        raise ResumeError(f"{path} was written by {old} data-parallel replica{'s' if old != 1 else ''} "
+                          f"({meta['world_size']} ranks, k={meta['backward_passes_per_step']}), this run has "
+                          f"{world_size}: the global batch is the same, but every rank's data share and RNG "
+                          f"stream change; to go on anyway --set train.resume_resized=true, or start a new "
+                          f"run in another train.output_dir")
+
+
+def kept_global_batch(meta: dict, engine) -> BatchPlan | None:
+    """A resume under a new layout keeps the checkpoint's global batch (its recipe): when this run
+    did not give ``train.batch.global_batch_size`` and its layout makes another global batch,
+    the plan with this run's local batch and the ``backward_passes_per_step`` that makes the
+    checkpoint's on this run's data-parallel replicas. None when the global batch is the same,
+    when it was given, or when no whole k makes it (then :func:`check_resume` refuses)."""
+    plan, config = engine.plan, engine.config
+    old = meta.get("target_global_batch_size") or meta.get("global_batch_size")
+    if plan is None or config is None or not isinstance(old, int) or old == plan.global_batch_size:
+        return None
+    if config.batch.global_batch_size is not None or engine.target_global_batch:
+        return None
+    per = plan.local_batch_size * plan.world_size
+    return BatchPlan(plan.local_batch_size, old // per, plan.world_size) if old % per == 0 else None
 
 
 def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str | tuple[str, ...], *,
@@ -205,11 +225,14 @@ def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str | tup
         if path is not None:
             try:
                 meta = read_meta(path)
+                kept = kept_global_batch(meta, engine)
                 check_resume(meta, path, world_size=getattr(engine, "data_size", engine.world_size),
-                             plan=engine.plan, allow_resized=allow_resized, target=engine.target_global_batch,
-                             optimizer=_optimizer_name(engine))
+                             plan=kept or engine.plan, allow_resized=allow_resized,
+                             target=engine.target_global_batch, optimizer=_optimizer_name(engine))
                 load(path)
-                out = {"meta": meta, "path": str(path)}
+                out = {"meta": meta, "path": str(path),
+                       "plan": [kept.local_batch_size, kept.backward_passes_per_step, kept.world_size]
+                       if kept else None}
             except (CheckpointError, ResumeError) as e:
                 out = {"error": str(e), "kind": type(e).__name__}
             except Exception as e:  # noqa: BLE001  (reported on every rank below)
@@ -224,6 +247,12 @@ def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str | tup
     if "error" in out:
         raise (ResumeError if out["kind"] == "ResumeError" else CheckpointError)(out["error"])
     meta = out["meta"]
+    if out.get("plan"):  # the checkpoint's global batch, on this layout (every rank the same plan)
+        from hvd_bert.core.schedules import make_schedule
+
+        plan = BatchPlan(*out["plan"])
+        engine.set_plan(plan, make_schedule(engine.config.schedule,
+                                            engine.config.optim.peak_lr(plan.global_batch_size)))
     engine.resumed_meta = meta  # (what the resume line compares with)
     engine.resumed_path = Path(out["path"])
     engine.step_count, engine.skipped_steps = meta["step"], meta["skipped_steps"]

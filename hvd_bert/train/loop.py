@@ -81,7 +81,9 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
         else:
             start(engine, log, book, output_dir, total_steps)
             if book.plan is not None:
-                log.print(batch_line(book.plan, getattr(getattr(engine, "tp", None), "size", 1)))  # once
+                given = engine.config is not None and engine.config.batch.global_batch_size is not None
+                tp = getattr(getattr(engine, "tp", None), "size", 1)
+                log.print(batch_line(book.plan, tp, given))  # once
             if hasattr(engine, "memory"):
                 log.print(memory_line(engine.memory()))
             train_steps(engine, iter(batches_from(engine.micro_step)), book, total_steps)
@@ -108,6 +110,7 @@ def start(engine: Engine, log: RunLog, book: StepBook, output_dir, total_steps: 
     data = engine.resume(output_dir) if output_dir is not None else None
     if engine.step_count:
         book.phases.mark("resume")
+        book.plan = engine.plan or book.plan  # (a resume under a new layout keeps its global batch)
     log.resumed()
     book.saved_step = book.logged_step = engine.step_count
     book.t0 = time.perf_counter()
@@ -117,12 +120,14 @@ def start(engine: Engine, log: RunLog, book: StepBook, output_dir, total_steps: 
     return data
 
 
-def batch_line(plan: BatchPlan, tp: int = 1) -> str:
-    """The batch arithmetic, printed once (under tensor parallelism: the replicas and groups)."""
+def batch_line(plan: BatchPlan, tp: int = 1, global_given: bool = False) -> str:
+    """The batch arithmetic, printed once (under tensor parallelism: the replicas and groups, and,
+    unless the global batch was given, how to make it the same as without tensor parallelism)."""
     n = plan.world_size
+    compare = ("" if global_given else f": 1/{tp} of the global batch of the same command without "
+               f"train.tensor_parallel; set train.batch.global_batch_size to compare the two")
     groups = (f" ({n} data-parallel replica{'s' if n != 1 else ''}, each a group of {tp} tensor-parallel "
-              f"ranks: 1/{tp} of the global batch of the same command without train.tensor_parallel; set "
-              f"train.batch.global_batch_size to compare the two)") if tp > 1 else ""
+              f"ranks{compare})") if tp > 1 else ""
     return f"batch: {plan.describe()}{groups}"
 
 
@@ -176,9 +181,16 @@ def resume_line(engine: Engine, output_dir, total_steps: int) -> str:
     schedule = getattr(engine, "schedule", None)
     if schedule is not None and step < total_steps:
         line += f", lr now {schedule(step + 1):.4g}"
-    old = (getattr(engine, "resumed_meta", None) or {}).get("total_steps")
+    meta = getattr(engine, "resumed_meta", None) or {}
+    old = meta.get("total_steps")
     if old is not None and old != total_steps:
         line += f"; the horizon changed from {old} to {total_steps} steps"
+    plan, was = engine.plan, (meta.get("data_parallel_size", meta.get("world_size")),
+                              meta.get("backward_passes_per_step"))
+    if plan is not None and None not in was and was != (plan.world_size, plan.backward_passes_per_step):
+        line += (f"; the layout changed from {was[0]} data-parallel replica{'s' if was[0] != 1 else ''} x "
+                 f"k={was[1]} to {plan.world_size} x k={plan.backward_passes_per_step}, the global batch of "
+                 f"{plan.global_batch_size} kept")
     return line
 
 

@@ -114,18 +114,21 @@ def test_another_optimizers_checkpoint_is_refused_and_a_refused_resume_writes_no
     assert not (finished_run / "config.json").exists()
 
 
-def test_the_fix_a_resize_refusal_proposes_works(bert_data, tmp_path):
-    """A 2-rank run resumed on 1 rank with train.resume_resized=true: the refusal proposes the
-    global batch to give, and giving it resumes (it used to be refused again)."""
+def test_a_resize_keeps_the_checkpoints_global_batch_or_names_the_fix(bert_data, tmp_path):
+    """A 2-rank run resumed on 1 rank: the checkpoint's global batch of 32 is kept (k derived)
+    and the resume line says how the layout changed; a global batch given that differs is
+    refused, naming the one to give, and giving it resumes."""
     run = tmp_path / "run"
     res = pretrain(bert_data, run, "-np", "2")
     assert res.returncode == 0, res.stderr[-3000:]
-    res = pretrain(bert_data, run, "--set", "train.resume_resized=true", steps=4)
+    res = pretrain(bert_data, run, "--set", "train.batch.global_batch_size=16", steps=4)
     line = one_line(res, "was written with a global batch of 32, this run has 16")
     fix = line.split("(e.g. ")[1].split(")")[0].split()
     assert fix == ["--set", "train.batch.global_batch_size=32"], line
-    res = pretrain(bert_data, run, "--set", "train.resume_resized=true", *fix, steps=4)
+    res = pretrain(bert_data, run, steps=4)
     assert res.returncode == 0 and "resumed from step 2" in res.stdout, res.stderr[-3000:]
+    assert "the layout changed from 2 data-parallel replicas x k=2 to 1 x k=4, the global batch of 32 kept" \
+        in res.stdout, res.stdout[-3000:]
 
 
 @pytest.mark.parametrize("rank1,key,launcher", [

@@ -63,16 +63,19 @@ def contract_scenarios(root: Path) -> list[tuple[int, dict]]:
         **{f"stopped-{p}": sc("resume", "lamb", 2, 6, f"precision.mode={p}", ckpt=f"b-{p}", kill_at=3)
            for p in PRECISIONS},
         "two": sc("resume", "lamb", 2, 2, ckpt="c"),
+        "two-again": sc("resume", "lamb", 2, 2, ckpt="c2"),
         "diverge": sc("diverge", "lamb", 2, 100, "max_skipped_steps=4", ckpt="d"),
     })
     second = {f"resumed-{p}": sc("resume", "lamb", 2, 6, f"precision.mode={p}", ckpt=f"b-{p}")
               for p in PRECISIONS}
-    # another global batch is refused even when resizing is allowed
-    second["gb"] = sc("resume", "lamb", 1, 4, ckpt="c")
-    # one rank with k=4 keeps the global batch of 16, but the world size differs: refused, and
-    # allowed with train.resume_resized=true
-    one_rank = {"one": sc("resume", "lamb", 4, 4, ckpt="c"),
-                "allowed": sc("resume", "lamb", 4, 4, "resume_resized=true", ckpt="c")}
+    # another global batch, given, is refused even when resizing is allowed
+    second["gb"] = sc("resume", "lamb", 1, 4, "batch.global_batch_size=8", ckpt="c")
+    # a layout whose k makes another global batch, none given: the checkpoint's is kept (k derived)
+    second["kept"] = sc("resume", "lamb", 1, 4, ckpt="c2")
+    # one rank with k=4 keeps the global batch of 16, but the world size differs: allowed (the
+    # default), and refused with train.resume_resized=false
+    one_rank = {"one": sc("resume", "lamb", 4, 4, "resume_resized=false", ckpt="c"),
+                "allowed": sc("resume", "lamb", 4, 4, ckpt="c")}
     return [(2, first), (2, second), (1, one_rank)]
 
 
@@ -264,13 +267,17 @@ def test_sigterm_saves_and_resume_continues_bit_identically(contract, framework,
 def test_resume_on_another_world_size_is_refused_with_the_fix(contract, framework):
     runs = contract(framework)[1]
     assert [r["steps"] for r in runs["two"]] == [2, 2]
-    # one rank with k=4 keeps the global batch of 16, but the world size differs
+    # one rank with k=4 keeps the global batch of 16, but the world size differs (refused when asked)
     error = runs["one"][0]["error"]
-    assert "written by 2 ranks" in error and "train.resume_resized=true" in error, error
-    # another global batch is refused even when resizing is allowed, on every rank
+    assert "written by 2 data-parallel replicas (2 ranks, k=2)" in error, error
+    assert "train.resume_resized=true" in error, error
+    # another global batch, given, is refused even when resizing is allowed, on every rank
     assert all("global batch of 16, this run has 8" in r["error"] for r in runs["gb"]), runs["gb"]
     allowed = runs["allowed"]
     assert allowed[0]["steps"] == 4 and [h["step"] for h in allowed[0]["history"]] == [3, 4]
+    # k=1 on 2 ranks would make 8: the checkpoint's 16 is kept with k=2, on every rank
+    kept = runs["kept"]
+    assert [r["steps"] for r in kept] == [4, 4] and [h["step"] for h in kept[0]["history"]] == [3, 4], kept
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
