@@ -15,6 +15,7 @@ launcher's. ``horovodrun``, ``mpirun`` and ``srun`` keep working as they do.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -100,10 +101,12 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
     # The job in a session of its own: a terminal's Ctrl-C reaches this launcher alone, which passes
     # it to each rank once (mpirun, given it, would kill the ranks a second later); if this
     # launcher dies, the child launcher gets SIGTERM and passes it on.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0,
                             env={**launch.mpi_env(), TAGGED: "1"}, stdin=subprocess.DEVNULL,
                             start_new_session=True,
                             preexec_fn=_die_with_parent)
+    # lines end at "\n" only: a "\r" (a progress bar's redraw) stays inside its line (_last_frame)
+    output = io.TextIOWrapper(proc.stdout, encoding="utf-8", errors="replace", newline="\n")
     state = _Stop(proc, argv, _grace_s())
     errors_seen: set[str] = set()
     in_error: set[str] = set()  # ranks whose error message goes on over more lines
@@ -117,7 +120,7 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
     if STOP.requested:  # (one came between the start of the job and these handlers: relay it now)
         state.handle(signal.SIGTERM, None)
     try:
-        for line, tag in _pieces(proc.stdout):
+        for line, tag in _pieces(output):
             if tag is None:  # the launcher's own line
                 hits = [x for p in _EXIT if (x := p.search(line))]
                 found = [int(x.group(x.re.groups)) for x in hits]

@@ -49,11 +49,32 @@ def test_no_output_over_a_sharded_runs_files(sharded_run, tmp_path):
     assert digests(sharded_run) == before
 
 
-def test_a_sharded_export_carries_its_vocabulary(sharded_run, tmp_path):
-    """convert of a .shards folder finds the vocabulary of the data its run trained on."""
-    res = hvd("convert", the_shards(sharded_run), "--to", "hf", "--output", tmp_path / "hf")
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert (tmp_path / "hf" / "vocab.txt").is_file()
+def test_a_sharded_export_carries_its_vocabulary(sharded_run, bert_data, tmp_path):
+    """convert of a .shards folder (and of its run folder) finds the vocabulary of the data its
+    run trained on, and transformers' fill-mask pipeline on the export answers with its words,
+    the same top tokens as the toolkit's own model on the sharded checkpoint."""
+    import torch
+    import transformers
+
+    from hvd_bert.pt.models.bert import BertForPreTraining, load_weights, read_checkpoint_weights
+
+    for source, out in ((the_shards(sharded_run), tmp_path / "hf"), (sharded_run, tmp_path / "hf-run")):
+        res = hvd("convert", source, "--to", "hf", "--output", out)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert (out / "vocab.txt").read_bytes() == (bert_data / "vocab.txt").read_bytes()
+    fill = transformers.pipeline("fill-mask", model=str(tmp_path / "hf"), top_k=3, device="cpu")
+    got = fill("the function returns a [MASK] value")
+    assert got and all(g["token_str"].strip() for g in got), got
+    tok = transformers.BertTokenizer.from_pretrained(tmp_path / "hf")
+    enc = tok("the function returns a [MASK] value", return_tensors="pt")
+    arrays, config = read_checkpoint_weights(the_shards(sharded_run))
+    ours = BertForPreTraining(config).eval()
+    load_weights(ours, arrays, source="test")
+    ids = enc["input_ids"]
+    at = ids[0].tolist().index(tok.mask_token_id)
+    with torch.no_grad():
+        mlm, _ = ours(ids, enc["token_type_ids"], enc["attention_mask"], torch.tensor([[at]]))
+    assert [g["token"] for g in got] == mlm[0, 0, :config.vocab_size].topk(3).indices.tolist()
 
 
 def edit(path, change):
@@ -180,3 +201,91 @@ def test_tensor_parallel_that_does_not_divide_the_heads(bert_data, tmp_path):
     """Checked when the model's shape is known, before anything is built, with the degrees that fit."""
     one_line(pretrain(bert_data, tmp_path / "r", "--set", "train.tensor_parallel=3", timeout=120),
              "does not divide the model's", "give train.tensor_parallel one of")
+
+
+@pytest.fixture(scope="module")
+def sharded_finetune(sharded_template, bert_data, tmp_path_factory):
+    """A classifier fine-tuned from the sharded run, saving sharded checkpoints and its best
+    model (one process, 4 steps)."""
+    root = tmp_path_factory.mktemp("ft")
+    table = root / "t.tsv"
+    rows = [f"{w} value returns {i}\t{'pos' if w == 'good' else 'neg'}\n" for i in range(24)
+            for w in ("good", "bad")]
+    table.write_text("sentence\tlabel\n" + "".join(rows))
+    res = hvd("prepare-classification", table, "--output", root / "cls", "--vocab", bert_data / "vocab.txt",
+              "--text-a", "sentence", "--label", "label", "--max-seq-length", "32")
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = root / "run"
+    res = hvd("finetune", "--set", f"data={root / 'cls'}", "--set", f"eval_data={root / 'cls'}", "--set",
+              f"init_checkpoint={sharded_template}", "--set", "train.checkpoint_format=sharded", "--set",
+              "train.schedule.total_steps=4", "--set", "epochs=0", "--set", "eval_every=2", "--set",
+              "train.batch.local_batch_size=8", "--set", "progress=false", "--set", f"train.output_dir={out}")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert (out / "best.npz").is_file() and list(out.glob("ckpt-*.shards")), sorted(out.iterdir())
+    return out, table
+
+
+def test_predict_reads_a_sharded_fine_tuning_checkpoint_and_names_a_replaced_best(sharded_finetune, tmp_path):
+    run, table = sharded_finetune
+    run_copy = tmp_path / "run"
+    shutil.copytree(run, run_copy)
+    res = hvd("predict", run_copy, table, "--checkpoint", "latest", "--output", tmp_path / "latest.jsonl")
+    assert res.returncode == 0 and ".shards" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    res = hvd("predict", the_shards(run_copy), table, "--output", tmp_path / "direct.jsonl")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "direct.jsonl").read_text() == (tmp_path / "latest.jsonl").read_text()
+    res = hvd("predict", run_copy, table, "--output", tmp_path / "best.jsonl")
+    assert res.returncode == 0 and "at step" in res.stdout and "replaced" not in res.stdout, res.stdout
+    res = hvd("convert", the_shards(run_copy), "--output", tmp_path / "other.npz")
+    assert res.returncode == 0, res.stderr[-2000:]
+    shutil.copyfile(tmp_path / "other.npz", run_copy / "best.npz")  # (another model under its name)
+    res = hvd("predict", run_copy, table, "--output", tmp_path / "best2.jsonl")
+    assert res.returncode == 0 and "best.npz was replaced after the run wrote it" in res.stdout, res.stdout
+
+
+def test_a_run_switches_between_checkpoint_formats(finished_run, bert_data):
+    """A consolidated run resumes as a sharded one, and back (the docs: either kind resumes the
+    other's run)."""
+    res = pretrain(bert_data, finished_run, "--set", "train.checkpoint_format=sharded", steps=3)
+    assert res.returncode == 0 and "resumed from step 2" in res.stdout, res.stderr[-2000:]
+    assert (finished_run / "ckpt-00000003.shards" / "index.json").is_file()
+    res = pretrain(bert_data, finished_run, steps=4)
+    assert res.returncode == 0 and "resumed from step 3" in res.stdout, res.stderr[-2000:]
+    assert (finished_run / "ckpt-00000004.pt").is_file()
+
+
+def test_tensorflow_starts_from_a_sharded_checkpoint(sharded_template, bert_data, tmp_path):
+    """A PyTorch run's sharded checkpoint as TensorFlow's init_checkpoint (the same portable names)."""
+    res = pretrain(bert_data, tmp_path / "tf", "--framework", "tf", "--set",
+                   f"init_checkpoint={the_shards(sharded_template)}", steps=1, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+
+
+def test_a_link_planted_where_the_next_sharded_checkpoint_goes(sharded_run, bert_data, tmp_path):
+    """The link is removed, never followed: what it points to is untouched, the checkpoint is
+    written in its place."""
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    (sharded_run / "ckpt-00000003.shards").symlink_to(target)
+    res = pretrain(bert_data, sharded_run, "--set", "train.checkpoint_format=sharded", steps=3)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert not (sharded_run / "ckpt-00000003.shards").is_symlink()
+    assert (sharded_run / "ckpt-00000003.shards" / "index.json").is_file()
+    assert sorted(p.name for p in target.iterdir()) == ["keep.txt"]
+
+
+def test_the_open_files_advice_never_names_a_limit_already_met(monkeypatch):
+    import resource
+
+    from hvd_bert.cluster import resources
+
+    for soft, hard in ((1024, 1024), (1024, 1 << 20), (1024, resource.RLIM_INFINITY)):
+        monkeypatch.setattr(resource, "getrlimit", lambda _, s=soft, h=hard: (s, h))
+        line = resources.descriptor_problem(100_000)
+        need = resources.descriptors_needed(100_000)
+        assert line and f"need at least {need}" in line, line
+        raised = [int(x) for x in __import__("re").findall(r"ulimit -n (\d+)", line)]
+        assert all(x >= need for x in raised), line
+        if hard < need:
+            assert "start fewer ranks" in line and "hard limit" in line, line
