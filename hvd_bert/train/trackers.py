@@ -27,6 +27,8 @@ server that does not answer is named within seconds, not after MLflow's own minu
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
 from pathlib import Path
@@ -86,26 +88,34 @@ class Writers:
                 pass
 
 
+# what an error's text comes to (the first pattern found), for the lines that name a failure
+_REASONS = ((r"Connection refused", "connection refused"),
+            (r"[Rr]ead timed out|timed out|ConnectTimeout", "no answer within {timeout} s"),
+            (r"Name or service not known|Failed to resolve|nodename nor servname",
+             "the host name does not resolve"),
+            (r"Connection reset|RemoteDisconnected|Connection aborted", "the connection was dropped"),
+            (r"unable to open database file", "unable to open the database file"),
+            (r"readonly database", "the database is read-only"),
+            (r"disk I/O error", "a disk I/O error"),
+            (r"database or disk is full|No space left", "the disk is full"),
+            (r"filesystem tracking backend",
+             "MLflow takes it for a folder, its file store, off unless MLFLOW_ALLOW_FILE_STORE=true"),
+            (r"unsupported URI|registered tracking store", "no MLflow store takes this scheme"))
 _SILENT = ("connection refused", "no answer within", "the host name does not resolve",
-           "the connection was dropped")  # (what _reason says of a server that does not answer)
+           "the connection was dropped")  # (a server that does not answer)
 
 
 def _reason(e: BaseException) -> str:
     """An exception as a few words: what a network or SQLite error comes to, else its first
     line (MLflow's and SQLAlchemy's messages run over several lines and name their own docs)."""
     text = f"{e}".strip() or type(e).__name__
-    for pattern, words in ((r"Connection refused", "connection refused"),
-                           (r"[Rr]ead timed out|timed out|ConnectTimeout",
-                            f"no answer within {os.environ.get('MLFLOW_HTTP_REQUEST_TIMEOUT', '?')} s"),
-                           (r"Name or service not known|Failed to resolve|nodename nor servname",
-                            "the host name does not resolve"),
-                           (r"Connection reset|RemoteDisconnected|Connection aborted", "the connection was dropped"),
-                           (r"unable to open database file", "unable to open the database file"),
-                           (r"readonly database", "the database is read-only"),
-                           (r"disk I/O error", "a disk I/O error"),
-                           (r"database or disk is full|No space left", "the disk is full")):
+    for pattern, words in _REASONS:
         if re.search(pattern, text):
-            return words
+            return words.format(timeout=os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT", "?"))
+    if isinstance(e, (FileExistsError, NotADirectoryError)) and e.filename:  # (a file where a folder goes)
+        return f"{e.filename} is not a folder"
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
     first = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", text.splitlines()[0])
     return first if len(first) <= 200 else first[:197] + "..."
 
@@ -118,6 +128,24 @@ def _flat(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+@contextlib.contextmanager
+def _quiet():
+    """MLflow's own log lines off while it works for the run (its INFO lines as it creates a
+    database, a warning at each retry, an error with its traceback when a write fails): what
+    fails is the one line :class:`Writers` or the refusal prints. MLFLOW_LOGGING_LEVEL, when
+    the user sets it, keeps them."""
+    if os.environ.get("MLFLOW_LOGGING_LEVEL"):
+        yield
+        return
+    log = logging.getLogger("mlflow")
+    level = log.level
+    log.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 class MlflowWriter:
@@ -139,13 +167,15 @@ class MlflowWriter:
         self.uri = given or f"sqlite:///{self.out.resolve() / 'mlflow.db'}"
         self.where = f" at {self.uri}"  # (named in a line about a failure)
         try:
-            self.run_id = self._start(job, params)
+            with _quiet():
+                self.run_id = self._start(job, params)
         except Exception as e:  # noqa: BLE001 - whatever MLflow raises, one line
             from hvd_bert.config import ConfigError
             raise ConfigError(_start_problem(self.uri, e, given is not None)) from None
 
     def _start(self, job: str, params: dict) -> str:
         mlflow = self.mlflow
+        _check_sqlite(self.uri)
         self.client = mlflow.tracking.MlflowClient(self.uri)
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or f"hvd_bert {job}"
         exp = self.client.get_experiment_by_name(name)
@@ -183,9 +213,14 @@ class MlflowWriter:
         import math
 
         if math.isfinite(value):
-            self.client.log_metric(self.run_id, tag, float(value), step=int(step))
+            with _quiet():
+                self.client.log_metric(self.run_id, tag, float(value), step=int(step))
 
     def close(self) -> None:
+        with _quiet():
+            self._end()
+
+    def _end(self) -> None:
         best = [p for p in (self.out / "best.npz", self.out / "best.json", self.out / "best") if p.exists()]
         if not best:
             ckpts = sorted(self.out.glob("ckpt-*"))
@@ -196,6 +231,31 @@ class MlflowWriter:
             else:
                 self.client.log_artifact(self.run_id, str(p))
         self.client.set_terminated(self.run_id)
+
+
+def _check_sqlite(uri: str) -> None:
+    """A local SQLite store can be created and written, or this raises (OSError or sqlite3's
+    error) at once: MLflow itself tries to open one for about 100 s, with a warning each time,
+    before it gives up. The database is created empty where it is missing, as MLflow would."""
+    import sqlite3
+    from urllib.parse import unquote
+
+    prefix = "sqlite:///"
+    path = unquote(uri[len(prefix):].split("?")[0]) if uri.startswith(prefix) else ""
+    if not path or path == ":memory:":
+        return
+    db = Path(path).expanduser()
+    db.parent.mkdir(parents=True, exist_ok=True)  # (as MLflow does)
+    if os.statvfs(db.parent).f_flag & os.ST_RDONLY:  # (named as such: SQLite only says "unable to open")
+        import errno
+
+        raise OSError(errno.EROFS, "read-only file system", str(db.parent))
+    con = sqlite3.connect(str(db), timeout=5)
+    try:
+        con.execute("BEGIN IMMEDIATE")  # (takes the write lock: a read-only file or folder fails here)
+        con.rollback()
+    finally:
+        con.close()
 
 
 def _start_problem(uri: str, e: Exception, given: bool) -> str:
@@ -210,16 +270,16 @@ def _start_problem(uri: str, e: Exception, given: bool) -> str:
     if scheme in ("http", "https"):
         if reason.startswith(_SILENT):
             timeout = os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT")
-            return (f"train.report_to=mlflow: the MLflow tracking server at {uri} does not answer ({reason}): "
-                    f"start it, or set MLFLOW_TRACKING_URI to one that answers (MLFLOW_HTTP_REQUEST_TIMEOUT, "
-                    f"now {timeout} s, is how long to wait), {off}")
+            return (f"train.report_to=mlflow: the MLflow tracking server at {uri} does not answer "
+                    f"({reason}): start it, or set MLFLOW_TRACKING_URI to one that answers "
+                    f"(MLFLOW_HTTP_REQUEST_TIMEOUT, now {timeout} s, is how long to wait), {off}")
         return (f"train.report_to=mlflow: the MLflow tracking server at {uri} refused to start the run "
                 f"({reason}): check MLFLOW_TRACKING_URI and the server's credentials (MLFLOW_TRACKING_TOKEN, "
                 f"or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD), {off}")
     if scheme == "sqlite":
         path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else uri
-        fix = ("set MLFLOW_TRACKING_URI to sqlite:////<absolute path>/mlflow.db in a writable folder, or unset "
-               "it for the run folder's own" if given else "make the run folder writable")
+        fix = ("set MLFLOW_TRACKING_URI to sqlite:////<absolute path>/mlflow.db in a writable folder, or "
+               "unset it for the run folder's own" if given else "make the run folder writable")
         return (f"train.report_to=mlflow: cannot create or open the MLflow SQLite store {path} ({reason}) "
                 f"(from {'MLFLOW_TRACKING_URI' if given else 'the run folder'}): {fix}, {off}")
     return (f"train.report_to=mlflow: MLFLOW_TRACKING_URI={uri!r} is not a tracking store MLflow can open "
