@@ -39,6 +39,7 @@ MPI_COMMANDS = ("prepare-bert", "prepare-squad")
 _TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
 _USER_ERROR = re.compile(r"^hvd-bert( [a-z-]+)?: ")  # (a user's script under the toolkit: "hvd-bert: ")
 _WAITED = "stopped because another rank failed"
+_SHELL_REPORTS = ("Terminated", "Killed")  # what a shell prints of a child ended by SIGTERM / SIGKILL
 _SAVED = "stopped by a signal at step"  # (rank 0's last line: its checkpoint is complete; jobs.run_folder)
 _STALL_SEEN = "stalled:"  # (a rank's stall line: the first one printed is the one that says who)
 # mpirun's report of a rank that died by a signal
@@ -143,6 +144,8 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
                 print(text, file=err, flush=True)
                 continue
             in_error.discard(rank)
+            if text.strip() in _SHELL_REPORTS and (errors_seen or codes):
+                continue  # (horovodrun's shell on a rank it ended: the job's own line says why)
             if text.startswith(_SAVED):
                 state.saved = True  # (a second signal from now on kills ranks that already saved)
             if text.strip():
