@@ -120,6 +120,13 @@ def _reason(e: BaseException) -> str:
     return first if len(first) <= 200 else first[:197] + "..."
 
 
+def record_key(tag: str) -> str:
+    """A TensorBoard tag (``train/loss``, ``eval/loss``: ``train.log``'s) as the key metrics.jsonl
+    and ``best_metric`` use (``loss``, ``eval_loss``), which MLflow shows, as Trainer's do."""
+    prefix, _, name = tag.partition("/")
+    return name if prefix == "train" or not name else f"{prefix}_{name}"
+
+
 def _flat(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
@@ -214,7 +221,7 @@ class MlflowWriter:
 
         if math.isfinite(value):
             with _quiet():
-                self.client.log_metric(self.run_id, tag, float(value), step=int(step))
+                self.client.log_metric(self.run_id, record_key(tag), float(value), step=int(step))
 
     def close(self) -> None:
         with _quiet():

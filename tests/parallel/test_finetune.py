@@ -183,9 +183,10 @@ def an_mlflow_client_reads_the_run_back(out, store, metrics, best):
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.params["train.optim.lr"] == "0.001"
     assert run.data.params["best_metric"] == ""  # (every setting, under the name --set takes)
-    history = {m.step: m.value for m in client.get_metric_history(run_id, "eval/accuracy")}
+    # (under metrics.jsonl's and best_metric's names: eval_accuracy, loss)
+    history = {m.step: m.value for m in client.get_metric_history(run_id, "eval_accuracy")}
     assert history == pytest.approx({m["step"]: m["eval_accuracy"] for m in metrics if "eval_accuracy" in m})
-    assert len(client.get_metric_history(run_id, "train/loss")) == 8  # (log_every 10 of 80 steps)
+    assert len(client.get_metric_history(run_id, "loss")) == 8  # (log_every 10 of 80 steps)
     assert {a.path for a in client.list_artifacts(run_id)} >= {"best.npz", "best.json"}
     # beside the SQLite file (MLflow's own default is ./mlruns in the job's working folder)
     beside = (out.parent / "mlflow-artifacts").resolve().as_uri()  # (the store is tmp_path/mlflow.db)
