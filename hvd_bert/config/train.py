@@ -334,11 +334,12 @@ class TrainConfig:
         50, "stop with an error after this many optimizer steps in a row were skipped for inf/NaN "
             "gradients (a diverged run: lower train.optim.lr, or use fp32)")
 
-    report_to: tuple[Literal["tensorboard", "mlflow"], ...] = doc(
+    report_to: tuple[Literal["tensorboard", "mlflow", "wandb"], ...] = doc(
         ("tensorboard",), "where rank 0 reports the run besides metrics.jsonl: tensorboard (tensorboard/ in "
-                          "the run folder) and/or mlflow (MLFLOW_TRACKING_URI, else sqlite in the run "
-                          "folder: parameters, per-step metrics, the best model as an artifact); [] for "
-                          "neither")
+                          "the run folder), mlflow (MLFLOW_TRACKING_URI, else sqlite in the run folder: "
+                          "parameters, per-step metrics, the best model as an artifact) and/or wandb (a "
+                          "Weights & Biases run in the run folder's wandb/, offline unless WANDB_MODE says "
+                          "otherwise); [] for none")
     stall_timeout_s: float = doc(
         600.0, "stop the job (exit status 5, one line naming the rank and what it was doing) when a rank "
                "makes no progress for this many seconds, or for 20 times its slowest step so far if that "

@@ -3,6 +3,7 @@ reports a run besides ``metrics.jsonl``, framework-free.
 
     train.report_to: [tensorboard]            # the default: tensorboard/ in the run folder
     train.report_to: [tensorboard, mlflow]    # also an MLflow run
+    train.report_to: [tensorboard, wandb]     # also a Weights & Biases run (offline by default)
 
 An MLflow run (``mlflow``, or the lighter ``mlflow-skinny`` with SQLAlchemy for a SQLite store)
 goes to ``MLFLOW_TRACKING_URI`` when it is set (a ``sqlite:///`` file, a local folder with
@@ -16,6 +17,12 @@ resolved settings are its parameters (dotted names, as ``--set`` takes them), ev
 step's numbers its metrics (``train/loss``, ``eval/...``), and when the run ends its best model
 (``best.npz`` and ``best.json``, or NCF's ``best/``), else its newest checkpoint, its
 artifacts. A resumed run continues the same MLflow run.
+
+A Weights & Biases run (``wandb``) is written offline into ``<run folder>/wandb/`` unless
+``WANDB_MODE`` says otherwise (``wandb sync`` uploads it later; ``WANDB_MODE=online`` with a
+login sends it as it goes): the project is ``WANDB_PROJECT`` or ``hvd_bert``, the run named after
+the run folder, the resolved settings its config, every logged step's numbers its history under
+metrics.jsonl's names, and a resumed run continues the same W&B run (``wandb_run.txt``).
 
 A tracker is best-effort: it never costs the run. One that cannot start (a server that does not
 answer, a malformed ``MLFLOW_TRACKING_URI``, a SQLite file that cannot be created) refuses the
@@ -33,9 +40,9 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["TRACKERS", "HTTP_BOUNDS", "make_writer", "Writers", "MlflowWriter"]
+__all__ = ["TRACKERS", "HTTP_BOUNDS", "make_writer", "Writers", "MlflowWriter", "WandbWriter", "record_key"]
 
-TRACKERS = ("tensorboard", "mlflow")
+TRACKERS = ("tensorboard", "mlflow", "wandb")
 # MLflow's HTTP settings for this process where the user set none (MLflow's own: 120 s a request
 # and 7 retries with backoff, minutes before a server that does not answer is named): 5 s a
 # request, one retry (at once, then after a second: a server that restarts is tolerated).
@@ -240,6 +247,51 @@ class MlflowWriter:
         self.client.set_terminated(self.run_id)
 
 
+class WandbWriter:
+    """One Weights & Biases run: the settings as its config, metrics per step (their
+    metrics.jsonl names), offline unless ``WANDB_MODE`` is set. One that cannot start raises
+    ConfigError (one line: the folder or mode and the fix)."""
+
+    def __init__(self, out: Path, job: str, params: dict):
+        try:
+            import wandb
+        except ImportError:
+            from hvd_bert.config import ConfigError
+            raise ConfigError("train.report_to names wandb, which is not installed here: pip install wandb, "
+                              "or leave wandb out of train.report_to") from None
+        self.out = Path(out)
+        mode = os.environ.get("WANDB_MODE", "offline")  # (nothing leaves the machine unless asked)
+        self.where = f" ({mode}, in {self.out / 'wandb'})"
+        mark = self.out / "wandb_run.txt"
+        previous = mark.read_text().strip() if mark.is_file() else None
+        try:
+            self.run = wandb.init(
+                mode=mode, dir=str(self.out), project=os.environ.get("WANDB_PROJECT", "hvd_bert"),
+                name=self.out.resolve().name, group=job, config=_flat(params), id=previous,
+                resume="allow" if previous else None, reinit="finish_previous",
+                settings=wandb.Settings(silent=True, console="off", x_disable_stats=True, disable_git=True,
+                                        save_code=False))
+        except Exception as e:  # noqa: BLE001 - whatever wandb raises, one line
+            from hvd_bert.config import ConfigError
+            raise ConfigError(f"train.report_to=wandb: cannot start a Weights & Biases run{self.where} "
+                              f"({_reason(e)}): check WANDB_MODE (offline, online with a login, disabled) "
+                              f"and that the run folder is writable, or leave wandb out of "
+                              f"train.report_to") from None
+        if previous != self.run.id:
+            from hvd_bert.files import atomic_write
+
+            atomic_write(mark, lambda t: t.write_text(self.run.id + "\n"))
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        import math
+
+        if math.isfinite(value):
+            self.run.log({record_key(tag): float(value)}, step=int(step))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
 def _check_sqlite(uri: str) -> None:
     """A local SQLite store can be created and written, or this raises (OSError or sqlite3's
     error) at once: MLflow itself tries to open one for about 100 s, with a warning each time,
@@ -304,6 +356,7 @@ def make_writer(report_to, out: Path, job: str, params: dict, tensorboard=None):
         raise ConfigError(f"train.report_to: unknown tracker {unknown[0]!r}; choose from "
                           f"{', '.join(TRACKERS)}")
     writers = {"tensorboard": tensorboard if "tensorboard" in report_to else None,
-               "mlflow": MlflowWriter(out, job, params) if "mlflow" in report_to else None}
+               "mlflow": MlflowWriter(out, job, params) if "mlflow" in report_to else None,
+               "wandb": WandbWriter(out, job, params) if "wandb" in report_to else None}
     writers = {name: w for name, w in writers.items() if w is not None}
     return Writers(writers) if writers else None

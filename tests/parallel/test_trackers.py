@@ -202,3 +202,37 @@ def test_a_server_that_hangs_mid_run_costs_seconds_and_the_run_finishes(bert_dat
     assert "tracking is off for the rest of this run" in lines[0]
     assert server.metrics == 12  # (10 answered, then one request and its one retry)
     assert "finished step 4" in res.stdout and (run / "ckpt-00000004.pt").is_file()
+
+
+def test_a_wandb_run_is_written_offline_and_continues_on_resume(bert_data, tmp_path):
+    """train.report_to=[wandb]: an offline run in the run folder's wandb/, read back with wandb's
+    own protobuf records: the settings as its config, every step's numbers under metrics.jsonl's
+    names; a resumed job continues the same W&B run; nothing of wandb's own is printed."""
+    pytest.importorskip("wandb")
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    import wandb_records
+
+    run = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    res = pretrain(bert_data, run, "--set", "train.report_to=[wandb]", env=env)
+    assert res.returncode == 0 and "wandb:" not in res.stdout + res.stderr, res.stdout[-2000:] + res.stderr
+    res = pretrain(bert_data, run, "--set", "train.report_to=[wandb]", steps=3, env=env)
+    assert res.returncode == 0 and "resumed from step 2" in res.stdout, res.stderr[-2000:]
+    logs = sorted((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    run_id = (run / "wandb_run.txt").read_text().strip()
+    assert logs and all(p.name == f"run-{run_id}.wandb" for p in logs), logs
+    steps = {}
+    for log in logs:
+        about, config = wandb_records.run(log)
+        assert about["project"] == "hvd_bert" and about["name"] == "run" and about["group"] == "pretrain"
+        saved = json.loads((run / "config.json").read_text())
+        assert config["train.optim.lr"] == saved["train"]["optim"]["lr"], config
+        for h in wandb_records.history(log):
+            steps[h["_step"]] = h
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(steps) == [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        got = steps[m["step"]]
+        assert got["loss"] == pytest.approx(m["loss"]) and got["lr"] == pytest.approx(m["lr"]), (got, m)
