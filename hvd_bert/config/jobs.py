@@ -180,6 +180,12 @@ class NCFConfig:
     eval_batch_users: int = doc(1024, "users scored per evaluation batch on one rank")
     progress: bool = doc(False, "show a progress bar on rank 0")
     framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
+    do_train: bool = doc(True, "false: evaluate init_checkpoint (HR@K, NDCG@K on the data's held-out "
+                               "items) and write recommend's recommendations; nothing is trained")
+    init_checkpoint: str = doc("", "with do_train=false: an NCF run folder (its best model, else its newest "
+                                   "checkpoint) or one of its checkpoints")
+    recommend: str = doc("", "with do_train=false: a file of user ids (the ratings file's, one a line): "
+                             "each user's top_k items it has not rated, to <file>.recommendations.jsonl")
 
     def __post_init__(self) -> None:
         require(self.epochs > 0, f"epochs must be > 0, got {self.epochs}")

@@ -45,6 +45,8 @@ class NCFData:
     test_negatives: np.ndarray   # int32 [n_users, 100 or 999]: the evaluation protocol's negatives
     n_users: int
     n_items: int
+    user_ids: np.ndarray | None = None  # the input's own id of user u (None: data prepared before)
+    item_ids: np.ndarray | None = None  # the input's own id of item i
 
 
 # ----------------------------------------------------------------------------- synthetic
@@ -88,12 +90,13 @@ def _keys(users: np.ndarray, items: np.ndarray, n_items: int) -> np.ndarray:
     return users.astype(np.int64) * n_items + items.astype(np.int64)
 
 
-def leave_one_out(users: np.ndarray, items: np.ndarray, ts: np.ndarray):
+def leave_one_out(users: np.ndarray, items: np.ndarray, ts: np.ndarray, ids: bool = False):
     """Remap ids, drop repeated (user, item) pairs, and hold out each user's latest
-    interaction. Returns ``(train_users, train_items, test_items, n_users, n_items)``; users
-    with fewer than 2 interactions are dropped."""
-    _, u = np.unique(users, return_inverse=True)
-    _, i = np.unique(items, return_inverse=True)
+    interaction. Returns ``(train_users, train_items, test_items, n_users, n_items)``, and with
+    ``ids`` the input's own ids of the users and items by their new index; users with fewer than
+    2 interactions are dropped."""
+    raw_users, u = np.unique(users, return_inverse=True)
+    raw_items, i = np.unique(items, return_inverse=True)
     order = np.lexsort((i, ts, u))  # by user, then time, then item
     u, i = u[order], i[order]
     keep = np.ones(len(u), dtype=bool)
@@ -114,8 +117,9 @@ def leave_one_out(users: np.ndarray, items: np.ndarray, ts: np.ndarray):
     last = np.r_[np.flatnonzero(np.diff(u)), len(u) - 1]  # each user's latest interaction
     is_test = np.zeros(len(u), dtype=bool)
     is_test[last] = True
-    return (u[~is_test].astype(np.int32), i[~is_test].astype(np.int32), i[is_test].astype(np.int32),
-            len(ok_users), n_items)
+    out = (u[~is_test].astype(np.int32), i[~is_test].astype(np.int32), i[is_test].astype(np.int32),
+           len(ok_users), n_items)
+    return (*out, raw_users[ok_users], raw_items[:n_items]) if ids else out
 
 
 def _positive_lookup(users, items, n_items):
@@ -293,11 +297,12 @@ def prepare_ncf(output_dir: str | Path, *, movielens: str | Path | None = None, 
     else:
         users, items, ts = load_movielens(movielens, skip_bad_lines, report)
         source = str(Path(movielens).name)
-    tu, ti, test, n_users, n_items = leave_one_out(users, items, ts)
+    tu, ti, test, n_users, n_items, user_ids, item_ids = leave_one_out(users, items, ts, ids=True)
     neg = sample_test_negatives(tu, ti, test, n_items, eval_negatives, seed)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "ncf.npz", lambda t: np.savez(open(t, "wb"), train_users=tu, train_items=ti,
-                                                     test_items=test, test_negatives=neg))
+                                                     test_items=test, test_negatives=neg,
+                                                     user_ids=user_ids, item_ids=item_ids))
     meta = {"kind": KIND, "format": 1, "source": source, "seed": seed, "n_users": n_users,
             "n_items": n_items, "train_interactions": int(len(tu)), "test_negatives": eval_negatives,
             "shards": [{"file": "ncf.npz", "records": int(len(tu))}]}
@@ -313,11 +318,15 @@ def load_ncf(folder: str | Path) -> NCFData:
     try:
         with np.load(path, allow_pickle=False) as z:
             data = NCFData(z["train_users"], z["train_items"], z["test_items"], z["test_negatives"],
-                           meta["n_users"], meta["n_items"])
+                           meta["n_users"], meta["n_items"],
+                           *(z[k] if k in z.files else None for k in ("user_ids", "item_ids")))
     except (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError) as e:
         raise DatasetError(f"{path} is not a complete NCF data file ({type(e).__name__}: {e}); prepare it "
                            f"again (hvd-bert prepare-ncf)") from None
     again = "prepare it again (hvd-bert prepare-ncf)"
+    for ids, count in ((data.user_ids, meta.get("n_users")), (data.item_ids, meta.get("n_items"))):
+        if ids is not None and (ids.ndim != 1 or len(ids) != count):
+            raise DatasetError(f"{path}: its id tables do not match {folder}/dataset.json; {again}")
     if not all(isinstance(meta.get(k), int) and meta[k] > 0 for k in ("n_users", "n_items")):
         raise DatasetError(f"{folder}/dataset.json's n_users and n_items are not positive counts; {again}")
     if len(data.test_items) != data.n_users or data.test_negatives.ndim != 2 \

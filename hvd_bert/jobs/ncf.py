@@ -18,6 +18,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from hvd_bert.core.text import plural
 from hvd_bert.config import ConfigError
 from hvd_bert.files import atomic_write
@@ -31,6 +33,102 @@ from hvd_bert.jobs.run_folder import finish_line, open_run, ranks_agree, with_ru
 __all__ = ["run"]
 
 FEW_STEPS = 100  # steps an epoch below which a smaller batch is advised
+
+
+def trained_checkpoint(path: str) -> Path:
+    """The checkpoint ``init_checkpoint`` names: an NCF run folder's best model (``best/``), else
+    its newest checkpoint, or a checkpoint itself."""
+    from hvd_bert.train.checkpoint import ALL, is_checkpoint_name, latest_checkpoint
+
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"init_checkpoint {p} does not exist: give an NCF run folder or one of its "
+                          f"ckpt-* checkpoints")
+    if any(is_checkpoint_name(p, s) for s in ALL):
+        return p
+    found = latest_checkpoint(p / "best", ALL) or latest_checkpoint(p, ALL)
+    if found is None:
+        raise ConfigError(f"init_checkpoint {p} holds no checkpoint (no best/ckpt-* and no ckpt-*): give "
+                          f"the folder of a finished hvd-bert ncf run")
+    return found
+
+
+def evaluate_only(cfg: NCFConfig, backend, data, engine, model, rank: int, size: int) -> dict:
+    """``do_train=false``: every rank loads ``init_checkpoint``'s weights, HR@K and NDCG@K over
+    all users (a collective), and with ``recommend`` each listed user's ``top_k`` unrated items."""
+    if not cfg.init_checkpoint:
+        raise ConfigError("do_train=false evaluates a trained model: give --set init_checkpoint=RUN (an NCF "
+                          "run folder: its best model, else its newest checkpoint)")
+    ckpt = trained_checkpoint(cfg.init_checkpoint)
+    users = out = None
+    if cfg.recommend:  # (read and checked on every rank before anything is loaded or written)
+        users, out = recommend_users(cfg.recommend, data, [cfg.data, ckpt])
+    engine.resume(ckpt)  # every rank its weights (a collective)
+    score = backend.ncf_scorer(model)
+    res = evaluate(score, data, cfg.top_k, cfg.eval_batch_users, rank, size,
+                   lambda sums: backend.allreduce_sum(sums, "hvd_bert.ncf.eval"))
+    if rank == 0:
+        print(f"evaluated {ckpt} on {cfg.data}: HR@{cfg.top_k} {res['hr']:.4f}, NDCG@{cfg.top_k} "
+              f"{res['ndcg']:.4f} over {res['users']} users", flush=True)
+    if users is not None:
+        mine = {int(j): top_items(score, data, int(users[j]), cfg.top_k)
+                for j in range(rank, len(users), size)}
+        every = backend.allgather_object(mine, "hvd_bert.ncf.recommend")  # Horovod: (rank 0 writes)
+        if rank == 0:
+            rows = {j: r for part in every for j, r in part.items()}
+            ids = data.user_ids if data.user_ids is not None else np.arange(data.n_users)
+            items = data.item_ids if data.item_ids is not None else np.arange(data.n_items)
+            lines = [json.dumps({"user": _plain(ids[users[j]]),
+                                 "items": [_plain(items[i]) for i in rows[j][0]],
+                                 "scores": [round(float(s), 6) for s in rows[j][1]]})
+                     for j in range(len(users))]
+            atomic_write(out, lambda t: t.write_text("\n".join(lines) + "\n"))
+            print(f"wrote the top {cfg.top_k} unrated items of {len(users)} users to {out}", flush=True)
+    backend.broadcast_object(None, "hvd_bert.finished")  # no rank exits before the file is written
+    return {"steps": 0, "stopped": False, **res}
+
+
+def recommend_users(path: str, data, reads: list) -> tuple[np.ndarray, Path]:
+    """The users of a file of ids (the ratings file's own ids, one a line) as the data's user
+    indices, and where their recommendations go; an unknown id is a DatasetError naming it."""
+    from hvd_bert.data.records import DatasetError
+    from hvd_bert.data.text_input import read_text
+    from hvd_bert.files import refuse_clash
+
+    source = Path(path).expanduser()
+    out = source.with_name(source.name + ".recommendations.jsonl")
+    refuse_clash(out, {"the user list": source, "the data": reads[0], "the checkpoint": reads[1]})
+    if not source.is_file():
+        raise DatasetError(f"recommend={source} is not a file: give a file of user ids, one a line")
+    wanted = [x.strip() for x in read_text(source, "recommend").splitlines() if x.strip()]
+    known = data.user_ids if data.user_ids is not None else np.arange(data.n_users)
+    index = {str(_plain(u)): j for j, u in enumerate(known)}
+    missing = [u for u in wanted if u not in index]
+    if not wanted or missing:
+        what = f"the user {missing[0]!r} is not in" if missing else "no user id is in"
+        old = ("" if data.user_ids is not None else
+               "; data prepared before ids were kept: its users are 0 to n-1")
+        raise DatasetError(f"{source}: {what} the data's {data.n_users} users (ids as in the ratings file"
+                           f"{old}); give users of the data the model was trained on")
+    return np.asarray([index[u] for u in wanted], np.int64), out
+
+
+def top_items(score, data, user: int, k: int) -> tuple[list, list]:
+    """``(items, scores)``: user ``user``'s ``k`` best-scored items among those it has not rated
+    (its training positives and its held-out item left out)."""
+    seen = np.zeros(data.n_items, bool)
+    seen[data.train_items[data.train_users == user]] = True
+    seen[data.test_items[user]] = True
+    s = np.asarray(score(np.full(data.n_items, user, np.int64), np.arange(data.n_items, dtype=np.int64)),
+                   np.float64)
+    s[seen] = -np.inf
+    best = np.argsort(-s, kind="stable")[:min(k, int((~seen).sum()))]
+    return best.tolist(), s[best].tolist()
+
+
+def _plain(x):
+    """A numpy scalar as the plain number (or text) JSON writes."""
+    return x.item() if hasattr(x, "item") else x
 
 
 def run(cfg: NCFConfig, backend) -> dict:
@@ -52,6 +150,14 @@ def run(cfg: NCFConfig, backend) -> dict:
     cfg = replace(cfg, train=replace(cfg.train, schedule=replace(cfg.train.schedule, total_steps=total)))
     backend.seed(cfg.train.seed)
     model = backend.neumf(data.n_users, data.n_items, cfg.model)
+    if not cfg.do_train:  # a trained model's HR@K and its recommendations; no run folder is written
+        # (nothing is trained: a one-example micro-batch lets the resume keep any checkpoint's
+        # global batch, whatever its layout)
+        from hvd_bert.config import BatchConfig
+
+        engine = backend.engine(model, backend.ncf_loss, replace(cfg.train, batch=BatchConfig(
+            local_batch_size=1, backward_passes_per_step=None)))
+        return evaluate_only(cfg, backend, data, engine, model, rank, size)
     engine = backend.engine(model, backend.ncf_loss, cfg.train)
 
     log = open_run(cfg, backend, rank, total_steps=total, line_keys=("loss", "lr", "samples_per_s"))

@@ -107,3 +107,36 @@ def test_predict_scores_an_input_that_has_labels(finished_run, tmp_path):
     res = hvd("predict", model, table, "--label", "grade", "--output", tmp_path / "g.jsonl", timeout=240)
     assert res.returncode == 2 and "not among the model's ['neg', 'pos']" in res.stderr, res.stderr
     assert not (tmp_path / "g.jsonl").exists()
+
+
+def test_ncf_evaluates_a_trained_model_and_recommends(tmp_path):
+    """``ncf --set do_train=false``: init_checkpoint's HR@K over all users on 2 ranks equals the
+    one its run recorded for its best model, and recommend= writes each listed user's top_k
+    unrated items (the ratings file's own ids), best first; an unknown user is one line."""
+    import numpy as np
+
+    data, run = tmp_path / "data", tmp_path / "run"
+    assert hvd("prepare-ncf", "--synthetic", "ml-1m", "--scale", "0.03", "--output", data).returncode == 0
+    res = hvd("ncf", "--set", f"data={data}", "--set", "epochs=1", "--set",
+              "train.batch.local_batch_size=4096", "--set", f"train.output_dir={run}", timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    best = json.loads((run / "best.json").read_text())
+    z = np.load(data / "ncf.npz")
+    users = [int(z["user_ids"][u]) for u in (0, 3, 7)]
+    (tmp_path / "users.txt").write_text("".join(f"{u}\n" for u in users))
+    res = hvd("ncf", "-np", "2", "--set", f"data={data}", "--set", "do_train=false", "--set",
+              f"init_checkpoint={run}", "--set", f"recommend={tmp_path / 'users.txt'}", timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    hr = float(re.search(r"HR@10 ([\d.]+)", res.stdout).group(1))
+    assert hr == round(best["score"], 4), (res.stdout, best)
+    rows = [json.loads(x) for x in (tmp_path / "users.txt.recommendations.jsonl").read_text().splitlines()]
+    assert [r["user"] for r in rows] == users
+    item_of = {int(raw): i for i, raw in enumerate(z["item_ids"])}
+    for r, u in zip(rows, (0, 3, 7)):
+        rated = set(z["train_items"][z["train_users"] == u].tolist()) | {int(z["test_items"][u])}
+        assert len(r["items"]) == 10 and not {item_of[i] for i in r["items"]} & rated, r
+        assert r["scores"] == sorted(r["scores"], reverse=True), r
+    (tmp_path / "users.txt").write_text("999999\n")
+    res = hvd("ncf", "--set", f"data={data}", "--set", "do_train=false", "--set", f"init_checkpoint={run}",
+              "--set", f"recommend={tmp_path / 'users.txt'}", timeout=300)
+    assert res.returncode == 2 and "the user '999999' is not in" in res.stderr, res.stderr[-2000:]
