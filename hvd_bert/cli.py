@@ -89,6 +89,12 @@ def _cmd_prepare_bert(args: argparse.Namespace) -> int:
         args.input, args.input_format, args.sentence_splitter, args.vocab = (
             got["inputs"], got["input_format"], got["sentence_splitter"], got["vocab"])
         args.cased, args.uncased = not got["lower_case"], got["lower_case"]
+        # (what --like resolved to is read too: the phase-1 text, vocabulary and data folder)
+        from hvd_bert.weights.convert import data_folder_of
+
+        _refuse_clash(args, *((f"--like's input {i}", i) for i in (args.input or [])),
+                      ("--like's vocabulary", args.vocab),
+                      ("--like's data folder", data_folder_of(Path(args.vocab)) if args.vocab else None))
     vocab, lower = vocab_and_case(args.vocab, args.cased, args.uncased)
     inputs = args.input
     if not inputs:

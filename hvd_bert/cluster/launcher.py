@@ -155,7 +155,9 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
         state.cancel()
         for sig, handler in before.items():
             signal.signal(sig, handler)
-    return _status(rc, codes, lost, errors_seen, state, err, exits)
+    # (a user's script's text never decides the status: only its ranks' exit statuses do)
+    toolkit = bool(job) and (job[0] in JOBS or job[0] in MPI_COMMANDS)
+    return _status(rc, codes, lost, errors_seen if toolkit else set(), state, err, exits)
 
 
 def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err, exits=()) -> int:
@@ -175,7 +177,8 @@ def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err,
             _fail(err, "stopped by a signal during start-up, before training began: nothing to save; run the "
                        "same command again to start (exit status 3)")
         return EXIT_STOPPED
-    own = [(r, c) for r, c in exits if 0 < c < 128 and c not in (EXIT_USER, EXIT_STOPPED)]
+    own = [(r, c) for r, c in exits
+           if 0 < c < 256 and _signal_of(c) is None and c not in (EXIT_USER, EXIT_STOPPED)]
     if own and not state.signalled:
         rank, code = own[0]
         if code not in (EXIT_LOST_RANK, EXIT_STALLED):
@@ -183,9 +186,9 @@ def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err,
             return _fail(err, f"{who} exited with status {code} (its own output above says why), so the job "
                               f"stopped; the launch exits with the same status", code)
     gone = [(r, s) for r, s in lost if s != signal.SIGTERM or not state.signalled]
-    dead = [c for c in codes if c >= 128 or c < 0]
+    dead = [c for c in codes if _signal_of(c) is not None]
     if gone or (dead and not state.signalled):
-        rank, sig = gone[0] if gone else (None, (dead[0] - 128) if dead[0] > 0 else -dead[0])
+        rank, sig = gone[0] if gone else (None, _signal_of(dead[0]))
         name = signal.Signals(sig).name if sig in {s.value for s in signal.Signals} else f"signal {sig}"
         why = " (kill -9, or the out-of-memory killer: see dmesg)" if sig == signal.SIGKILL else ""
         who = f"rank {rank}" if rank is not None else "a rank"
@@ -195,6 +198,14 @@ def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err,
     if rc in (0, 2, 3):
         return rc
     return codes[0] if codes and codes[0] else rc
+
+
+def _signal_of(code: int) -> int | None:
+    """The signal an exit status reports (a launcher's -N, or a shell's 128 + N for the 64 signals
+    Linux has), or None for a status a process gave itself (``sys.exit(255)`` is not a signal)."""
+    if code < 0:
+        return -code
+    return code - 128 if 128 < code <= 128 + 64 else None
 
 
 def _stall(errors_seen: set) -> bool:

@@ -85,6 +85,8 @@ def run(cfg: FinetuneConfig, backend) -> dict:
     steps = total_steps(cfg, meta, size, plan.local_batch_size, plan.backward_passes_per_step)
     cfg = replace(cfg, train=replace(cfg.train, schedule=replace(cfg.train.schedule, total_steps=steps)))
     engine = backend.engine(model, loss, cfg.train)
+    # (a horizon in epochs was counted with this run's batch: another global batch would change it)
+    engine.keep_checkpoint_batch = not cfg.epochs
 
     log = open_run(cfg, backend, rank, total_steps=steps, bert=bert, line_keys=line_keys)
     if rank == 0 and cfg.do_train:  # what this model predicts, and its vocabulary: hvd-bert predict, exports

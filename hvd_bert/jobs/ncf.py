@@ -159,6 +159,7 @@ def run(cfg: NCFConfig, backend) -> dict:
             local_batch_size=1, backward_passes_per_step=None)))
         return evaluate_only(cfg, backend, data, engine, model, rank, size)
     engine = backend.engine(model, backend.ncf_loss, cfg.train)
+    engine.keep_checkpoint_batch = False  # (its horizon is in epochs of this run's batch)
 
     log = open_run(cfg, backend, rank, total_steps=total, line_keys=("loss", "lr", "samples_per_s"))
     log.print(f"NeuMF ({backend.param_count(model) / 1e6:.2f}M parameters, {backend.label}) on {cfg.data}: "

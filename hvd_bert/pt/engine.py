@@ -113,6 +113,9 @@ class Engine:
         self.loss_fn, self.resume_resized = loss_fn, resume_resized
         self.plan = self.config = None  # (from_config sets both)
         self.target_global_batch = None  # set by an elastic run (train.elastic)
+        # a resume under a new layout keeps its checkpoint's global batch (train.engine.kept_global_batch);
+        # a job whose horizon is counted in epochs of its configured batch turns it off
+        self.keep_checkpoint_batch = True
         self.last_metrics: dict = {}
 
         self.zero, self.tp = None, tp_groups

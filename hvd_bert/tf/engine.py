@@ -102,6 +102,9 @@ class Engine:
         self.plan, self.config = None, None  # (from_config sets both)
         self.resume_resized = resume_resized
         self.target_global_batch = None  # set by an elastic run (train.elastic)
+        # a resume under a new layout keeps its checkpoint's global batch (train.engine.kept_global_batch);
+        # a job whose horizon is counted in epochs of its configured batch turns it off
+        self.keep_checkpoint_batch = True
         self.jit_compile = jit_compile
         self.step_count = 0
         self.micro_step = 0

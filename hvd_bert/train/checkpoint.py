@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 __all__ = ["zip_damage", "file_digests", "file_crc", "checkpoint_folder",
-           "digest_damage", "pick_checkpoint", "run_folder_of",
+           "digest_damage", "pick_checkpoint", "run_folder_of", "checkpoint_step",
            "release_run_folder", "checkpoint_path", "is_checkpoint_name", "list_checkpoints",
            "latest_checkpoint", "prune", "SHARDED", "SHARDED_INDEX",
            "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
@@ -130,6 +130,12 @@ def checkpoint_path(folder: str | Path, step: int, suffix: str) -> Path:
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     return Path(folder) / f"ckpt-{step:08d}.{suffix}"
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step a checkpoint's name says (``ckpt-<step>.<suffix>``), or None."""
+    m = _NAME.match(Path(path).name)
+    return int(m.group(1)) if m else None
 
 
 def is_checkpoint_name(path: str | Path, suffix: str) -> bool:

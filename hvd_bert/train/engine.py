@@ -84,6 +84,7 @@ class Engine(Protocol):
     target_global_batch: int | None  # an elastic run's configured global batch (None otherwise;
     #                                  its plan may be the nearest one), kept in checkpoints
     config: Any                # its TrainConfig (``from_config``), or None for an engine built by hand
+    keep_checkpoint_batch: bool  # a resume under a new layout keeps the checkpoint's global batch
 
     def train_micro_batch(self, batch: Any) -> StepResult | None: ...
 
@@ -167,6 +168,10 @@ def check_resume(meta: dict, path: str | Path, *, world_size: int, plan: BatchPl
     if meta.get("format") != META_FORMAT:
         raise CheckpointError(f"{path} has checkpoint metadata format {meta.get('format')!r}, this "
                               f"hvd_bert reads {META_FORMAT}; start a new run (another train.output_dir)")
+    bad = meta_fault(meta, path)
+    if bad:
+        raise CheckpointError(f"{path} is damaged: its metadata {bad}; delete it to resume from the "
+                              f"checkpoint before, or restore it from a copy")
     old_g = meta.get("target_global_batch_size") or meta.get("global_batch_size")
     new_g = target or (plan.global_batch_size if plan else None)
     if old_g is not None and new_g is not None and old_g != new_g:
@@ -188,6 +193,36 @@ def check_resume(meta: dict, path: str | Path, *, world_size: int, plan: BatchPl
                           f"run in another train.output_dir")
 
 
+def meta_fault(meta: dict, path: str | Path) -> str | None:
+    """What is wrong with the metadata :func:`checkpoint_meta` wrote (a checkpoint is untrusted
+    input: a resume must not loop, allocate or count from a value it cannot hold), or None. A
+    checkpoint named ``ckpt-<N>`` must say step N."""
+    from hvd_bert.train.checkpoint import checkpoint_step
+
+    def count(key, low=0):
+        v = meta.get(key)
+        return isinstance(v, int) and not isinstance(v, bool) and low <= v < 2**62
+
+    for key, low in (("step", 0), ("micro_step", 0), ("skipped_steps", 0), ("world_size", 1),
+                     ("backward_passes_per_step", 1)):
+        if not count(key, low):
+            return f"has {key}={meta.get(key)!r}, not a count" + ("" if key in meta else " (it is missing)")
+    for key in ("data_parallel_size", "local_batch_size", "global_batch_size", "target_global_batch_size",
+                "total_steps"):
+        if meta.get(key) is not None and not count(key, 1):
+            return f"has {key}={meta.get(key)!r}, not a count"
+    if "data" not in meta:
+        return "has no data position"
+    rng = meta.get("rng")
+    if rng is not None and not (isinstance(rng, list) and len(rng) == meta["world_size"]):
+        held = len(rng) if isinstance(rng, list) else "no list of"
+        return f"holds {held} random states for its {meta['world_size']} ranks"
+    n = checkpoint_step(path)
+    if n is not None and n != meta["step"]:
+        return f"says step {meta['step']}, its name step {n}"
+    return None
+
+
 def kept_global_batch(meta: dict, engine) -> BatchPlan | None:
     """A resume under a new layout keeps the checkpoint's global batch (its recipe): when this run
     did not give ``train.batch.global_batch_size`` and its layout makes another global batch,
@@ -196,7 +231,8 @@ def kept_global_batch(meta: dict, engine) -> BatchPlan | None:
     when it was given, or when no whole k makes it (then :func:`check_resume` refuses)."""
     plan, config = engine.plan, engine.config
     old = meta.get("target_global_batch_size") or meta.get("global_batch_size")
-    if plan is None or config is None or not isinstance(old, int) or old == plan.global_batch_size:
+    if plan is None or config is None or not isinstance(old, int) or old == plan.global_batch_size \
+            or not engine.keep_checkpoint_batch:
         return None
     if config.batch.global_batch_size is not None or engine.target_global_batch:
         return None

@@ -155,6 +155,7 @@ class Writer:
 
     def __init__(self, allgather_object):
         self.allgather_object = allgather_object
+        self.path: Path | None = None  # (the checkpoint being written: what a failure names)
         self.thread = None
         self.error: BaseException | None = None
 
@@ -173,6 +174,7 @@ class Writer:
         then the index once all ``world`` ranks' pieces are on disk, then the pruning of the
         older checkpoints in ``folder`` (the newest ``keep`` stay). Returns ``path``."""
         main = threading.main_thread()  # (its end stops rank 0 waiting for the others' manifests)
+        self.path = path
 
         def write():
             write_rank(path, rank, pieces)
@@ -201,7 +203,7 @@ class Writer:
         # first and however its writer worded it; a resource error of this rank's as itself)
         full = [f for _, f in failed if f[0] == "NoSpace" or "No space left" in f[1]]
         if full:
-            raise NoSpace(full[0][2] or "a checkpoint shard", full[0][3] or 0)
+            raise NoSpace(full[0][2] or str(self.path or "a checkpoint shard"), full[0][3] or 0)
         rank, (kind, text, filename, written) = failed[0]
         if isinstance(e, OSError) and mine == failed[0][1] and os_error_line(e):
             raise e

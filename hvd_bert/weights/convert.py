@@ -15,7 +15,7 @@ from hvd_bert.train.checkpoint import (SHARDED, checkpoint_folder, latest_checkp
 from hvd_bert.weights.hf import is_hf_folder, write_hf_folder
 from hvd_bert.weights.portable import WeightsError, save_weights, shape_of
 
-__all__ = ["reading_framework", "vocab_of", "convert"]
+__all__ = ["reading_framework", "vocab_of", "convert", "data_folder_of"]
 
 
 def reading_framework(src: Path, framework: str = "auto") -> str:
@@ -31,6 +31,14 @@ def reading_framework(src: Path, framework: str = "auto") -> str:
         raise WeightsError(f"{src} is a {'PyTorch' if kind == 'pt' else 'TensorFlow'} checkpoint; use "
                            f"--framework {kind} (or leave it out)")
     return framework
+
+
+def data_folder_of(path: Path | None) -> Path | None:
+    """The prepared data folder (it holds dataset.json) a file such as a vocabulary lies in, or None."""
+    if path is None:
+        return None
+    folder = Path(path).expanduser().parent
+    return folder if (folder / "dataset.json").is_file() else None
 
 
 def vocab_of(src: Path) -> Path | None:
@@ -67,13 +75,17 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
     framework = reading_framework(picked if what else src, framework)
     src = picked if what else src
     which = f" ({what})" if what else ""
+    vocab = Path(vocab).expanduser() if vocab else vocab_of(src)
+    # again with what the run folder resolved to (the checkpoint picked, the vocabulary and the data
+    # folder it lives in): --overwrite must never replace what this command reads
+    refuse_clash(output, {"the checkpoint": src, "the vocabulary": vocab,
+                          "the data folder of the vocabulary": data_folder_of(vocab)}, folder=to != "npz")
     arrays, config = get_backend(framework).read_checkpoint_weights(src)
     if config is None:
         raise WeightsError(f"no bert_config.json beside {src}: it is written into every run folder by "
                            f"hvd-bert pretrain / finetune")
     # (a sharded checkpoint's tensors are read one at a time, as they are written: counted by shape)
     n = f"{len(arrays)} tensors, {sum(math.prod(shape_of(arrays, k)) for k in arrays) / 1e6:.1f}M parameters"
-    vocab = Path(vocab) if vocab else vocab_of(src)
     if to in ("hf", "google") and vocab is None:  # (an export without its vocabulary is not a model)
         raise WeightsError(f"no vocab.txt for {src}: neither its run folder nor the data its config.json "
                            f"names holds one; give the vocabulary it was trained with: --vocab FILE (nothing "

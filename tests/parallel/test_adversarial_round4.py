@@ -289,3 +289,49 @@ def test_the_open_files_advice_never_names_a_limit_already_met(monkeypatch):
         assert all(x >= need for x in raised), line
         if hard != resource.RLIM_INFINITY and hard < need:
             assert "start fewer ranks" in line and "hard limit" in line, line
+
+
+def test_overwrite_never_replaces_what_the_run_folder_resolves_to(finished_run, bert_data, tmp_path):
+    """convert --overwrite of a run folder: the data folder its vocabulary comes from is read too;
+    prepare-bert --like: the phase-1 data folder it resolves to is read too."""
+    before = digests(bert_data, finished_run)
+    for to in ("hf", "google"):
+        one_line(hvd("convert", finished_run, "--to", to, "--output", bert_data, "--overwrite"),
+                 "holds the vocabulary", "which this command reads")
+    one_line(hvd("prepare-bert", "--like", finished_run, "--output", bert_data, "--overwrite"),
+             "which this command reads")
+    assert digests(bert_data, finished_run) == before
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda m: m.pop("step"), "step=None, not a count (it is missing)"),
+    (lambda m: m.__setitem__("micro_step", 2.5), "micro_step=2.5, not a count"),
+    (lambda m: m.__setitem__("step", 10**30), "step=1000000000000000000000000000000, not a count"),
+    (lambda m: m.__setitem__("step", 7), "says step 7, its name step 2"),
+    (lambda m: m.pop("data"), "has no data position"),
+    (lambda m: m.__setitem__("rng", [[1], [2]]), "holds 2 random states for its 1 ranks"),
+])
+def test_a_checkpoints_metadata_is_checked_before_the_resume_counts_from_it(change, words, sharded_run,
+                                                                             bert_data):
+    """Every field the resume counts from (step, micro-batches, data position, random states) is
+    checked: one line, exit 2, before anything loops on it (a micro_step of 2.5 used to spin)."""
+    edit(the_shards(sharded_run) / "index.json", lambda i: change(i["meta"]))
+    before = digests(sharded_run)
+    res = pretrain(bert_data, sharded_run, "--set", "train.checkpoint_format=sharded", steps=4, timeout=120)
+    one_line(res, "is damaged: its metadata", words)
+    assert digests(sharded_run) == before
+
+
+@pytest.mark.parametrize("launcher", ["--gloo", "--mpi"])
+def test_a_scripts_status_is_its_own_whatever_it_prints(launcher, tmp_path):
+    """exit 255 is a status, not a signal; a script that prints the toolkit's error prefix or a
+    stall line still exits with its own status."""
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nerr = sys.stderr\n"
+                      "print('hvd-bert: looks like a toolkit error', file=err, flush=True)\n"
+                      "print('hvd-bert pretrain: rank 1 stalled: no progress', file=err, flush=True)\n"
+                      "sys.exit(int(sys.argv[1]))\n")
+    for status in (255, 1, 7):
+        res = hvd("launch", "-np", "2", launcher, "--", "python", script, str(status), timeout=180)
+        assert res.returncode == status, (status, res.stderr[-2000:])
+        assert "killed by" not in res.stderr and f"exited with status {status}" in res.stderr, res.stderr
