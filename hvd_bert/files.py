@@ -114,10 +114,24 @@ def refuse_clash(output: str | Path, reads: dict[str, str | Path | None], *, wha
             problem = f"would replace a file of {desc} {p}" if not folder else f"lies inside {desc} {p}"
         elif folder and _within(p_r, out_r):
             problem = f"holds {desc} {p}"
+        elif (twin := _hard_link_in(out_r, p_r)) is not None:
+            problem = f"is a hard link of {twin}, a file of {desc} {p}"
         else:
             continue
         raise OutputClash(errno.EEXIST, f"{what} {out} {problem}, which this command reads: writing it would "
                                         f"destroy that; give {what} a path outside it", str(out))
+
+
+def _hard_link_in(out: Path, folder: Path) -> Path | None:
+    """A file directly in ``folder`` that is the same file as ``out`` (another name of one inode),
+    or None (``out`` not an existing file, or ``folder`` not a folder)."""
+    ident = _identity(out) if out.is_file() else None
+    if ident is None or not folder.is_dir():
+        return None
+    try:
+        return next((f for f in folder.iterdir() if f.is_file() and _identity(f) == ident), None)
+    except OSError:
+        return None
 
 
 def usual_mode(path: str | Path) -> None:

@@ -25,7 +25,7 @@ import sys
 from typing import Sequence
 
 from hvd_bert.cluster import launch
-from hvd_bert.cluster.resources import descriptor_problem, scratch_problem
+from hvd_bert.cluster.resources import descriptor_problem, memory_problem, scratch_problem
 from hvd_bert.jobs import JOBS
 from hvd_bert.stop import (EXIT_INTERRUPTED, EXIT_LOST_RANK, EXIT_STALLED, EXIT_STOPPED, EXIT_USER, STOP,
                            StopSignal)
@@ -80,7 +80,8 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
         launcher = "mpi"
     launcher = launcher or default_launcher()
     local = np if not hosts else _local_slots(hosts, np)
-    problem = scratch_problem() or (descriptor_problem(local) if launcher == "mpi" else None)
+    problem = (scratch_problem() or memory_problem(local)
+               or (descriptor_problem(local) if launcher == "mpi" else None))
     if problem:
         return _fail(err, problem)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -42,6 +42,30 @@ def scratch_problem(env: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
+RANK_FLOOR_BYTES = 256 * 2**20  # what a rank holds before any model: Python, a framework, Horovod
+
+
+def memory_problem(local_ranks: int) -> str | None:
+    """Why ``local_ranks`` ranks cannot start on this host (their interpreters alone, at
+    ``RANK_FLOOR_BYTES`` each, would not fit its available memory), or None: a thousand ranks on
+    a laptop are refused in one line instead of swapping the machine to a halt."""
+    from hvd_bert.core.text import size_text
+    from hvd_bert.train.backend import host_available
+
+    try:
+        available, _ = host_available()
+    except (OSError, StopIteration):  # (no /proc/meminfo: not Linux)
+        return None
+    need = local_ranks * RANK_FLOOR_BYTES
+    if not available or need <= available:
+        return None
+    most = max(1, int(available // RANK_FLOOR_BYTES))
+    return (f"{local_ranks} ranks on this machine need at least {size_text(need)} before any model "
+            f"({size_text(RANK_FLOOR_BYTES)} each: the interpreter, a framework and Horovod), and it has "
+            f"{size_text(available)} available: start at most {most} here (-np), or spread them over hosts "
+            f"(-H)")
+
+
 def descriptors_needed(local_ranks: int) -> int:
     """Open files ``mpirun`` and its ranks need for ``local_ranks`` ranks on this machine, with a
     margin: a Horovod allreduce under OpenMPI 4.1 here needed 40 for 2 ranks and 64 for 4 and 8

@@ -125,8 +125,12 @@ def validate(folder: Path, index: dict,
     chunks: dict[str, list[dict]] = {}
     for file, info in index["files"].items():
         p = folder / file
-        if not isinstance(file, str) or Path(file).name != file or file in ("", ".", "..") or not p.is_file():
+        if not isinstance(file, str) or Path(file).name != file or file in ("", ".", "..") or \
+                not (p.exists() or p.is_symlink()):
             raise CheckpointError(f"{folder}: {INDEX} names the shard {file}, which is missing; {FIX}")
+        if not p.is_file():  # (a FIFO, a device or a folder, itself or behind a link: never opened)
+            raise CheckpointError(f"{p} is not a regular file (a folder, a pipe or a device where a shard "
+                                  f"was written); {FIX}")
         if not (isinstance(info, dict) and _count(info.get("bytes"))
                 and isinstance(info.get("pieces"), dict)):
             raise fault(f"its entry for {file} is not {{bytes, pieces}}")

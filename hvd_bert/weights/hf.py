@@ -253,6 +253,10 @@ def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config
             "BertForQuestionAnswering" if "qa_outputs.weight" in state else "BertForPreTraining")
     names = [k for k in state if arch == "BertForPreTraining" or not k.startswith("cls.")]  # (fine-tuned:
     num_labels = int(shape_of(state, "classifier.weight")[0]) if classifier else None  # no pretraining heads)
+    if labels and num_labels is not None and len(labels) != num_labels:
+        raise WeightsError(f"the run's task.json names {len(labels)} labels {list(labels)[:6]}, its "
+                           f"classifier has {num_labels} outputs: they do not belong together; restore "
+                           f"task.json from the run that trained this head (nothing was written)")
     with new_folder(folder, overwrite) as tmp:
         write_safetensors(tmp / "model.safetensors", state, names, metadata={"format": "pt"})
         usual_mode(tmp / "model.safetensors")

@@ -335,3 +335,49 @@ def test_a_scripts_status_is_its_own_whatever_it_prints(launcher, tmp_path):
         res = hvd("launch", "-np", "2", launcher, "--", "python", script, str(status), timeout=180)
         assert res.returncode == status, (status, res.stderr[-2000:])
         assert "killed by" not in res.stderr and f"exited with status {status}" in res.stderr, res.stderr
+
+
+def test_more_ranks_than_the_memory_holds_are_refused_before_any_starts(tmp_path):
+    import time
+
+    t0 = time.monotonic()
+    for args in (("launch", "-np", "100000", "--", "python", "-c", "pass"), ("ncf", "-np", "100000")):
+        one_line(hvd(*args, timeout=60), "100000 ranks on this machine need at least", "start at most")
+    assert time.monotonic() - t0 < 60
+
+
+def test_a_shard_that_is_not_a_regular_file_is_named(sharded_run, tmp_path):
+    import os
+
+    shard = the_shards(sharded_run) / "rank-00000.safetensors"
+    shard.unlink()
+    os.mkfifo(shard)  # (opening it would block: it must never be opened)
+    one_line(hvd("convert", the_shards(sharded_run), "--output", tmp_path / "w.npz", timeout=60),
+             "rank-00000.safetensors is not a regular file")
+    shard.unlink()
+    shard.symlink_to("/dev/zero")
+    one_line(hvd("convert", the_shards(sharded_run), "--output", tmp_path / "w.npz", timeout=60),
+             "is not a regular file")
+
+
+def test_an_output_that_is_a_hard_link_of_a_checkpoints_file_is_refused(sharded_finetune, tmp_path):
+    import os
+
+    run, table = sharded_finetune
+    link = tmp_path / "linked.tsv"
+    os.link(run / "task.json", link)
+    before = digests(run)
+    one_line(hvd("predict", run, table, "--output", link), "is a hard link of", "task.json")
+    assert digests(run) == before
+
+
+def test_an_export_whose_task_names_other_labels_than_its_head_is_refused(sharded_finetune, tmp_path):
+    run, _ = sharded_finetune
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    task = json.loads((copy / "task.json").read_text())
+    task["labels"] = ["a", "b", "c"]
+    (copy / "task.json").write_text(json.dumps(task))
+    one_line(hvd("convert", copy, "--to", "hf", "--output", tmp_path / "hf"), "names 3 labels",
+             "has 2 outputs")
+    assert not (tmp_path / "hf").exists()
