@@ -85,4 +85,6 @@ def read_json(path: str | Path, what: str):
     except FileNotFoundError:
         raise DatasetError(f"{what} {p} does not exist: check the path") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DatasetError(f"{what} {p} is not a JSON file ({e})") from None
+        hint = (": give SQuAD's .json file, or .jsonl lines of question and context (a table of texts is for "
+                "a classification model)" if what.startswith("SQuAD") else "")
+        raise DatasetError(f"{what} {p} is not a JSON file ({e}){hint}") from None

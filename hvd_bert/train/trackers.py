@@ -335,6 +335,10 @@ def _start_problem(uri: str, e: Exception, given: bool) -> str:
         return (f"train.report_to=mlflow: the MLflow tracking server at {uri} refused to start the run "
                 f"({reason}): check MLFLOW_TRACKING_URI and the server's credentials (MLFLOW_TRACKING_TOKEN, "
                 f"or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD), {off}")
+    if "must be in the 'active' state" in str(e):  # (the experiment was deleted in this store)
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "the job's experiment"
+        return (f"train.report_to=mlflow: {name} is deleted in the MLflow store {uri}: restore it (mlflow "
+                f"experiments restore), or set MLFLOW_EXPERIMENT_NAME to another name, {off}")
     if scheme == "sqlite":
         path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else uri
         fix = ("set MLFLOW_TRACKING_URI to sqlite:////<absolute path>/mlflow.db in a writable folder, or "
