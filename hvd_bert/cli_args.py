@@ -92,6 +92,18 @@ def without_launch_flags(argv: list[str]) -> list[str]:
     return out
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are the toolkit's one line (the command, what is
+    wrong, where the help is) with exit status 2, not the usage block and a second line; its
+    subcommands' parsers are of the same class (argparse makes them with ``type(self)``)."""
+
+    def error(self, message: str):
+        import sys
+
+        sys.stderr.write(f"{self.prog}: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
 def _add_case_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cased", action="store_true",
                    help="keep case (default: the checkpoint's, from --vocab, else lower-case)")
@@ -100,7 +112,7 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     """The ``hvd-bert`` parser; ``commands``: each subcommand's function (``cli.COMMANDS``)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="hvd-bert", description="Distributed large-batch training on Horovod "
                                      "(TensorFlow/Keras and PyTorch).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -78,12 +78,23 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
     out = Path(cfg.train.output_dir)
     # One job per run folder: rank 0 claims it (train.run_folder: the checks and the lock) before
     # anything is written; every rank learns the outcome.
-    problem = claim_run_folder(out, to_dict(cfg), reads=_reads(cfg),
-                               defaults=to_dict(type(cfg)())).problem if rank == 0 else None
+    new = not out.exists()  # (a folder this job makes is removed again if its trackers refuse to start)
+    claim = claim_run_folder(out, to_dict(cfg), reads=_reads(cfg),
+                             defaults=to_dict(type(cfg)())) if rank == 0 else None
+    problem = claim.problem if claim is not None else None
     writer = None
-    if rank == 0 and not problem:  # (train.report_to: TensorBoard and/or MLflow)
-        tb = backend.summary_writer(out / "tensorboard") if "tensorboard" in cfg.train.report_to else None
-        writer = make_writer(cfg.train.report_to, out, getattr(type(cfg), "JOB", "train"), to_dict(cfg), tb)
+    if rank == 0 and not problem:  # (train.report_to: TensorBoard, MLflow and/or W&B)
+        try:
+            tb = backend.summary_writer(out / "tensorboard") if "tensorboard" in cfg.train.report_to else None
+            job = getattr(type(cfg), "JOB", "train")
+            writer = make_writer(cfg.train.report_to, out, job, to_dict(cfg), tb)
+        except Exception:
+            if new:  # (nothing of the user's is in it: the refusal leaves no trace)
+                import shutil
+
+                claim.release()
+                shutil.rmtree(out, ignore_errors=True)
+            raise
     log = RunLog(out, -1 if problem else rank, total_steps=total_steps, progress=cfg.progress,  # -1: silent
                  writer=writer, line_keys=line_keys)
 

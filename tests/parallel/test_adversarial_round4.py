@@ -125,9 +125,8 @@ def test_options_past_their_range_are_refused(tmp_path):
     for args in (("prepare-ncf", "--output", tmp_path / "n", "--synthetic", "ml-1m", "--seed", "-1"),
                  ("prepare-ncf", "--output", tmp_path / "n", "--synthetic", "ml-1m", "--seed", str(2**64)),
                  ("simulate", "--samples", str(2**70))):
-        res = hvd(*args, timeout=60)
-        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-        assert "seed in [0," in res.stderr or "64-bit" in res.stderr, res.stderr
+        line = one_line(hvd(*args, timeout=60))  # (argparse's usage block is not printed: one line)
+        assert "seed in [0," in line or "64-bit" in line, line
     assert not (tmp_path / "n").exists()
 
 

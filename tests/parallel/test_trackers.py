@@ -85,6 +85,14 @@ def test_a_malformed_tracking_uri_is_refused_in_one_line(uri, bert_data, finishe
     assert uri in line and "or leave mlflow out of train.report_to" in line, line
 
 
+def test_a_refused_tracker_leaves_no_new_run_folder(bert_data, tmp_path):
+    """A job whose run folder is new and whose tracker refuses to start leaves nothing behind."""
+    run = tmp_path / "new-run"
+    res = pretrain(bert_data, run, *MLFLOW, timeout=120, env=env_with("htp://127.0.0.1:5000"))
+    one_line(res, "MLFLOW_TRACKING_URI")
+    assert not run.exists()
+
+
 def test_a_sqlite_store_that_cannot_be_created_is_refused_in_one_line(bert_data, finished_run, tmp_path):
     """Its folder is a file (as root, a folder's mode would not stop the write)."""
     (tmp_path / "a-file").write_text("not a folder\n")
