@@ -213,8 +213,8 @@ def meta_fault(meta: dict, path: str | Path) -> str | None:
             return f"has {key}={meta.get(key)!r}, not a count"
     if "data" not in meta:
         return "has no data position"
-    rng = meta.get("rng")
-    if rng is not None and not (isinstance(rng, list) and len(rng) == meta["world_size"]):
+    rng = meta.get("rng")  # (every checkpoint holds each rank's random state: a resume repeats them)
+    if not (isinstance(rng, list) and len(rng) == meta["world_size"]):
         held = len(rng) if isinstance(rng, list) else "no list of"
         return f"holds {held} random states for its {meta['world_size']} ranks"
     n = checkpoint_step(path)

@@ -48,8 +48,8 @@ SUSPEND_SLACK_S = 2.0  # how late the checker thread may wake before the gap cou
 PHASES = {"data": ("reading its next batch (its data or file system is stuck)", False),
           "step": ("in the training step (forward, backward and the gradient allreduce: a rank is stuck, or "
                    "waits for one that is)", True),
-          "bookkeeping": ("in the step's bookkeeping (the metrics allreduce, a checkpoint or an evaluation)",
-                          True)}
+          "bookkeeping": ("in the step's bookkeeping (the metrics allreduce, a checkpoint or an evaluation: "
+                          "a rank is stuck, or waits for one that is)", True)}
 
 
 class Watchdog:

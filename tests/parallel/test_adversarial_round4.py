@@ -380,3 +380,11 @@ def test_an_export_whose_task_names_other_labels_than_its_head_is_refused(sharde
     one_line(hvd("convert", copy, "--to", "hf", "--output", tmp_path / "hf"), "names 3 labels",
              "has 2 outputs")
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_checkpoint_without_its_ranks_random_states_is_refused(sharded_run, bert_data):
+    """A resume repeats every rank's random stream: a checkpoint whose states were deleted is
+    damaged, not a fresh start."""
+    edit(the_shards(sharded_run) / "index.json", lambda i: i["meta"].pop("rng"))
+    res = pretrain(bert_data, sharded_run, "--set", "train.checkpoint_format=sharded", steps=4, timeout=120)
+    one_line(res, "is damaged: its metadata holds no list of random states for its 1 ranks")
