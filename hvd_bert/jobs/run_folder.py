@@ -128,7 +128,7 @@ def finish_line(res, rank: int, detail: str, backend, out: Path | None = None) -
         detail += f"; metrics: {out / 'metrics.jsonl'}"
     if out is not None and (out / "tensorboard").is_dir() and any((out / "tensorboard").iterdir()):
         detail += f"; TensorBoard: tensorboard --logdir {out / 'tensorboard'}"
-    phases = getattr(res, "phases", None)
+    phases = res.phases  # (FitResult's: which phase set the peak)
     if phases is not None:
         phases.mark("eval")  # (after the final evaluation, which may set the peak)
         if rank == 0 and phases.line():

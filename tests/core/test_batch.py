@@ -75,3 +75,12 @@ def test_the_global_batch_alone_derives_the_largest_local_batch_up_to_the_defaul
 def test_a_global_batch_the_ranks_cannot_share_equally_names_the_fix():
     with pytest.raises(ValueError, match="not a multiple of world_size 4.*use 32"):
         plan_batch(world_size=4, global_batch_size=30, largest_local=32)
+
+
+def test_the_tp_batch_line_asks_for_a_global_batch_only_when_none_was_given():
+    from hvd_bert.train.loop import batch_line
+
+    plan = plan_batch(world_size=2, local_batch_size=8, backward_passes_per_step=1)
+    assert "set train.batch.global_batch_size to compare" in batch_line(plan, 2)
+    given = batch_line(plan, 2, global_given=True)
+    assert "global_batch_size" not in given and "2 data-parallel replicas" in given

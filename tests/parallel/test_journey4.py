@@ -120,6 +120,7 @@ def test_ncf_evaluates_a_trained_model_and_recommends(tmp_path):
     res = hvd("ncf", "--set", f"data={data}", "--set", "epochs=1", "--set",
               "train.batch.local_batch_size=4096", "--set", f"train.output_dir={run}", timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
+    assert "steps an epoch is few" in res.stdout and "train.batch.local_batch_size=" in res.stdout, res.stdout
     best = json.loads((run / "best.json").read_text())
     z = np.load(data / "ncf.npz")
     users = [int(z["user_ids"][u]) for u in (0, 3, 7)]
