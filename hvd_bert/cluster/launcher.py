@@ -273,6 +273,7 @@ class _Stop:
         self.proc, self.argv, self.grace = proc, argv, grace
         self.signalled, self.killed, self.first_at, self.timer = False, "", 0.0, None
         self.saved = False  # (the ranks said their checkpoint is complete: they are on their way out)
+        self.victims: list = []  # (the ranks killed: the launcher returns once they are gone)
 
     def handle(self, sig, _frame) -> None:
         import threading
@@ -297,7 +298,8 @@ class _Stop:
             return
         self.killed = (f"{why}; the last complete checkpoint is intact: run the same command again to resume "
                        f"from it")
-        for p in _ranks(self.proc, self.argv):
+        self.victims = _ranks(self.proc, self.argv)
+        for p in self.victims:
             try:
                 p.kill()
             except Exception:  # noqa: BLE001 - (psutil.Error: already gone)
@@ -308,8 +310,13 @@ class _Stop:
             pass
 
     def cancel(self) -> None:
+        """(At the end) no more kills; the killed ranks are gone before the launcher says so (a
+        stopped process, or one on a busy machine, takes a moment to die after SIGKILL)."""
+        import psutil
+
         if self.timer is not None:
             self.timer.cancel()
+        psutil.wait_procs(self.victims, timeout=30)
 
 
 def _ranks(proc: subprocess.Popen, argv: list[str]) -> list:
