@@ -66,5 +66,12 @@ def run_job(name: str, cfg, on_data_error=None) -> int:
         cfg = getattr(defaults, fill)(cfg)
     if hint is not None and on_data_error is not None:
         on_data_error(lambda e: getattr(defaults, hint)(cfg) if isinstance(e, DatasetError) else "")
-    result = importlib.import_module(module).run(cfg, get_backend(cfg.framework))
+    from hvd_bert.stop import STOP
+    from hvd_bert.train.watchdog import end_start, watch_start
+
+    watch_start(STOP.command, getattr(getattr(cfg, "train", None), "stall_timeout_s", 0.0))
+    try:  # (the start-up is watched: train.watchdog; the loop or an evaluation ends it)
+        result = importlib.import_module(module).run(cfg, get_backend(cfg.framework))
+    finally:
+        end_start()
     return EXIT_STOPPED if result.get("stopped") else 0

@@ -24,6 +24,7 @@ from hvd_bert.core.text import plural
 from hvd_bert.config import ConfigError
 from hvd_bert.files import atomic_write
 from hvd_bert.train.loop import fit
+from hvd_bert.train.watchdog import end_start
 from hvd_bert.config import NCFConfig
 from hvd_bert.data.ncf import EpochData
 from hvd_bert.evaluation.ncf import EpochEvaluation, evaluate
@@ -157,6 +158,7 @@ def run(cfg: NCFConfig, backend) -> dict:
 
         engine = backend.engine(model, backend.ncf_loss, replace(cfg.train, batch=BatchConfig(
             local_batch_size=1, backward_passes_per_step=None)))
+        end_start()  # (the start-up is over: an evaluation is not watched)
         return evaluate_only(cfg, backend, data, engine, model, rank, size)
     engine = backend.engine(model, backend.ncf_loss, cfg.train)
     engine.keep_checkpoint_batch = False  # (its horizon is in epochs of this run's batch)

@@ -25,7 +25,7 @@ from hvd_bert.core.batch import BatchPlan
 from hvd_bert.train.engine import Engine, FitResult, MemoryPhases, StepResult, memory_line
 from hvd_bert.stop import STOP
 from hvd_bert.train.log import DivergedError, RunLog, ScalarWriter
-from hvd_bert.train.watchdog import Watchdog
+from hvd_bert.train.watchdog import Watchdog, end_start
 
 __all__ = ["fit", "start", "train_steps", "resume_line", "batch_line", "StepBook", "MetricWindow"]
 
@@ -74,12 +74,15 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
                     data_state=elastic.data_state if elastic is not None else None,
                     stall_timeout_s=getattr(getattr(engine, "config", None), "stall_timeout_s", 0.0))
     engine.install_stop_handler()
+    end_start()  # (the job's start-up watch: from here on this loop's own watchdog)
     engine.total_steps = total_steps  # (recorded in checkpoints: a resume says when it changed)
     try:
         if elastic is not None:  # the same loop, inside Horovod's elastic.run (train.elastic)
             elastic.run(engine, log, book, batches_from, total_steps, output_dir)
         else:
-            start(engine, log, book, output_dir, total_steps)
+            with book.watchdog.running():  # (a rank stuck in the resume's collectives: train.watchdog)
+                book.watchdog.enter("start")
+                start(engine, log, book, output_dir, total_steps)
             if book.plan is not None:
                 given = engine.config is not None and engine.config.batch.global_batch_size is not None
                 tp = getattr(getattr(engine, "tp", None), "size", 1)

@@ -1,7 +1,8 @@
 """The stall watchdog: a rank that makes no progress ends the job with one line instead of
 hanging it for good.
 
-The loop tells the watchdog which phase it is in (reading a batch, the training step with its
+The loop tells the watchdog which phase it is in (its start: the resume and the broadcast of
+the initial weights; reading a batch, the training step with its
 allreduce, the step's bookkeeping: metrics, checkpoint, evaluation). A thread checks every
 second; when a phase has lasted longer than ``timeout_s``, or ``FACTOR`` times the longest that
 phase took so far if that is longer, the rank prints one line naming itself, the phase and the
@@ -39,13 +40,16 @@ import time
 
 from hvd_bert.stop import EXIT_STALLED
 
-__all__ = ["Watchdog", "PHASES"]
+__all__ = ["Watchdog", "PHASES", "watch_start", "end_start"]
 
 FACTOR = 20.0
 WAIT_GRACE_S = 10.0
+START_FLOOR_S = 30.0  # the least a start-up is given (it has no earlier time to go by)
 SUSPEND_SLACK_S = 2.0  # how late the checker thread may wake before the gap counts as a suspension
 # phase -> (what the line says the rank was doing, whether it waits on other ranks)
-PHASES = {"data": ("reading its next batch (its data or file system is stuck)", False),
+PHASES = {"start": ("starting (joining the other ranks, building the model, receiving the initial weights or "
+                     "resuming the checkpoint: a rank is stuck, or waits for one that is)", True),
+          "data": ("reading its next batch (its data or file system is stuck)", False),
           "step": ("in the training step (forward, backward and the gradient allreduce: a rank is stuck, or "
                    "waits for one that is)", True),
           "bookkeeping": ("in the step's bookkeeping (the metrics allreduce, a checkpoint or an evaluation: "
@@ -83,7 +87,8 @@ class Watchdog:
         self.phase, self.since = phase, now
 
     def limit(self, phase: str) -> float:
-        base = max(self.timeout, FACTOR * self.longest.get(phase, 0.0))
+        floor = START_FLOOR_S if phase == "start" else 0.0
+        base = max(self.timeout, FACTOR * self.longest.get(phase, 0.0), floor)
         return base + (min(WAIT_GRACE_S, self.timeout) if PHASES[phase][1] else 0.0)
 
     def running(self):
@@ -143,3 +148,29 @@ class Watchdog:
         except OSError:
             pass
         os._exit(EXIT_STALLED)
+
+
+_START: list = []  # (the start-up's watchdog's running context, while one runs)
+_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def watch_start(command: str, timeout_s: float) -> None:
+    """A job's start-up is watched like its steps: from the job's start (before Horovod joins the
+    ranks) until :func:`end_start` (the loop's own watchdog takes over, or an evaluation that is
+    not watched begins), a rank that makes no progress for ``timeout_s`` ends the job with the
+    same line. The rank is the launcher's (Horovod has not started yet)."""
+    end_start()
+    if timeout_s <= 0:
+        return
+    rank = next((int(v) for k in _RANK_VARS if (v := os.environ.get(k, "")).isdigit()), 0)
+    dog = Watchdog(command, rank, timeout_s)
+    watching = dog.running()
+    watching.__enter__()
+    dog.enter("start")
+    _START.append(watching)
+
+
+def end_start() -> None:
+    """The start-up is over (or the job ended): its watchdog stops."""
+    while _START:
+        _START.pop().__exit__(None, None, None)

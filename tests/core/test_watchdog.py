@@ -160,3 +160,32 @@ def test_a_real_process_stopped_and_continued_is_not_a_stall():
             proc.communicate()
     assert proc.returncode == 0 and stdout.strip() == "done", stderr
     assert stderr == ""
+
+
+def test_a_start_up_that_makes_no_progress_ends_the_process_with_one_line():
+    """The job's start-up (Horovod joining the ranks, the model, the initial broadcast) is watched
+    too, from ``watch_start`` until ``end_start``: a rank that waits there for good (a peer that
+    never joins) ends with the stall line and status 5; one that ends its start-up in time runs on."""
+    code = textwrap.dedent("""
+        import sys, time
+        import hvd_bert.train.watchdog as w
+        w.START_FLOOR_S = 0.0
+        w.watch_start("hvd-bert pretrain", 0.3)
+        if sys.argv[1] == "ends":
+            w.end_start(); time.sleep(2); print("ran on")
+        else:
+            time.sleep(20); print("not reached")
+    """)
+    env = dict(os.environ, OMPI_COMM_WORLD_RANK="1")
+
+    def run(how):
+        return subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, timeout=60,
+                              env=env)
+
+    stuck = run("stuck")
+    assert stuck.returncode == 5 and stuck.stdout == "", stuck.stdout + stuck.stderr
+    line = stuck.stderr.strip()
+    assert line.count("\n") == 0 and line.startswith("hvd-bert pretrain: rank 1 stalled"), line
+    assert "starting (joining the other ranks" in line, line
+    ran = run("ends")
+    assert ran.returncode == 0 and ran.stdout.strip() == "ran on", ran.stdout + ran.stderr
