@@ -4,6 +4,7 @@
     hvd-bert config [--explain]     print the resolved configuration or its documentation
     hvd-bert prepare-bert           text -> BERT pretraining shards (mpirun: across ranks)
     hvd-bert prepare-classification TSV/CSV -> sentence(-pair) classification shards
+    hvd-bert prepare-token-classification CONLL -> token classification (NER) shards
     hvd-bert prepare-ncf            MovieLens or synthetic data -> NCF leave-one-out data
     hvd-bert pretrain               BERT pretraining (under horovodrun / mpirun)
     hvd-bert finetune               BERT fine-tuning: classification, STS-B, SQuAD (horovodrun / mpirun)
@@ -133,6 +134,20 @@ def _cmd_prepare_classification(args: argparse.Namespace) -> int:
                                   overwrite=args.overwrite, task=args.task, regression=args.regression)
     what = "a numeric label (regression)" if meta["regression"] else f"{len(meta['labels'])} labels"
     print(f"wrote {meta['total_records']} examples ({what}) to {args.output}")
+    return 0
+
+
+def _cmd_prepare_token_classification(args: argparse.Namespace) -> int:
+    from hvd_bert.data.token_classification import prepare_token_classification
+    from hvd_bert.data.vocab import vocab_and_case
+
+    _refuse_clash(args, ("the CoNLL file", args.conll), ("the vocabulary", args.vocab))
+    vocab, lower = vocab_and_case(args.vocab, args.cased, args.uncased)
+    meta = prepare_token_classification(args.conll, args.output, vocab, max_seq_length=args.max_seq_length,
+                                        num_shards=args.num_shards, do_lower_case=lower, labels=args.labels,
+                                        overwrite=args.overwrite)
+    print(f"wrote {meta['sentences']} sentences ({meta['words']} words, {meta['total_records']} records, "
+          f"tags {meta['labels']}) to {args.output}")
     return 0
 
 

@@ -195,6 +195,20 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=commands["prepare_classification"])
 
+    p = sub.add_parser("prepare-token-classification",
+                       help="a CoNLL-2003 file (word ... tag a line) -> token classification (NER) shards")
+    p.add_argument("conll", help="the CoNLL file: the word first and its tag last on each line, a blank line "
+                                 "between sentences (eng.train, train.txt, ...)")
+    p.add_argument("--output", required=True)
+    p.add_argument("--vocab", required=True, help="the checkpoint's vocabulary: a vocab.txt, a "
+                                                  "tokenizer.json, or the checkpoint folder itself")
+    p.add_argument("--labels", nargs="*", help="tag order (pass the training set's to a dev set)")
+    _add_case_args(p)
+    p.add_argument("--num-shards", type=int64, default=2)
+    p.add_argument("--max-seq-length", type=int64, default=128)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=commands["prepare_token_classification"])
+
     p = sub.add_parser("prepare-squad", help="a SQuAD v1.1 / v2.0 JSON file -> features as Google's "
                                              "run_squad.py makes them (shards + prediction maps)")
     p.add_argument("--input", required=True, help="train-v1.1.json, dev-v2.0.json, ...")

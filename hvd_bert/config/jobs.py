@@ -80,11 +80,12 @@ class FinetuneConfig:
         schedule=ScheduleConfig(name="poly_warmup", warmup=0.1, total_steps=1000, power=1.0),
         batch=BatchConfig(local_batch_size=32, backward_passes_per_step=1),
         log_every=10, checkpoint_every=0, output_dir=""), "")
-    data: str = doc("", "training set prepared by hvd-bert prepare-classification or prepare-squad "
-                        "(required)")
+    data: str = doc("", "training set prepared by hvd-bert prepare-classification, prepare-squad or "
+                        "prepare-token-classification (required)")
     eval_data: str = doc("", "evaluation set (prepared with the training set's --labels; for SQuAD a dev "
                              "file prepared with --split dev); empty: none")
-    task: str = doc("", "what the data must be: squad, classification, regression or a GLUE task name; "
+    task: str = doc("", "what the data must be: squad, classification, regression, token-classification or "
+                        "a GLUE task name; "
                         "empty: whatever the prepared data is (also --task)")
     init_checkpoint: str = doc("", "pretrained weights: a run folder, ckpt-*.pt / ckpt-*.tf, or a .npz "
                                    "(hvd-bert convert); empty: train from BERT's initialisation")

@@ -5,7 +5,7 @@
     example_proto   tf.train.Example's protobuf wire format, by hand
     errors          DatasetError, CorruptRecordError
     sidecar         a prepared folder's dataset.json: written last, checked by every reader
-    kinds           the prepared kinds (pretraining, classification, SQuAD) and their record layouts
+    kinds           the prepared kinds (pretraining, classification, SQuAD, tokens) and their layouts
     output          writing a prepared folder safely across ranks (overwrite, errors, commit)
     text_input      input text: plain, Wikipedia dumps, Google's format, JSON lines; sentences
     corpus          the built-in corpus (Python standard library docstrings)
@@ -16,6 +16,7 @@
     glue            GLUE's published TSV layouts
     squad           SQuAD v1.1 / v2.0 -> features (hvd-bert prepare-squad)
     squad_json      SQuAD's JSON files, read and checked against its structure
+    token_classification  CoNLL-2003 files -> token classification (NER) shards
     finetune        the sets a fine-tuning run takes: its task, checks, steps per epoch
     ncf             MovieLens or synthetic -> NCF data; each epoch's pairs
     movielens       MovieLens ratings in their published formats (ml-100k, ml-1m, ml-20m, ml-25m)

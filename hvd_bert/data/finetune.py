@@ -8,26 +8,30 @@ import math
 from pathlib import Path
 
 
-from hvd_bert.data.kinds import KIND_CLASSIFY, KIND_SQUAD
+from hvd_bert.data.kinds import FINETUNE_KINDS, KIND_SQUAD, KIND_TOKENS
 from hvd_bert.config import ConfigError, FinetuneConfig
 from hvd_bert.data.records import DatasetError
 from hvd_bert.data.sidecar import read_sidecar
 from hvd_bert.core.sharding import check_epochs, epoch_batches
 
-__all__ = ["label_fault", "id2label_names", "SQUAD", "CLASSIFICATION", "REGRESSION", "task_of",
-           "check_finetune_data", "total_steps",
+__all__ = ["label_fault", "tag_fault", "id2label_names", "SQUAD", "CLASSIFICATION", "REGRESSION", "TOKENS",
+           "task_of", "check_finetune_data", "total_steps",
            "TASK_FILE", "task_record", "read_task_record", "prediction_mismatch"]
 
 TASK_FILE = "task.json"  # in a fine-tuning run folder: what the model was trained to predict
 
 SQUAD, CLASSIFICATION, REGRESSION = "squad", "classification", "regression"
+TOKENS = "token-classification"  # (a label a word: NER)
+TOOLS = {SQUAD: "prepare-squad", TOKENS: "prepare-token-classification"}  # (else prepare-classification)
 
 
 def task_of(meta: dict) -> str:
-    """What a prepared training set is fine-tuned for: ``squad``, ``regression`` or
-    ``classification``."""
+    """What a prepared training set is fine-tuned for: ``squad``, ``token-classification``,
+    ``regression`` or ``classification``."""
     if meta["kind"] == KIND_SQUAD:
         return SQUAD
+    if meta["kind"] == KIND_TOKENS:
+        return TOKENS
     return REGRESSION if meta.get("regression") else CLASSIFICATION
 
 
@@ -35,7 +39,7 @@ def _check_task(cfg: FinetuneConfig, meta: dict, folder: str) -> str:
     task = task_of(meta)
     if cfg.task and cfg.task not in (task, meta.get("task")):
         what = meta.get("task") or task
-        tool = "prepare-squad" if cfg.task == SQUAD else "prepare-classification"
+        tool = TOOLS.get(cfg.task, "prepare-classification")
         raise ConfigError(f"task {cfg.task!r}: {folder} holds {what} data ({meta['kind']}); prepare the "
                           f"{cfg.task} data (hvd-bert {tool}) or drop --task")
     return task
@@ -48,7 +52,7 @@ def check_finetune_data(cfg: FinetuneConfig) -> tuple[dict, dict | None]:
         if not cfg.eval_data:
             raise ConfigError("do_train=false only evaluates: give eval_data=DIR (and init_checkpoint, "
                               "e.g. a fine-tuned run folder)")
-        ev = read_sidecar(cfg.eval_data, (KIND_CLASSIFY, KIND_SQUAD))
+        ev = read_sidecar(cfg.eval_data, FINETUNE_KINDS)
         _check_task(cfg, ev, cfg.eval_data)
         if ev["kind"] == KIND_SQUAD and ev["is_training"]:
             raise DatasetError(f"eval_data {cfg.eval_data} was prepared with --split train; prepare the dev "
@@ -57,7 +61,7 @@ def check_finetune_data(cfg: FinetuneConfig) -> tuple[dict, dict | None]:
     if not cfg.data:
         raise ConfigError("data: give the training set (a folder from hvd-bert prepare-classification or "
                           "prepare-squad): --set data=DIR")
-    train = read_sidecar(cfg.data, (KIND_CLASSIFY, KIND_SQUAD))
+    train = read_sidecar(cfg.data, FINETUNE_KINDS)
     task = _check_task(cfg, train, cfg.data)
     if task == SQUAD and not train["is_training"]:
         raise DatasetError(f"{cfg.data} holds SQuAD features prepared for prediction (--split dev, no answer "
@@ -114,6 +118,16 @@ def task_record(meta: dict) -> dict:
     return rec
 
 
+def tag_fault(tag: str) -> str | None:
+    """Why ``tag`` is not an entity tag (``O``, or ``B-``/``I-``/``E-``/``S-`` and a type)."""
+    if tag == "O":
+        return None
+    prefix, _, kind = tag.partition("-")
+    if prefix in ("B", "I", "E", "S") and kind.strip():
+        return None
+    return f"the tag {tag!r} is not O or B-/I-/E-/S- and an entity type (IOB or IOBES, e.g. B-PER)"
+
+
 def label_fault(names) -> str | None:
     """Why ``names`` is not a label map (a list of distinct, non-empty names, the classifier's
     outputs in order): one name twice would give two outputs one name and collapse their scores."""
@@ -164,9 +178,12 @@ def _checked_task(path: Path) -> dict:
         rec = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, ValueError) as e:
         raise bad(f"{type(e).__name__}: {e}") from None
-    if not isinstance(rec, dict) or rec.get("task") not in (SQUAD, CLASSIFICATION, REGRESSION):
-        raise bad("no task of squad, classification or regression")
+    if not isinstance(rec, dict) or rec.get("task") not in (SQUAD, CLASSIFICATION, REGRESSION, TOKENS):
+        raise bad("no task of squad, classification, regression or token-classification")
     labels = rec.get("labels")
+    if rec["task"] == TOKENS:
+        if labels is None or label_fault(labels) or any(tag_fault(t) for t in labels):
+            raise bad(label_fault(labels) or next(filter(None, map(tag_fault, labels)), "no labels"))
     if labels is not None and label_fault(labels):
         raise bad(label_fault(labels))
     for key in ("max_seq_length", "doc_stride", "max_query_length"):
@@ -193,6 +210,8 @@ def read_task_record(checkpoint: str | Path) -> dict | None:
     except (OSError, ValueError):
         return None
     names = id2label_names(hf, str(folder / "config.json")) if isinstance(hf, dict) else None
+    if names and "BertForTokenClassification" in (hf.get("architectures") or []):
+        return {"task": TOKENS, "labels": names, "glue_task": None}
     if names and names != [f"LABEL_{i}" for i in range(len(names))]:
         return {"task": CLASSIFICATION, "labels": names, "glue_task": None}
     return None

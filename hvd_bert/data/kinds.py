@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from hvd_bert.data.records import DatasetError
 
-__all__ = ["KIND_PRETRAIN", "KIND_CLASSIFY", "KIND_SQUAD", "pretraining_spec", "classification_spec",
-           "squad_spec", "spec_for_meta"]
+__all__ = ["KIND_PRETRAIN", "KIND_CLASSIFY", "KIND_SQUAD", "KIND_TOKENS", "FINETUNE_KINDS",
+           "pretraining_spec", "classification_spec", "squad_spec", "token_spec", "spec_for_meta"]
 
 KIND_PRETRAIN = "bert-pretraining"
 KIND_CLASSIFY = "bert-classification"
 KIND_SQUAD = "bert-squad"
+KIND_TOKENS = "bert-token-classification"
+FINETUNE_KINDS = (KIND_CLASSIFY, KIND_SQUAD, KIND_TOKENS)  # what hvd-bert finetune trains on
 
 
 
@@ -30,6 +32,8 @@ def spec_for_meta(meta: dict) -> dict:
         return classification_spec(meta["max_seq_length"], bool(meta.get("regression")))
     if meta["kind"] == KIND_SQUAD:
         return squad_spec(meta["max_seq_length"], meta["is_training"])
+    if meta["kind"] == KIND_TOKENS:
+        return token_spec(meta["max_seq_length"])
     raise DatasetError(f"no reader for data of kind {meta['kind']!r}")
 
 
@@ -50,3 +54,11 @@ def squad_spec(max_seq_length: int, is_training: bool) -> dict:
     if is_training:
         spec.update(start_positions=("int", 1), end_positions=("int", 1), is_impossible=("int", 1))
     return spec
+
+
+def token_spec(max_seq_length: int) -> dict:
+    """A token classification record (``hvd_bert.data.token_classification``): a label a
+    position, -1 where nothing is scored."""
+    s = max_seq_length
+    return {"input_ids": ("int", s), "input_mask": ("int", s), "segment_ids": ("int", s),
+            "label_ids": ("int", s)}

@@ -35,7 +35,13 @@ def trim_padding(batch: dict, multiple: int = 8) -> dict:
     keep = min(full, max(multiple, -(-longest // multiple) * multiple))
     if keep == full:
         return batch
-    return {k: (v[:, :keep] if k in SEQUENCE_FEATURES else v) for k, v in batch.items()}
+    return {k: (v[:, :keep] if k in SEQUENCE_FEATURES or _per_position(k, v, full) else v)
+            for k, v in batch.items()}
+
+
+def _per_position(name: str, value, full: int) -> bool:
+    """A label a position (token classification's ``label_ids``, as long as the sequence)."""
+    return name == "label_ids" and np.ndim(value) == 2 and np.shape(value)[1] == full
 
 
 def _group(batches: list[dict], rng: np.random.Generator, multiple: int) -> list[dict]:

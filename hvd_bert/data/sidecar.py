@@ -18,7 +18,8 @@ __all__ = ["SIDECAR", "write_sidecar", "read_sidecar", "file_sha256", "shard_cou
 SIDECAR = "dataset.json"
 # the command that prepares each kind (named in the errors of a reader that finds none)
 PREPARED_BY = {"bert-pretraining": "prepare-bert", "bert-classification": "prepare-classification",
-               "bert-squad": "prepare-squad", "ncf": "prepare-ncf"}
+               "bert-squad": "prepare-squad", "ncf": "prepare-ncf",
+               "bert-token-classification": "prepare-token-classification"}
 
 
 def file_sha256(path: str | Path) -> str:

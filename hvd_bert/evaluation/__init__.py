@@ -6,5 +6,6 @@
     finetune           exact evaluation of classification, regression and SQuAD across ranks
     pretraining        held-out masked-LM loss and accuracy, next-sentence accuracy
     ncf                HR@K and NDCG@K over sampled negatives (He et al. 2017, MLPerf)
+    token_classification  entities as conlleval/seqeval read them; entity F1 across ranks
     direction          whether a larger or a smaller value of a metric is better
 """

@@ -210,13 +210,15 @@ _SHOWN = (("eval_exact_match", "EM", 2), ("eval_exact", "EM", 2), ("eval_accurac
 
 def best_metric_of(cfg: FinetuneConfig, task: str, glue_task: str | None) -> str:
     """The score that decides the best model: ``cfg.best_metric``, else the task's own (GLUE's
-    first metric, SQuAD's F1, regression's Pearson, classification's accuracy)."""
+    first metric, SQuAD's and token classification's F1, regression's Pearson, classification's
+    accuracy)."""
     if cfg.best_metric:
         return cfg.best_metric
     if glue_task:
         from hvd_bert.data.glue import TASKS
         return f"eval_{TASKS[glue_task].metrics[0]}"
-    return {"squad": "eval_f1", "regression": "eval_pearson"}.get(task, "eval_accuracy")
+    return {"squad": "eval_f1", "regression": "eval_pearson", "token-classification": "eval_f1"}.get(
+        task, "eval_accuracy")
 
 
 class Evaluation:

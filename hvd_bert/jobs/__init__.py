@@ -4,7 +4,8 @@
     finetune    BERT fine-tuning: classification, regression (STS-B), SQuAD
     ncf         NCF (NeuMF) recommendation, HR@K / NDCG@K
     predict     a fine-tuned model's predictions on your own text (predict_squad: SQuAD's answers;
-                predict_model: what a checkpoint predicts, its tokenizer and scorer)
+                predict_tokens: a tag a word; predict_model: what a checkpoint predicts, its
+                tokenizer and scorer)
     run_folder  what every job does with its run folder: the lock, config.json, the log, the last line
 
 A job reads top to bottom: the backend's process set-up, the data checked against the config,

@@ -1,5 +1,6 @@
 """BERT fine-tuning on Horovod, in either framework: sentence(-pair) classification,
-regression (STS-B) or SQuAD, as the prepared training set says (``data.finetune.task_of``).
+regression (STS-B), token classification (NER) or SQuAD, as the prepared training set says
+(``data.finetune.task_of``).
 
     horovodrun -np 2 -H localhost:2 --gloo hvd-bert finetune --framework pt \\
         --set data=TRAIN_DIR --set eval_data=DEV_DIR --set init_checkpoint=runs/pretrain-pt-stdlib-seq128
@@ -23,17 +24,19 @@ from pathlib import Path
 from hvd_bert.config import ConfigError, FinetuneConfig
 from hvd_bert.config.bert import bert_preset
 from hvd_bert.core.text import plural
-from hvd_bert.data.finetune import (REGRESSION, SQUAD, TASK_FILE, check_finetune_data, prediction_mismatch,
-                                   task_of, task_record, total_steps)
+from hvd_bert.data.finetune import (REGRESSION, SQUAD, TASK_FILE, TOKENS, check_finetune_data,
+                                   prediction_mismatch, task_of, task_record, total_steps)
 from hvd_bert.data.vocab import init_vocab_error
 from hvd_bert.evaluation.finetune import (Evaluation, best_metric_of, eval_batches, evaluate_classification,
                                           evaluate_regression, evaluate_squad)
+from hvd_bert.evaluation.token_classification import evaluate_tokens
 from hvd_bert.jobs.run_folder import finish_line, open_run, ranks_agree, with_run_folder
 from hvd_bert.files import atomic_write, read_json_object
 from hvd_bert.train.checkpoint import file_crc
 from hvd_bert.train.engine import ResumeError
 from hvd_bert.train.identity import has_checkpoints
 from hvd_bert.train.loop import fit
+from hvd_bert.train.watchdog import end_start
 from hvd_bert.weights.portable import WeightsError, save_weights
 
 __all__ = ["run"]
@@ -71,6 +74,12 @@ def run(cfg: FinetuneConfig, backend) -> dict:
         line_keys, about = ("loss", "span_accuracy", "lr", "examples_per_s"), (
             f"{meta['total_records']} features of {meta['examples']} questions"
             f"{' (v2.0, with impossible answers)' if meta['version_2_with_negative'] else ''}")
+    elif task == TOKENS:
+        model = backend.bert_token_classifier(bert, len(meta["labels"]), seq)
+        loss, what = backend.token_classification_loss, "token classifier"
+        line_keys = ("loss", "accuracy", "lr", "examples_per_s")
+        about = (f"{meta['sentences']} sentences ({meta['total_records']} records), {meta['words']} words, "
+                 f"tags {meta['labels']}")
     elif task == REGRESSION:
         model, loss, what = backend.bert_classifier(bert, 1, seq), backend.regression_loss, "regression head"
         line_keys = ("loss", "lr", "examples_per_s")
@@ -109,6 +118,8 @@ def run(cfg: FinetuneConfig, backend) -> dict:
         allreduce = lambda totals: backend.allreduce_sum(totals, "hvd_bert.eval")  # noqa: E731
         if task == SQUAD:
             return evaluate_squad(score, batches, allreduce, cfg.eval_data, ev, cfg, rank, out)
+        if task == TOKENS:
+            return evaluate_tokens(score, batches, allreduce, meta["labels"])
         if task == REGRESSION:
             return evaluate_regression(score, batches, allreduce, ev["total_records"], rank, size)
         return evaluate_classification(score, batches, allreduce, len(meta["labels"]), ev.get("task"))
@@ -146,6 +157,7 @@ def run(cfg: FinetuneConfig, backend) -> dict:
                                       length_grouping=cfg.length_grouping)
 
     if not cfg.do_train:  # prediction only, with init_checkpoint's weights (the engine broadcast them)
+        end_start()  # (the start-up is over: an evaluation is not watched)
         final = on_step.report(0)
         log.close()
         if rank == 0:

@@ -2,6 +2,7 @@
 
     hvd-bert predict runs/ft reviews.tsv --output predictions.jsonl
     hvd-bert predict runs/squad questions.jsonl      # {"question": ..., "context": ...} per line
+    hvd-bert predict runs/ner eng.testb              # a CoNLL file: a tag for every word
     hvd-bert predict runs/ft reviews.tsv -np 2       # split over 2 ranks
 
 The checkpoint says what it predicts: a fine-tuning run folder holds ``task.json`` (the task,
@@ -20,6 +21,8 @@ and its tokenizer, one of a ``BertForQuestionAnswering`` its tokenizer.
   windows, n-best and longest-answer rules, ``squad_predictions``), rank 0 writes them in input
   order: ``.json`` is the official predictions file, ``.jsonl``/``.tsv`` add each answer's
   probability (v2.0: the null odds). Gold answers in the input are scored officially.
+* Token classification (NER): the input is a CoNLL file, with or without tags
+  (``jobs.predict_tokens``); tags in it are scored as ``seqeval`` scores entities.
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ import numpy as np
 
 from hvd_bert.config import ConfigError, PredictConfig
 from hvd_bert.data.classification import encode_pairs, read_texts
-from hvd_bert.data.finetune import REGRESSION, SQUAD, prediction_mismatch
+from hvd_bert.data.finetune import REGRESSION, SQUAD, TOKENS, prediction_mismatch
 from hvd_bert.data.kinds import KIND_CLASSIFY
 from hvd_bert.data.records import DatasetError
 from hvd_bert.data.sidecar import SIDECAR, read_sidecar
 from hvd_bert.evaluation.finetune import dense_gather, eval_batches
 from hvd_bert.jobs.predict_model import load_scorer, model_record, output_path, tokenizer_of, vocab_mismatch
 from hvd_bert.jobs.predict_squad import answer
+from hvd_bert.jobs.predict_tokens import tag_words
 from hvd_bert.jobs.run_folder import ranks_agree
 from hvd_bert.files import atomic_write
 from hvd_bert.train.checkpoint import pick_checkpoint
@@ -66,6 +70,8 @@ def run(cfg: PredictConfig, backend) -> dict:
     rec = model_record(cfg.checkpoint)
     if rec["task"] == SQUAD:
         return answer(cfg, backend, rec, rank, size)
+    if rec["task"] == TOKENS:
+        return tag_words(cfg, backend, rec, rank, size)
     labels = rec.get("labels") or []
     n_out = 1 if rec["task"] == REGRESSION else len(labels)
     source = Path(cfg.input).expanduser()

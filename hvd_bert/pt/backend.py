@@ -88,6 +88,10 @@ class PyTorchBackend(ModelFunctions):
         from hvd_bert.pt.models.bert import BertForSequenceClassification
         return BertForSequenceClassification(config, num_labels).to(self.device)
 
+    def bert_token_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int):
+        from hvd_bert.pt.models.bert import BertForTokenClassification
+        return BertForTokenClassification(config, num_labels).to(self.device)
+
     def bert_span(self, config: BertConfig, max_seq_length: int):
         from hvd_bert.pt.models.bert import BertForQuestionAnswering
         return BertForQuestionAnswering(config).to(self.device)

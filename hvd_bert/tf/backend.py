@@ -72,6 +72,10 @@ class TensorFlowBackend(ModelFunctions):
         from hvd_bert.tf.models.bert import BertForSequenceClassification, build_model
         return build_model(BertForSequenceClassification(config, num_labels), max_seq_length)
 
+    def bert_token_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int):
+        from hvd_bert.tf.models.bert import BertForTokenClassification, build_model
+        return build_model(BertForTokenClassification(config, num_labels), max_seq_length)
+
     def bert_span(self, config: BertConfig, max_seq_length: int):
         from hvd_bert.tf.models.bert import BertForQuestionAnswering, build_model
         return build_model(BertForQuestionAnswering(config), max_seq_length)

@@ -68,6 +68,9 @@ class Backend(Protocol):
     def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int) -> Any:
         """A classifier on the pooled first token; ``num_labels=1``: a regression head."""
 
+    def bert_token_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int) -> Any:
+        """A label for every token of the sequence output (NER)."""
+
     def bert_span(self, config: BertConfig, max_seq_length: int) -> Any:
         """SQuAD's span model: ``(start_logits, end_logits)`` per token."""
 
@@ -88,6 +91,7 @@ class Backend(Protocol):
     pretraining_loss: Callable
     classification_loss: Callable
     regression_loss: Callable
+    token_classification_loss: Callable
     span_loss: Callable
     ncf_loss: Callable
 
@@ -177,6 +181,10 @@ class ModelFunctions:
     @property
     def regression_loss(self):
         return self._fn("bert", "regression_loss")
+
+    @property
+    def token_classification_loss(self):
+        return self._fn("bert", "token_classification_loss")
 
     @property
     def span_loss(self):

@@ -101,7 +101,7 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
 
         task = read_task_record(src) or {}
         out = write_hf_folder(output, arrays, config, vocab_file=vocab, do_lower_case=not cased,
-                              labels=task.get("labels"), overwrite=overwrite)
+                              labels=task.get("labels"), overwrite=overwrite, task=task.get("task"))
         arch = json.loads((out / "config.json").read_text())["architectures"][0]  # the class to load it with
         return (f"{src} ({n}) -> {out} (Hugging Face: transformers.{arch}.from_pretrained({str(out)!r}))"
                 f"{which}")

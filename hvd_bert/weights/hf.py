@@ -241,15 +241,18 @@ def hf_config(config: BertConfig, architecture: str, num_labels: int | None = No
 
 def write_hf_folder(folder: str | Path, arrays: Mapping[str, np.ndarray], config: BertConfig,
                     vocab_file: str | Path | None = None, do_lower_case: bool = True,
-                    labels: list[str] | None = None, overwrite: bool = False) -> Path:
+                    labels: list[str] | None = None, overwrite: bool = False,
+                    task: str | None = None) -> Path:
     """A Hugging Face model folder (``config.json``, ``model.safetensors``, and the tokenizer
     files when ``vocab_file`` is given), written to a temporary folder and renamed into place;
-    a classifier's ``labels`` become its ``id2label``."""
+    a classifier's ``labels`` become its ``id2label``. A classifier without a pooler (or one whose
+    ``task`` says so) labels every token: ``BertForTokenClassification``."""
     import shutil
 
     state = portable_to_hf(arrays, config)
     classifier = "classifier.weight" in state
-    arch = ("BertForSequenceClassification" if classifier else
+    tokens = classifier and (task == "token-classification" or not any("pooler" in k for k in state))
+    arch = ("BertForTokenClassification" if tokens else "BertForSequenceClassification" if classifier else
             "BertForQuestionAnswering" if "qa_outputs.weight" in state else "BertForPreTraining")
     names = [k for k in state if arch == "BertForPreTraining" or not k.startswith("cls.")]  # (fine-tuned:
     num_labels = int(shape_of(state, "classifier.weight")[0]) if classifier else None  # no pretraining heads)

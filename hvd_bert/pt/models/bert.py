@@ -34,6 +34,7 @@ from hvd_bert.pt.parallel_layers import COLUMN, COPY, ROW
 
 __all__ = ["BertModel", "BertForPreTraining", "BertForSequenceClassification", "BertForQuestionAnswering",
            "pretraining_loss", "packed_features", "classification_loss", "regression_loss", "span_loss",
+           "BertForTokenClassification", "token_classification_loss",
            "export_weights", "load_weights", "read_checkpoint_weights"]
 
 
@@ -282,6 +283,21 @@ class BertForQuestionAnswering(BertModel):
         return logits[..., 0], logits[..., 1]
 
 
+class BertForTokenClassification(BertModel):
+    """BERT with a label for every token (NER; Hugging Face's ``BertForTokenClassification``): a
+    linear layer on each position of the sequence output; ``forward`` returns logits
+    ``[B, S, num_labels]``. It has no pooler (nothing would train it)."""
+
+    def __init__(self, c: BertConfig, num_labels: int):
+        super().__init__(c, pooler=False)
+        self.dropout = nn.Dropout(c.hidden_dropout)
+        self.classifier = nn.Linear(c.hidden_size, num_labels)
+        self.apply(self._init)
+
+    def forward(self, input_ids, segment_ids, input_mask):
+        return self.classifier(self.dropout(self.encode(input_ids, segment_ids, input_mask)))
+
+
 def packed_features(batch: dict) -> dict | None:
     """The packed layout's features of a batch (``hvd_bert.data.packing``), or None."""
     return {k: batch[k] for k in PACKED_FEATURES} if is_packed(batch) else None
@@ -300,6 +316,18 @@ def regression_loss(model: BertForSequenceClassification, batch: dict) -> tuple[
     pred = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"]).float().view(-1)
     loss = F.mse_loss(pred, batch["label_values"].float().view(-1))
     return loss, {}
+
+
+def token_classification_loss(model: BertForTokenClassification, batch: dict) -> tuple[torch.Tensor, dict]:
+    """The cross-entropy over the labelled positions (each word's first piece; ``label_ids`` -1
+    elsewhere), and their accuracy; no host synchronisation."""
+    logits = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"]).float()
+    labels = batch["label_ids"].long()
+    keep = (labels >= 0).float()
+    n = keep.sum().clamp_min(1.0)
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-1, reduction="sum") / n
+    acc = ((logits.argmax(-1) == labels).float() * keep).sum() / n
+    return loss, {"accuracy": acc.detach()}
 
 
 def span_loss(model: BertForQuestionAnswering, batch: dict) -> tuple[torch.Tensor, dict]:
@@ -324,7 +352,8 @@ def load_weights(model: nn.Module, arrays: dict[str, np.ndarray], *, source: str
     """Load portable weights, checked name by name. A classifier takes the encoder of a
     pretraining checkpoint (its own classifier keeps its initialisation)."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    task_model = isinstance(model, (BertForSequenceClassification, BertForQuestionAnswering))
+    task_model = isinstance(model, (BertForSequenceClassification, BertForQuestionAnswering,
+                                    BertForTokenClassification))
     fitted = fit_for_model(arrays, expected, classifier=task_model, source=source)
     state = model.state_dict()
     with torch.no_grad():

@@ -29,6 +29,7 @@ from hvd_bert.tf.kernels import DenseGELU, bias_gelu
 
 __all__ = ["BertForPreTraining", "BertForSequenceClassification", "BertForQuestionAnswering",
            "pretraining_loss", "classification_loss", "regression_loss", "span_loss", "export_weights",
+           "BertForTokenClassification", "token_classification_loss",
            "load_weights", "read_checkpoint_weights", "build_model"]
 
 _NEG = -10000.0  # attention bias at padded positions (Google's value; finite in float16)
@@ -181,6 +182,21 @@ class BertForQuestionAnswering(BertModel):
         return logits[..., 0], logits[..., 1]
 
 
+class BertForTokenClassification(BertModel):
+    """A label for every token (as ``hvd_bert.pt.models.bert.BertForTokenClassification``):
+    ``call(batch)`` returns float32 logits ``[B, S, num_labels]``; no pooler."""
+
+    def __init__(self, c: BertConfig, num_labels: int, **kw):
+        super().__init__(c, pooler=False, **kw)
+        self.num_labels = num_labels
+        self.dropout = tf.keras.layers.Dropout(c.hidden_dropout)
+        self.classifier = tf.keras.layers.Dense(num_labels, kernel_initializer=_init(c), name="classifier")
+
+    def call(self, batch, training=False):
+        x = self.encode(batch["input_ids"], batch["segment_ids"], batch["input_mask"], training=training)
+        return tf.cast(self.classifier(self.dropout(x, training=training)), tf.float32)
+
+
 def build_model(model: tf.keras.Model, seq_len: int = 8, predictions: int = 2) -> tf.keras.Model:
     """Create the model's variables by calling it once on a dummy batch."""
     z = tf.zeros([1, seq_len], tf.int32)
@@ -219,6 +235,18 @@ def regression_loss(model: BertForSequenceClassification, batch: dict, training:
     pred = tf.reshape(model(batch, training=training), [-1])
     gold = tf.reshape(tf.cast(batch["label_values"], tf.float32), [-1])
     return tf.reduce_mean(tf.square(pred - gold)), {}
+
+
+def token_classification_loss(model: BertForTokenClassification, batch: dict, training: bool = True):
+    """As ``hvd_bert.pt.models.bert.token_classification_loss``: the cross-entropy over the
+    labelled positions (``label_ids`` -1 elsewhere) and their accuracy."""
+    logits = model(batch, training=training)
+    labels = tf.cast(batch["label_ids"], tf.int32)
+    keep = tf.cast(labels >= 0, tf.float32)
+    n = tf.maximum(tf.reduce_sum(keep), 1.0)
+    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.maximum(labels, 0), logits=logits)
+    hit = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
+    return tf.reduce_sum(ce * keep) / n, {"accuracy": tf.reduce_sum(hit * keep) / n}
 
 
 def span_loss(model: BertForQuestionAnswering, batch: dict, training: bool = True):
@@ -265,7 +293,7 @@ def weight_map(model: BertModel) -> dict[str, tuple[tf.Variable, bool]]:
         out.update(_norm("mlm_LayerNorm", model.mlm_LayerNorm))
         out["mlm_bias"] = (model.mlm_bias, False)
         out.update(_dense("nsp", model.nsp))
-    if isinstance(model, BertForSequenceClassification):
+    if isinstance(model, (BertForSequenceClassification, BertForTokenClassification)):
         out.update(_dense("classifier", model.classifier))
     if isinstance(model, BertForQuestionAnswering):
         out.update(_dense("qa_outputs", model.qa_outputs))
@@ -283,7 +311,8 @@ def load_weights(model: BertModel, arrays: dict[str, np.ndarray], *, source: str
     checkpoint's encoder; its classifier keeps its initialisation)."""
     wm = weight_map(model)
     expected = {k: tuple(v.shape[::-1]) if t else tuple(v.shape) for k, (v, t) in wm.items()}
-    task_model = isinstance(model, (BertForSequenceClassification, BertForQuestionAnswering))
+    task_model = isinstance(model, (BertForSequenceClassification, BertForQuestionAnswering,
+                                    BertForTokenClassification))
     fitted = fit_for_model(arrays, expected, classifier=task_model, source=source)
     for k, a in fitted.items():
         var, t = wm[k]
