@@ -51,6 +51,9 @@ class PretrainConfig:
     framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
 
     def __post_init__(self) -> None:
+        require(not (self.train.activation_checkpointing != "off" and self.framework == "tf"),
+                f"train.activation_checkpointing={self.train.activation_checkpointing} is PyTorch's (the "
+                f"Keras BERT keeps its activations): use framework=pt or train.activation_checkpointing=off")
         require(0 <= self.dropout < 1, f"dropout is a probability in [0, 1), got {self.dropout}")
         require(self.eval_every >= 0 and self.eval_batch_size > 0,
                  "eval_every must be >= 0 and eval_batch_size > 0")
@@ -119,6 +122,9 @@ class FinetuneConfig:
     framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
 
     def __post_init__(self) -> None:
+        require(not (self.train.activation_checkpointing != "off" and self.framework == "tf"),
+                f"train.activation_checkpointing={self.train.activation_checkpointing} is PyTorch's (the "
+                f"Keras BERT keeps its activations): use framework=pt or train.activation_checkpointing=off")
         require(self.epochs >= 0, f"epochs must be >= 0, got {self.epochs}")
         require(0 <= self.dropout < 1, f"dropout is a probability in [0, 1), got {self.dropout}")
         require(self.eval_batch_size > 0, f"eval_batch_size must be > 0, got {self.eval_batch_size}")

@@ -13,7 +13,7 @@ from hvd_bert.core.batch import BatchPlan, plan_batch
 from hvd_bert.core.optim import BERT_EXCLUDE, LARS_EXCLUDE, name_mask
 
 __all__ = ["OptimConfig", "ScheduleConfig", "BatchConfig", "PrecisionConfig", "HorovodConfig",
-           "ElasticConfig", "ZeroConfig", "TrainConfig", "OPTIM_FIELDS"]
+           "ElasticConfig", "ZeroConfig", "TrainConfig", "OPTIM_FIELDS", "activation_policy"]
 
 SEED_MAX = 2**31 - 1  # (a seed plus any rank stays below 2**32)
 
@@ -288,6 +288,20 @@ class ZeroConfig:
         require(self.bucket_mb > 0, f"train.zero.bucket_mb must be > 0, got {self.bucket_mb}")
 
 
+def activation_policy(text: str) -> tuple[int, bool]:
+    """``train.activation_checkpointing`` as ``(every, attention)``: recompute every ``every``-th
+    encoder layer whole (0: none), or each layer's attention block (``attention``)."""
+    if text == "off":
+        return 0, False
+    if text == "attention":
+        return 0, True
+    name, _, k = text.partition(":")
+    if name == "layers" and (not k or (k.isdigit() and 1 <= int(k) <= 1 << 16)):
+        return int(k or 1), False
+    raise ConfigError(f"train.activation_checkpointing={text!r}: give off, layers, layers:K (K >= 1: every "
+                      f"K-th encoder layer) or attention")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """A training run's engine settings, shared by both frameworks. Every job holds one as its
@@ -309,6 +323,11 @@ class TrainConfig:
                                   "them, Megatron-style (PyTorch pretraining); 1 = none. It divides the "
                                   "world size, the heads and the intermediate size; the global batch is "
                                   "over world size / tensor_parallel replicas")
+    activation_checkpointing: str = doc(
+        "off", "recompute activations in the backward pass instead of keeping them (less memory, about "
+               "one more forward pass of time): off; layers (every encoder layer keeps only its input); "
+               "layers:K (every K-th layer); attention (each layer's attention block: its S x S scores). "
+               "Gradients are those of off (dropout draws the same masks again); PyTorch only")
     seed: int = doc(0, "random seed (model init, data order, masking)")
     log_every: int = doc(10, "log every this many optimizer steps (rank 0)")
     checkpoint_every: int = doc(0, "checkpoint every this many optimizer steps (0 = at the end only)")
@@ -350,6 +369,7 @@ class TrainConfig:
                 f"and TensorFlow take seeds below 2**32, and each rank adds its rank to it")
         require(self.stall_timeout_s >= 0, f"stall_timeout_s must be >= 0, got {self.stall_timeout_s}")
         require(self.tensor_parallel >= 1, f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
+        activation_policy(self.activation_checkpointing)  # (a ConfigError naming the choices)
         require(self.max_skipped_steps > 0, f"max_skipped_steps must be > 0, got {self.max_skipped_steps}")
         require(self.log_every > 0, f"log_every must be > 0, got {self.log_every}")
         require(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}")

@@ -88,6 +88,7 @@ def run(cfg: FinetuneConfig, backend) -> dict:
         model, loss = backend.bert_classifier(bert, len(meta["labels"]), seq), backend.classification_loss
         what, line_keys = "classifier", ("loss", "accuracy", "lr", "examples_per_s")
         about = f"{meta['total_records']} examples, labels {meta['labels']}"
+    backend.activation_checkpointing(model, cfg.train.activation_checkpointing)
     if arrays is not None:
         backend.load_weights(model, arrays, source=f"init_checkpoint {cfg.init_checkpoint}")
     plan = cfg.train.batch.plan(size)

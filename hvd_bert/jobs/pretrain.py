@@ -70,6 +70,7 @@ def run(cfg: PretrainConfig, backend) -> dict:
     backend.seed(cfg.train.seed + rank)  # per-rank dropout streams
     # PyTorch builds only this rank's share (train.tensor_parallel), the same weights on any layout
     model = backend.bert_pretraining(bert, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.train)
+    backend.activation_checkpointing(model, cfg.train.activation_checkpointing)
     if cfg.compile_layers:
         backend.compile_layers(model)  # (compiled at the first steps)
     error = None

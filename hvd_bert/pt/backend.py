@@ -84,6 +84,11 @@ class PyTorchBackend(ModelFunctions):
         from hvd_bert.pt import tensor_parallel as TP
         TP.load_whole(model, arrays, groups, source)  # (every rank its share of the whole tensors)
 
+    def activation_checkpointing(self, model, policy: str) -> None:
+        from hvd_bert.config.train import activation_policy
+
+        model.activation_checkpointing(*activation_policy(policy))
+
     def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int):
         from hvd_bert.pt.models.bert import BertForSequenceClassification
         return BertForSequenceClassification(config, num_labels).to(self.device)

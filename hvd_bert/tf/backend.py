@@ -68,6 +68,12 @@ class TensorFlowBackend(ModelFunctions):
         raise ConfigError("compile_layers is PyTorch's (torch.compile): use framework=pt or "
                           "compile_layers=false")
 
+    def activation_checkpointing(self, model, policy: str) -> None:
+        if policy != "off":
+            raise ConfigError(f"train.activation_checkpointing={policy} is PyTorch's here (the Keras BERT's "
+                              f"layers keep their activations): use framework=pt or "
+                              f"train.activation_checkpointing=off")
+
     def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int):
         from hvd_bert.tf.models.bert import BertForSequenceClassification, build_model
         return build_model(BertForSequenceClassification(config, num_labels), max_seq_length)

@@ -65,6 +65,10 @@ class Backend(Protocol):
         """Compile each encoder layer of ``model`` in place (PyTorch: ``torch.compile``; the
         parameter names stay). A backend without it raises ConfigError."""
 
+    def activation_checkpointing(self, model, policy: str) -> None:
+        """Recompute activations in the backward pass (``train.activation_checkpointing``); a
+        backend without it raises ConfigError unless ``policy`` is off."""
+
     def bert_classifier(self, config: BertConfig, num_labels: int, max_seq_length: int) -> Any:
         """A classifier on the pooled first token; ``num_labels=1``: a regression head."""
 

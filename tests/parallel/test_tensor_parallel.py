@@ -33,8 +33,8 @@ def launched(tmp_path_factory):
         for name in scenarios:
             results[name] = [r[name] for r in ranks]
 
-    def train(tp, stage, optim, steps, folder):
-        return ["train", tp, stage, optim, steps, str(root / folder)]
+    def train(tp, stage, optim, steps, folder, *recompute):
+        return ["train", tp, stage, optim, steps, str(root / folder), *recompute]
     dense = {f"dense-{o}": train(1, 0, o, 3, f"dense-{o}") for o in ("lamb", "nvlamb", "lars")}
     launch(2, {"build-1": ["build", 1], **dense}, "dense")
     shutil.copytree(root / "dense-lamb", root / "dense-then-split")
@@ -42,6 +42,7 @@ def launched(tmp_path_factory):
                "split-0-lamb": train(2, 0, "lamb", 3, "split-0-lamb"),
                "split-1-nvlamb": train(2, 1, "nvlamb", 3, "split-1-nvlamb"),
                "split-2-lars": train(2, 2, "lars", 3, "split-2-lars"),
+               "split-2-lars-recomputed": train(2, 2, "lars", 3, "split-2-lars-recomputed", "layers"),
                "dense-then-split": train(2, 1, "lamb", 5, "dense-then-split")}, "split")
     shutil.copytree(root / "split-0-lamb", root / "split-then-dense")
     launch(2, {"split-then-dense": train(1, 0, "lamb", 5, "split-then-dense")}, "again")
@@ -115,6 +116,13 @@ def test_groups_of_2_train_as_the_dense_model_on_the_same_replicas(launched, sta
     np.testing.assert_allclose(split["losses"], dense["losses"], rtol=1e-5)
     _compare(split["weights"], dense["weights"], "test_groups_of_2_train_as_the_dense_model/weights")
     assert split["memory"]["zero_stage"] == stage
+
+
+def test_activation_checkpointing_under_tensor_parallelism_and_zero_2_trains_the_same_weights(launched):
+    """train.activation_checkpointing=layers recomputes each split layer (its collectives again)
+    in the backward pass: the same losses and weights as keeping the activations."""
+    kept, recomputed = launched[1]["split-2-lars"][0], launched[1]["split-2-lars-recomputed"][0]
+    assert recomputed["losses"] == kept["losses"] and recomputed["weights"] == kept["weights"]
 
 
 def test_a_checkpoint_of_a_split_run_is_the_dense_format(launched):

@@ -81,7 +81,7 @@ def test_finetuning_finds_the_entities_and_reports_seqevals_f1(framework, ner, t
     assert best["metric"] == "eval_f1" and (out / "task.json").is_file()
     # the model's own tags of the dev file, scored by seqeval, give the run's F1
     pred = tmp_path / "dev.pred.txt"
-    res = cli("predict", out, ner / "dev.txt", "--output", pred, "--checkpoint", "latest")
+    res = cli("predict", out, ner / "dev.txt", "--output", pred)  # (the best model: the final one here)
     assert res.returncode == 0 and "scored against the input's tags" in res.stdout, res.stderr
     blocks = [b.split("\n") for b in pred.read_text().strip().split("\n\n")]
     gold = [[line.split()[1] for line in b] for b in blocks]
@@ -128,7 +128,7 @@ def test_the_export_is_a_transformers_token_classifier_that_finds_the_same_entit
 
 
 @pytest.mark.parametrize("text, says", [
-    ("path NNP\nnodes\n", "line 2: 'nodes' has no tag"),
+    ("path B-PER\nnodes\n", "line 2: 'nodes' has no tag"),
     ("path NNP PER\n", "the tag 'PER' is not O or B-/I-/E-/S-"),
     ("-DOCSTART- -X- O\n\n", "holds no sentences"),
 ])

@@ -142,22 +142,49 @@ class BertLayer(nn.Module):
         self.intermediate = LinearGELU(h, c.intermediate_size, c.gelu)
         self.output = nn.Linear(c.intermediate_size, h)
         self.output_LayerNorm = nn.LayerNorm(h, eps=c.layer_norm_eps)
+        self.recompute_attention = False  # (train.activation_checkpointing=attention)
 
-    def forward(self, x, attn_bias):
+    def _attention(self, x, attn_bias):
+        """The attention block up to the context ``[B, S, H]`` (its scores are the largest
+        activation: ``[B, heads, S, S]``)."""
         b, s, h = x.shape
         heads = self.c.num_heads * self.query.weight.shape[0] // h  # (this rank's, when split)
         q, k, v = qkv_heads(self.enter(x), self.query, self.key, self.value, heads)
         ctx = attention(q, k, v, attn_bias, self.c.attention_dropout, self.training)
-        ctx = ctx.transpose(1, 2).reshape(b, s, -1)
+        return ctx.transpose(1, 2).reshape(b, s, -1)
+
+    def forward(self, x, attn_bias):
+        if self.recompute_attention and self.training and torch.is_grad_enabled():
+            ctx = recompute(self._attention, x, attn_bias)
+        else:
+            ctx = self._attention(x, attn_bias)
         p, train = self.c.hidden_dropout, self.training
         x = self.attention_LayerNorm(dropout_add(self.attention_output(ctx), x, p, train))
         mid = self.intermediate(self.enter(x))
         return self.output_LayerNorm(dropout_add(self.output(mid), x, p, train))
 
 
+def recompute(fn, *args):
+    """``fn(*args)`` whose activations are not kept: the backward pass runs it again, with the
+    random state it had (dropout draws the same masks: the gradients are those of ``fn`` kept)."""
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True)
+
+
 class BertModel(nn.Module):
     """The encoder (embeddings, layers, pooler) the task models share; ``encode`` gives the
-    sequence output, ``pool`` the first token's tanh projection."""
+    sequence output, ``pool`` the first token's tanh projection. ``activation_checkpointing``
+    (``train.activation_checkpointing``) recomputes layers or their attention in the backward
+    pass instead of keeping their activations."""
+
+    recompute_every = 0  # (every this many-th layer is recomputed whole; 0: none)
+
+    def activation_checkpointing(self, every: int, attention: bool) -> None:
+        """Recompute every ``every``-th encoder layer (0: none), or each layer's attention block."""
+        self.recompute_every = every
+        for layer in self.layers:
+            layer.recompute_attention = attention
 
     def __init__(self, c: BertConfig, pooler: bool = True):
         super().__init__()
@@ -190,8 +217,12 @@ class BertModel(nn.Module):
             seq = packed["sequence_ids"]
             attend = (seq[:, None, :, None] == seq[:, None, None, :]) & (seq[:, None, None, :] > 0)
         attn_bias = (~attend).to(x.dtype) * torch.finfo(x.dtype).min
-        for layer in self.layers:
-            x = layer(x, attn_bias)
+        keep = not (self.recompute_every and self.training and torch.is_grad_enabled())
+        for i, layer in enumerate(self.layers):
+            if keep or (i + 1) % self.recompute_every:
+                x = layer(x, attn_bias)
+            else:
+                x = recompute(layer, x, attn_bias)
         return x
 
     def compile_layers(self) -> None:

@@ -48,8 +48,10 @@ CONFIG = BertConfig(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, in
                     max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0)
 
 
-def train(tp: int, stage: int, optim: str, steps: int, ckpt: str) -> dict:
+def train(tp: int, stage: int, optim: str, steps: int, ckpt: str, recompute: str = "off") -> dict:
+    """(``recompute``: train.activation_checkpointing)"""
     from hvd_bert.config import TrainConfig, apply_overrides
+    from hvd_bert.config.train import activation_policy
     from hvd_bert.pt.tensor_parallel import gather_state_dict as whole
     from hvd_bert.train.backend import get_backend
 
@@ -61,6 +63,7 @@ def train(tp: int, stage: int, optim: str, steps: int, ckpt: str) -> dict:
     r, _ = backend.init(cfg)
     torch.manual_seed(SHIFT + 7 * r)  # different on every rank: the engine takes rank 0's
     model = BertForPreTraining(CONFIG)
+    model.activation_checkpointing(*activation_policy(recompute))
     engine = backend.engine(model, pretraining_loss, cfg)
     engine.resume(ckpt)
     losses = []
