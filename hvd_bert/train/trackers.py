@@ -185,13 +185,13 @@ class MlflowWriter:
                 self.run_id = self._start(job, params)
         except Exception as e:  # noqa: BLE001 - whatever MLflow raises, one line
             from hvd_bert.config import ConfigError
-            raise ConfigError(_start_problem(self.uri, e, given is not None)) from None
+            raise ConfigError(_start_problem(self.uri, e, given is not None, _experiment(job))) from None
 
     def _start(self, job: str, params: dict) -> str:
         mlflow = self.mlflow
         _check_sqlite(self.uri)
         self.client = mlflow.tracking.MlflowClient(self.uri)
-        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or f"hvd_bert {job}"
+        name = _experiment(job)
         exp = self.client.get_experiment_by_name(name)
         if exp is None:
             exp_id = self.client.create_experiment(name, artifact_location=_artifacts_beside(self.uri))
@@ -317,8 +317,14 @@ def _check_sqlite(uri: str) -> None:
         con.close()
 
 
-def _start_problem(uri: str, e: Exception, given: bool) -> str:
-    """The line for an MLflow run that cannot start at ``uri`` (``given``: by MLFLOW_TRACKING_URI)."""
+def _experiment(job: str) -> str:
+    """The MLflow experiment a job's runs go to: MLFLOW_EXPERIMENT_NAME, else ``hvd_bert <job>``."""
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME") or f"hvd_bert {job}"
+
+
+def _start_problem(uri: str, e: Exception, given: bool, experiment: str) -> str:
+    """The line for an MLflow run that cannot start at ``uri`` (``given``: by MLFLOW_TRACKING_URI)
+    in ``experiment``."""
     from urllib.parse import urlparse
 
     reason, off = _reason(e), "or leave mlflow out of train.report_to"
@@ -336,9 +342,9 @@ def _start_problem(uri: str, e: Exception, given: bool) -> str:
                 f"({reason}): check MLFLOW_TRACKING_URI and the server's credentials (MLFLOW_TRACKING_TOKEN, "
                 f"or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD), {off}")
     if "must be in the 'active' state" in str(e):  # (the experiment was deleted in this store)
-        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "the job's experiment"
-        return (f"train.report_to=mlflow: {name} is deleted in the MLflow store {uri}: restore it (mlflow "
-                f"experiments restore), or set MLFLOW_EXPERIMENT_NAME to another name, {off}")
+        return (f"train.report_to=mlflow: the experiment {experiment} is deleted in the MLflow store {uri}: "
+                f"restore it (mlflow experiments restore), or set MLFLOW_EXPERIMENT_NAME to another name, "
+                f"{off}")
     if scheme == "sqlite":
         path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else uri
         fix = ("set MLFLOW_TRACKING_URI to sqlite:////<absolute path>/mlflow.db in a writable folder, or "

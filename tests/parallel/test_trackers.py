@@ -109,6 +109,18 @@ def test_a_sqlite_store_on_a_read_only_file_system_is_refused_in_one_line(bert_d
     assert not db.exists()
 
 
+def test_an_experiment_deleted_in_the_store_is_named_in_one_line(bert_data, finished_run, tmp_path):
+    """MLflow keeps a deleted experiment's name taken (a run cannot start in it): the line says
+    which experiment, and how to restore it or name another."""
+    import mlflow
+
+    db = tmp_path / "mlflow.db"
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{db}")
+    client.delete_experiment(client.create_experiment("hvd_bert pretrain"))
+    refused(bert_data, finished_run, f"sqlite:///{db}", "the experiment hvd_bert pretrain is deleted in the "
+            "MLflow store", "mlflow experiments restore", "MLFLOW_EXPERIMENT_NAME")
+
+
 def run_argv(bert_data, run: Path, steps: int = 4) -> list:
     return [*HVD_BERT, "pretrain", "--set", f"data={bert_data}", "--set", "max_seq_length=64",
             "--set", "max_predictions_per_seq=10", "--set", "train.log_every=1", "--set", "progress=false",
