@@ -118,6 +118,11 @@ def predict_answers_as_the_run(run, s, last_eval, tmp_path):
     res = predict(run, s["train"], "--output", tmp_path / "t.json")
     assert res.returncode == 2 and "prepare-squad --split dev" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "t.json").exists()
+    table = tmp_path / "reviews.tsv"  # (a classifier's input, given to a SQuAD model)
+    table.write_text("sentence\tlabel\na fine film\t1\n")
+    res = predict(run, table, "--output", tmp_path / "r.json")
+    assert res.returncode == 2 and "a table of texts is for a classification model" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "r.json").exists()
 
 
 def test_squad_v2_predicts_no_answer_and_writes_null_odds(squad, tmp_path):
