@@ -7,6 +7,7 @@ are tested against.
     sharding    files and records to ranks, per epoch
     cost_model  the alpha-beta allreduce model behind ``hvd-bert simulate``
     model_size  memory per rank and step time of ZeRO stages and tensor parallelism (simulate)
+    activations what BERT's forward pass keeps for the backward pass, from the shape
     kernels     what the fused kernels of both frameworks agree on (GELU forms, the compile switch)
     zero        ZeRO's partition over the ranks: shards, partial norms, one rank's sharded step
     init        layout-independent initialisation: each tensor's seed, BERT's rule per tensor

@@ -16,9 +16,9 @@ ranks and a tensor-parallel group of T (the layer stack split T ways):
 Tensor parallelism divides the compute by T and adds, per layer and micro-batch, two
 allreduces of the activations (batch x seq x hidden, 2 bytes) in the forward pass and two in
 the backward, inside the group and on the critical path (Shoeybi et al. 2019); the group's
-links are the node's when T fits in a node. Activations per rank follow Korthikanti et al.
-2022 (no recomputation, fp16): seq x batch x hidden x layers x (10 + 24/T + 5 heads seq /
-(hidden T)) bytes.
+links are the node's when T fits in a node. Activations per rank are hvd_bert's BERT's own
+(:mod:`hvd_bert.core.activations`, the same model as a job's memory plan line), with a fused
+attention kernel as a GPU runs it.
 """
 
 from __future__ import annotations
@@ -73,9 +73,14 @@ def state_bytes_per_param(layout: Layout, dp: int, mixed: bool = True) -> float:
     return (w + g + o) / layout.tensor_parallel
 
 
-def activation_bytes(shape: Shape, tp: int = 1) -> float:
-    s, b, h, L, a = shape.seq, shape.micro_batch, shape.hidden, shape.layers, shape.heads
-    return s * b * h * L * (10 + 24 / tp + 5 * a * s / (h * tp))
+def activation_bytes(shape: Shape, tp: int = 1, mixed: bool = True) -> float:
+    """A GPU rank's activations at a step's peak (``core.activations``: hvd_bert's BERT, bf16
+    autocast unless ``mixed`` is off, a fused attention kernel, an MLP 4 times the hidden size)."""
+    from hvd_bert.core.activations import ActivationShape, step_peak_bytes
+
+    x = ActivationShape(shape.hidden, shape.layers, shape.heads, 4 * shape.hidden, shape.seq,
+                        shape.micro_batch)
+    return step_peak_bytes(x, "bf16" if mixed else "fp32", tp=tp, flash=True)
 
 
 @dataclass(frozen=True)
@@ -125,7 +130,7 @@ def project_layout(w: Workload, shape: Shape | None, ranks: int, net: Interconne
     step = compute + exposed + tp_comm
     mem = w.params * state_bytes_per_param(layout, dp, mixed)
     if shape is not None:
-        mem += activation_bytes(shape, tp)
+        mem += activation_bytes(shape, tp, mixed)
     return LayoutProjection(layout, mem, step, compute / step, exposed + tp_comm - base,
                             dp * w.samples_per_micro_batch * k / step)
 
@@ -186,7 +191,7 @@ def report_model_size(w: Workload, shape: Shape | None, ranks: int, net: Interco
     for lay in layouts:
         if ranks % lay.tensor_parallel:
             continue
-        act = activation_bytes(shape, lay.tensor_parallel) if shape else 0.0
+        act = activation_bytes(shape, lay.tensor_parallel, mixed) if shape else 0.0
         n = largest_model(lay, max(1, ranks // lay.tensor_parallel), dev, act, mixed)
         parts.append(f"{lay}: {_params(n)}")
     lines.append("largest model that fits (model state" + (" + these activations" if shape else "") +
@@ -198,7 +203,7 @@ def report_model_size(w: Workload, shape: Shape | None, ranks: int, net: Interco
             host.append(f"{lay}: save {ph['save'] / GB:.2f}, commit {ph['commit'] / GB:.2f}")
     lines.append("per rank, the device's peak is the step (building holds the weights, loading the state, "
                  "both less); host GB a sharded save stages and an elastic commit keeps: " + "; ".join(host))
-    fit0 = largest_model(Layout(0), ranks, dev, activation_bytes(shape) if shape else 0.0, mixed)
+    fit0 = largest_model(Layout(0), ranks, dev, activation_bytes(shape, 1, mixed) if shape else 0.0, mixed)
     fitting = [project_layout(w, shape, ranks, net, lay, algorithm=algorithm, mixed=mixed, k=k, fp16=fp16,
                            fusion_bytes=fusion_bytes)
                for lay in layouts if ranks % lay.tensor_parallel == 0]
@@ -253,13 +258,17 @@ def rank_memory(split: int, whole: int, *, buffers: int, zero_stage: int, tensor
     return RankMemory(w, g, o)
 
 
-def memory_plan_line(m: RankMemory, ranks_here: int, available: float, where: str) -> tuple[str, bool]:
-    """``(line, fits)``: the training state a rank will hold, what the ranks on this host (or
-    device) need together and what it has available."""
+def memory_plan_line(m: RankMemory, ranks_here: int, available: float, where: str, activations: float = 0.0,
+                     about: str = "") -> tuple[str, bool]:
+    """``(line, fits)``: the training state a rank will hold and its activations at a step's peak
+    (``core.activations``; ``about``: what they are of), what the ranks on this host (or device)
+    need together and what it has available."""
     from hvd_bert.core.text import size_text as gib
 
-    need = m.total * ranks_here
+    total = m.total + activations
+    need = total * ranks_here
     line = (f"memory plan per rank: weights {gib(m.weights)}, gradients {gib(m.gradients)}, optimizer state "
-            f"{gib(m.optimizer_state)} = {gib(m.total)} before activations; {ranks_here} rank"
-            f"{'s' if ranks_here > 1 else ''} on {where} need {gib(need)} of its {gib(available)} available")
+            f"{gib(m.optimizer_state)}, activations {gib(activations)}{about} = {gib(total)}; {ranks_here} "
+            f"rank{'s' if ranks_here > 1 else ''} on {where} need {gib(need)} of its {gib(available)} "
+            f"available")
     return line, need <= available

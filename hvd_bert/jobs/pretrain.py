@@ -66,7 +66,7 @@ def run(cfg: PretrainConfig, backend) -> dict:
         raise ConfigError(f"train.tensor_parallel={tp} does not divide the model's {bert.num_heads} "
                           f"attention heads and its intermediate size {bert.intermediate_size}: each rank "
                           f"of a group holds whole heads; give train.tensor_parallel one of {fits}")
-    memory_plan = plan_memory(cfg.train, bert, backend, size)  # (refused here, before anything is built)
+    memory_plan = plan_memory(cfg.train, bert, backend, size, cfg.max_seq_length, cfg.max_predictions_per_seq)
     backend.seed(cfg.train.seed + rank)  # per-rank dropout streams
     # PyTorch builds only this rank's share (train.tensor_parallel), the same weights on any layout
     model = backend.bert_pretraining(bert, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.train)
@@ -149,21 +149,57 @@ def run(cfg: PretrainConfig, backend) -> dict:
             "last": res.history[-1] if res.history else {}, **final}
 
 
-def plan_memory(train, bert, backend, world_size: int) -> str:
-    """The memory plan line (``core.model_size.memory_plan_line``) of this layout; a ConfigError
-    naming the settings that would fit when the ranks sharing a host (or GPU) need more than it
-    has available and ``train.check_memory`` is on."""
+def plan_memory(train, bert, backend, world_size: int, seq: int, predictions: int) -> str:
+    """The memory plan line (``core.model_size.memory_plan_line``) of this layout: the training
+    state and the activations of a local batch at a step's peak (``core.activations``); a
+    ConfigError naming the settings that would fit when the ranks sharing a host (or GPU) need
+    more than it has available and ``train.check_memory`` is on."""
+    from hvd_bert.config.train import activation_policy
+    from hvd_bert.core.activations import ActivationShape, step_peak_bytes
     from hvd_bert.core.model_size import bert_parameters, memory_plan_line, rank_memory
     from hvd_bert.core.optim import state_buffers
 
     split, whole = bert_parameters(bert)
-    tp, stage = train.tensor_parallel, train.zero.stage
-    m = rank_memory(split, whole, buffers=state_buffers(train.optim.name), zero_stage=stage,
-                    tensor_parallel=tp, data_parallel=max(1, world_size // tp))
     available, sharing, where = backend.memory_available()
-    line, fits = memory_plan_line(m, sharing, available, where)
+    local = train.batch.plan(max(1, world_size // train.tensor_parallel)).local_batch_size
+
+    def need(t, b: int) -> tuple[str, bool]:
+        tp = t.tensor_parallel
+        m = rank_memory(split, whole, buffers=state_buffers(t.optim.name), zero_stage=t.zero.stage,
+                        tensor_parallel=tp, data_parallel=max(1, world_size // tp))
+        x = ActivationShape(bert.hidden_size, bert.num_layers, bert.num_heads, bert.intermediate_size, seq, b,
+                            predictions, bert.padded_vocab_size)
+        act = step_peak_bytes(x, t.precision.mode, *activation_policy(t.activation_checkpointing), tp,
+                              flash=where.startswith("GPU"))
+        about = f" (local batch {b} x {seq}, activation_checkpointing {t.activation_checkpointing})"
+        return memory_plan_line(m, sharing, available, where, act, about)
+
+    line, fits = need(train, local)
     if not fits and train.check_memory:
-        raise ConfigError(f"{line}: the run would run out of memory; split the state with "
-                          f"--set train.zero.stage=2 and/or train.tensor_parallel (each divides it), start "
+        raise ConfigError(f"{line}: the run would run out of memory; {_what_fits(train, local, need)}, start "
                           f"fewer ranks per host, or --set train.check_memory=false to try anyway")
     return line
+
+
+def _what_fits(train, local: int, need) -> str:
+    """The settings, one change each, under which ``need`` says the run fits."""
+    from dataclasses import replace as changed
+
+    fits = []
+    if train.activation_checkpointing == "off":
+        recomputed = changed(train, activation_checkpointing="layers")
+        if need(recomputed, local)[1]:
+            fits.append("--set train.activation_checkpointing=layers")
+    if train.zero.stage < 2 and need(changed(train, zero=changed(train.zero, stage=2)), local)[1]:
+        fits.append("--set train.zero.stage=2")
+    b = local
+    while b > 1:  # (the largest local batch that fits, the global batch kept by more accumulation)
+        b //= 2
+        if need(train, b)[1]:
+            k = (train.batch.backward_passes_per_step or 1) * local // b
+            fits.append(f"--set train.batch.local_batch_size={b} --set "
+                        f"train.batch.backward_passes_per_step={k} (the same global batch)")
+            break
+    return ("it fits with " + ", or with ".join(fits) if fits else
+            "split the state with --set train.zero.stage=2 and/or train.tensor_parallel (each divides it) "
+            "and recompute activations (train.activation_checkpointing=layers)")

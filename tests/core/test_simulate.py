@@ -97,11 +97,23 @@ def test_the_issue_s_example_a_1_3b_lamb_model_needs_about_21_gb_for_its_state()
     assert 1.3e9 * M.state_bytes_per_param(M.Layout(0), 8, mixed=False) / 1e9 == pytest.approx(20.8)
 
 
-def test_activations_follow_korthikanti_and_tensor_parallelism_splits_all_but_10_sbh():
+def test_activations_are_the_job_plan_s_and_tensor_parallelism_splits_the_mlp_and_attention():
+    """simulate --model-size counts a GPU rank's activations as a job's plan does
+    (core.activations: bf16 autocast, a fused attention kernel keeping 4 bytes per head and
+    token): each of the 24 layers keeps 32 s b h + 4 s b i / T + 4 a s b / T + 16 s b + its bf16
+    weight copies 2 (7 h^2 + 2 h i) / T; the heads 8 s b h + 26 s b (no masked positions here);
+    one layer more and the gradient 8 s b h at the peak."""
     shape = M.Shape(hidden=1024, layers=24, heads=16, seq=128, micro_batch=64)
-    sbhl = 128 * 64 * 1024 * 24
-    assert M.activation_bytes(shape) == pytest.approx(sbhl * (34 + 5 * 16 * 128 / 1024))
-    assert M.activation_bytes(shape, 8) == pytest.approx(sbhl * (10 + 3 + 5 * 16 * 128 / 1024 / 8))
+    s, b, h, a, i = 128, 64, 1024, 16, 4096
+
+    def layer(t):
+        copies = 2 * (7 * h * h + 2 * h * i) / t
+        return 32 * s * b * h + 4 * s * b * i / t + 4 * a * s * b / t + 16 * s * b + copies
+
+    for t in (1, 8):  # (the heads: also the pooler's and transform's bf16 copy, 2 h^2)
+        want = 25 * layer(t) + 8 * s * b * h + 26 * s * b + 2 * h * h + 8 * s * b * h
+        assert M.activation_bytes(shape, t) == pytest.approx(want)
+    assert M.activation_bytes(shape, 8) < 0.7 * M.activation_bytes(shape)  # (s b h terms counted whole)
 
 
 def test_each_stage_holds_a_bigger_model_and_costs_an_allgather_more():

@@ -125,7 +125,8 @@ def test_a_job_writes_a_complete_sharded_checkpoint_and_says_its_memory(sharded_
     run, out = sharded_run
     assert [p.name for p in run.glob("ckpt-*")] == ["ckpt-00000002.shards"]
     assert (run / "ckpt-00000002.shards" / "index.json").is_file()
-    assert "memory plan per rank: weights" in out and "before activations; 1 rank on host" in out
+    assert "memory plan per rank: weights" in out and "activation_checkpointing off) = " in out
+    assert "; 1 rank on host" in out
     assert "peak memory of rank 0:" in out and "reached by" in out
 
 
