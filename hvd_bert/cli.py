@@ -312,15 +312,16 @@ def _user_error(command: str, line: str) -> int:
     return 2
 
 
-def resource_line(e: BaseException, cfg=None) -> str | None:
+def resource_line(e: BaseException, cfg=None, command: str | None = None) -> str | None:
     """A resource the user must provide, as one line with the fix: disk space, a writable
     folder (``files.os_error_line``), memory (the fix that applies to ``cfg``, the job's
     settings: a smaller batch, or, at one sequence per rank already, a smaller model); None for
     anything else."""
     from hvd_bert.files import os_error_line
 
-    if isinstance(e, OSError):
-        return os_error_line(e)
+    if isinstance(e, OSError):  # (a training job writes to train.output_dir, any other command to --output)
+        training = command is None or command in ("train", "pretrain", "finetune", "ncf")
+        return os_error_line(e, "train.output_dir (--output)" if training else "--output")
     text = str(e)
     if isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower() \
             or type(e).__name__ == "ResourceExhaustedError":
@@ -390,7 +391,7 @@ def _dispatch(argv: list[str]) -> int:
         hint = getattr(args, "error_hint", None)
         return _user_error(args.command, f"{e}{hint(e) if hint else ''}")
     except Exception as e:
-        resource = resource_line(e, getattr(args, "loaded", None))
+        resource = resource_line(e, getattr(args, "loaded", None), args.command)
         if resource is not None:
             return _user_error(args.command, resource)
         if not peer_failed(e):

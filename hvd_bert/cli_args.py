@@ -4,9 +4,10 @@ functions they call are ``hvd_bert.cli``'s)."""
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Callable
 
-__all__ = ["build_parser", "EXAMPLES", "without_launch_flags", "int64"]
+__all__ = ["build_parser", "EXAMPLES", "without_launch_flags", "int64", "real"]
 
 
 def int64(text: str) -> int:
@@ -19,6 +20,21 @@ def int64(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text} is outside the 64-bit integers ({INT_RANGE[0]} to "
                                          f"{INT_RANGE[1]})")
     return value
+
+
+def real(low: float, high: float = float("inf"), *, above: bool = False) -> Callable[[str], float]:
+    """A number option: finite, at least ``low`` (greater, with ``above``) and at most ``high``;
+    ``nan``, ``inf`` and a value out of its range are refused here, in one line."""
+    def parse(text: str) -> float:
+        value = float(text)
+        ok = math.isfinite(value) and (value > low if above else value >= low) and value <= high
+        if not ok:
+            want = f"{'more than' if above else 'at least'} {low:g}" + (f" and at most {high:g}"
+                                                                          if math.isfinite(high) else "")
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number {want}")
+        return value
+    parse.__name__ = "number"  # (argparse's "invalid number value: 'x'" for what is not one)
+    return parse
 
 
 def seed(text: str) -> int:
@@ -119,7 +135,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="check the installation with real 2-process Horovod runs")
     p.add_argument("--np", type=int64, default=2, help="processes per check (default 2)")
-    p.add_argument("--timeout", type=float, default=180, help="seconds per distributed check")
+    p.add_argument("--timeout", type=real(0, above=True), default=180, help="seconds per distributed check")
     p.add_argument("--no-runs", action="store_true", help="only report versions and the build")
     p.add_argument("--hosts", metavar="H1:SLOTS,H2:SLOTS",
                    help="check these hosts for a multi-node run instead: passwordless ssh, the same "
@@ -148,7 +164,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
                    help="splits prose, one-document-per-line text and Wikipedia articles into sentences: "
                         "syntok (default; with --like, phase 1's), or blingfire (about 27x faster, but it "
                         "ends a sentence after a title such as 'Dr.' in running text)")
-    p.add_argument("--split-mb", type=float, default=64,
+    p.add_argument("--split-mb", type=real(0, 2**40, above=True), default=64,
                    help="read an uncompressed file larger than this (MiB) in byte ranges of this size, "
                         "cut at document starts and dealt to the ranks (default 64)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
@@ -166,8 +182,8 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
                    help="output shards (default: 8, or about one per 32 MiB of input text)")
     p.add_argument("--max-seq-length", type=int64, default=128)
     p.add_argument("--max-predictions-per-seq", type=int64, default=20)
-    p.add_argument("--masked-lm-prob", type=float, default=0.15)
-    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--masked-lm-prob", type=real(0, 1), default=0.15)
+    p.add_argument("--short-seq-prob", type=real(0, 1), default=0.1)
     p.add_argument("--dupe-factor", type=int64, default=5)
     p.add_argument("--seed", type=seed, default=12345)
     p.add_argument("--overwrite", action="store_true", help="replace prepared data in --output")
@@ -240,7 +256,8 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
                    help="drop malformed rating lines (say how many) instead of stopping at the first")
     p.add_argument("--synthetic", default="ml-1m", choices=["ml-1m", "ml-20m"],
                    help="synthetic data of this size when no --movielens is given (default ml-1m)")
-    p.add_argument("--scale", type=float, default=1.0, help="scale the synthetic users and interactions")
+    p.add_argument("--scale", type=real(0, 1000, above=True), default=1.0,
+                   help="scale the synthetic users and interactions")
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=commands["prepare_ncf"])
@@ -321,14 +338,16 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="project step time and scaling efficiency on N GPUs "
                                         "(alpha-beta allreduce model)")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="bert-large-p1")
-    p.add_argument("--params", type=float, help="a custom model: trainable parameters")
+    p.add_argument("--params", type=real(1, 1e15), help="a custom model: trainable parameters")
     p.add_argument("--tensors", type=int64, default=200, help="custom model: parameter tensors")
-    p.add_argument("--micro-batch-seconds", type=float, default=0.1, help="custom: compute per micro-batch")
+    p.add_argument("--micro-batch-seconds", type=real(0, above=True), default=0.1,
+                   help="custom: compute per micro-batch")
     p.add_argument("--samples", type=int64, default=64, help="custom: samples per micro-batch")
     p.add_argument("--gpus", type=int64, nargs="+", default=[1, 16, 128, 512, 1472])
     p.add_argument("--interconnect", choices=sorted(INTERCONNECTS), default="dgx2h")
     p.add_argument("--algorithm", choices=["ring", "tree", "hierarchical"], default="hierarchical")
-    p.add_argument("--fusion-mb", type=float, default=128, help="tensor fusion buffer (0: no fusion)")
+    p.add_argument("--fusion-mb", type=real(0, 2**20), default=128,
+                   help="tensor fusion buffer (0: no fusion)")
     p.add_argument("--fp16", action="store_true", help="fp16 gradient compression")
     p.add_argument("--no-overlap", action="store_true", help="reductions after the backward pass")
     p.add_argument("--k", type=int64, default=1, help="backward_passes_per_step")
@@ -337,7 +356,8 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--model-size", action="store_true",
                    help="also project memory per GPU and step time of ZeRO stages 0/1/2 and tensor "
                         "parallelism on the last --gpus, and the largest model each layout holds")
-    p.add_argument("--device-gb", type=float, default=80.0, help="with --model-size: memory per GPU")
+    p.add_argument("--device-gb", type=real(0, 2**20, above=True), default=80.0,
+                   help="with --model-size: memory per GPU")
     p.add_argument("--fp32-state", action="store_true",
                    help="with --model-size: fp32 training (4+4+8 bytes per parameter, not 2+2+12)")
     p.add_argument("--calibrate", action="store_true",

@@ -269,16 +269,18 @@ def atomic_folder(folder: str | Path, exists_error: type[Exception] = FileExists
 
 _FIXES = {
     errno.ENOSPC: "",
-    errno.EDQUOT: "free space within your quota or give another train.output_dir (--output)",
-    errno.EROFS: "give a writable train.output_dir (--output)",
-    errno.EACCES: "you may not write there: give a folder you own as train.output_dir (--output)",
-    errno.EPERM: "you may not write there: give a folder you own as train.output_dir (--output)",
+    errno.EDQUOT: "free space within your quota or give another {out}",
+    errno.EROFS: "give a writable {out}",
+    errno.EACCES: "you may not write there: give a folder you own as {out}",
+    errno.EPERM: "you may not write there: give a folder you own as {out}",
 }
 
 
-def os_error_line(e: OSError) -> str | None:
+def os_error_line(e: OSError, output: str = "train.output_dir (--output)") -> str | None:
     """The one line for a resource error the user fixes (full or read-only disk, no permission,
-    a link planted where a file belongs); None for any other OSError (a bug keeps its traceback)."""
+    a link planted where a file belongs); None for any other OSError (a bug keeps its traceback).
+    ``output``: the setting that names where the command writes (a training job's
+    train.output_dir, another command's --output)."""
     if isinstance(e, UnsafePath):
         return e.strerror
     fix = _FIXES.get(e.errno)
@@ -288,11 +290,12 @@ def os_error_line(e: OSError) -> str | None:
     if e.errno == errno.ENOSPC:
         mb = getattr(e, "written", 0) / 2**20
         need = f"free at least {mb:.0f} MB" if mb >= 1 else "free space"
+        kept = "; the checkpoints already there are intact" if output.startswith("train.") else ""
         return (f"no space left on {_mount_of(where)} while writing {where}; {need} there or give another "
-                f"train.output_dir (--output); the checkpoints already there are intact")
+                f"{output}{kept}")
     what = {errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system"}
     what = what.get(e.errno, "permission denied")
-    return f"{what} while writing {where}: {fix}"
+    return f"{what} while writing {where}: {fix.format(out=output)}"
 
 
 def _mount_of(path: str) -> str:

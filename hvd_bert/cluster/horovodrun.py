@@ -6,6 +6,7 @@ Before it starts a single rank, Horovod 0.28.1's launcher asks whether Horovod w
 Gloo (and with MPI): in a forked child it imports each framework's extension in the order
 TensorFlow, PyTorch, MXNet, so every launch imports TensorFlow, 5 seconds of a core here and
 8 lines of TensorFlow's start-up messages on the launcher's terminal, even for a PyTorch job.
+A byte of a rank's output that is not UTF-8 is forwarded as U+FFFD (``_forward_any_bytes``).
 A rank's non-zero exit status becomes the launch's own (Horovod raises it as a traceback and
 exits 1: a job stopped by a signal, status 3, would read as a failure).
 This module runs the same launcher (``horovod.runner.launch.run_commandline``: every option,
@@ -66,8 +67,27 @@ def built() -> dict[str, bool | None]:
     return got
 
 
+def _forward_any_bytes() -> None:
+    """Horovod forwards each rank's output through a strict UTF-8 decoder
+    (``safe_shell_exec.prefix_connection``): one byte that is not UTF-8 (a script's binary
+    print) kills the thread that forwards that rank's stream, with a traceback, and the rest of
+    its output is lost. Its module's decoder factory is given ``errors="replace"`` (a U+FFFD for
+    each such byte, as ``hvd-bert launch`` reads its own pipe)."""
+    import codecs
+    import types
+
+    from horovod.runner.common.util import safe_shell_exec
+
+    def lenient(encoding):
+        return lambda: codecs.getincrementaldecoder(encoding)(errors="replace")
+
+    if getattr(safe_shell_exec, "codecs", None) is codecs:  # (the module 0.28.1 reads it from)
+        safe_shell_exec.codecs = types.SimpleNamespace(getincrementaldecoder=lenient)
+
+
 def main() -> None:
     from horovod.runner import launch
+    _forward_any_bytes()
     answers = built()
     launch.gloo_built = lambda verbose=False: answers["gloo_built"]
     launch.mpi_built = lambda verbose=False: answers["mpi_built"]

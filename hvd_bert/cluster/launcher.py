@@ -94,17 +94,42 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
     if STOP.requested:  # (a signal while this launcher started: hvd_bert.cli installs STOP first)
         return _fail(err, "stopped by a signal before the job started: nothing ran, nothing to save; run the "
                           "same command again to start it", EXIT_STOPPED)
+    import tempfile
+
+    statuses = tempfile.mkdtemp(prefix="hvd-bert-status-")  # (a user script's own exit statuses)
+    try:
+        return _run(argv, np, launcher, hosts, nic, python, job, statuses, out, err)
+    finally:
+        shutil.rmtree(statuses, ignore_errors=True)
+
+
+def _own_statuses(folder: str) -> dict[str, int]:
+    """``{rank: status}`` of the ranks whose script exited with a status of its own
+    (:mod:`hvd_bert.cluster.run_script` writes them)."""
+    found = {}
+    for name in os.listdir(folder):
+        try:
+            with open(os.path.join(folder, name)) as f:
+                found[name.removeprefix("rank-")] = int(f.read())
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def _run(argv, np, launcher, hosts, nic, python, job, statuses, out, err) -> int:
     from hvd_bert.cluster.processes import TAGGED
+    from hvd_bert.cluster.run_script import OWN_STATUS
 
     cmd = launch.command(argv, np=np, launcher=launcher, hosts=hosts, nic=nic, python=python,
-                         extra_env=(TAGGED,))  # (each line is tagged here: the ranks add no tag of their own)
+                         extra_env=(TAGGED, OWN_STATUS))  # (each line tagged here: the ranks add none)
     if launcher == "mpi":
         cmd.insert(cmd.index("-np"), "--tag-output")
     # The job in a session of its own: a terminal's Ctrl-C reaches this launcher alone, which passes
     # it to each rank once (mpirun, given it, would kill the ranks a second later); if this
     # launcher dies, the child launcher gets SIGTERM and passes it on.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0,
-                            env={**launch.mpi_env(), TAGGED: "1"}, stdin=subprocess.DEVNULL,
+                            env={**launch.mpi_env(), TAGGED: "1", OWN_STATUS: statuses},
+                            stdin=subprocess.DEVNULL,
                             start_new_session=True,
                             preexec_fn=_die_with_parent)
     # lines end at "\n" only: a "\r" (a progress bar's redraw) stays inside its line (_last_frame)
@@ -158,10 +183,12 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
             signal.signal(sig, handler)
     # (a user's script's text never decides the status: only its ranks' exit statuses do)
     toolkit = bool(job) and (job[0] in JOBS or job[0] in MPI_COMMANDS)
-    return _status(rc, codes, lost, errors_seen if toolkit else set(), state, err, exits)
+    return _status(rc, codes, lost, errors_seen if toolkit else set(), state, err, exits,
+                   _own_statuses(statuses))
 
 
-def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err, exits=()) -> int:
+def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err, exits=(),
+            own_status: dict | None = None) -> int:
     """The launch's exit status from the child launcher's, the ranks' and what was seen: a rank
     that exited with a status of its own (a user's script's ``sys.exit(7)``) is named with it, and
     the launch exits with it; the ranks the launcher then ended are not "lost"."""
@@ -178,8 +205,9 @@ def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err,
             _fail(err, "stopped by a signal during start-up, before training began: nothing to save; run the "
                        "same command again to start (exit status 3)")
         return EXIT_STOPPED
-    own = [(r, c) for r, c in exits
-           if 0 < c < 256 and _signal_of(c) is None and c not in (EXIT_USER, EXIT_STOPPED)]
+    said = own_status or {}  # (a status a script gave itself, as 137, is not a signal)
+    own = [(r, c) for r, c in exits if 0 < c < 256 and (_signal_of(c) is None or said.get(r) == c)
+           and c not in (EXIT_USER, EXIT_STOPPED)]
     if own and not state.signalled:
         rank, code = own[0]
         if code not in (EXIT_LOST_RANK, EXIT_STALLED):
@@ -187,7 +215,7 @@ def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err,
             return _fail(err, f"{who} exited with status {code} (its own output above says why), so the job "
                               f"stopped; the launch exits with the same status", code)
     gone = [(r, s) for r, s in lost if s != signal.SIGTERM or not state.signalled]
-    dead = [c for c in codes if _signal_of(c) is not None]
+    dead = [c for c in codes if _signal_of(c) is not None and c not in said.values()]
     if gone or (dead and not state.signalled):
         rank, sig = gone[0] if gone else (None, _signal_of(dead[0]))
         name = signal.Signals(sig).name if sig in {s.value for s in signal.Signals} else f"signal {sig}"

@@ -6,8 +6,13 @@ writes each argument apart, and ``mpirun --tag-output`` would cut the line at ea
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
+
+# set by hvd-bert launch: a folder where a rank whose script exits with a status of its own
+# writes it (rank-<N>), so that sys.exit(137) is told from a SIGKILL, which launchers report alike
+OWN_STATUS = "HVD_BERT_OWN_STATUS"
 
 
 def _missing(argv: list[str]) -> str | None:
@@ -38,13 +43,32 @@ def main(argv: list[str]) -> None:
     if problem:  # (the same line on every rank: the launcher prints it once)
         print(f"hvd-bert: {problem}", file=sys.stderr, flush=True)
         sys.exit(2)
-    if argv[:1] == ["-m"]:
-        sys.argv = [argv[1], *argv[2:]]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(argv)
-        sys.path.insert(0, str(__import__("pathlib").Path(argv[0]).resolve().parent))
-        runpy.run_path(argv[0], run_name="__main__")
+    try:
+        if argv[:1] == ["-m"]:
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path.insert(0, str(__import__("pathlib").Path(argv[0]).resolve().parent))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        if isinstance(e.code, int) and not isinstance(e.code, bool) and e.code % 256:
+            _tell_status(e.code % 256)
+        raise
+
+
+def _tell_status(code: int) -> None:
+    """Write this rank's own exit status where the launcher reads it (nothing when not launched
+    by hvd-bert launch, or on a host that lacks its folder)."""
+    folder = os.environ.get(OWN_STATUS)
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("HOROVOD_RANK"))
+    if not folder or rank is None or not os.path.isdir(folder):
+        return
+    try:
+        with open(os.path.join(folder, f"rank-{int(rank)}"), "w") as f:
+            f.write(str(code))
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from hvd_bert.core.sharding import check_epochs
+from hvd_bert.core.sharding import check_epochs, epoch_batches
 from hvd_bert.config import ConfigError, PretrainConfig
 from hvd_bert.config.bert import bert_preset
 from hvd_bert.weights.published import checkpoint_config
@@ -66,6 +66,11 @@ def run(cfg: PretrainConfig, backend) -> dict:
         raise ConfigError(f"train.tensor_parallel={tp} does not divide the model's {bert.num_heads} "
                           f"attention heads and its intermediate size {bert.intermediate_size}: each rank "
                           f"of a group holds whole heads; give train.tensor_parallel one of {fits}")
+    # a local batch no rank's data can fill is the data's line, before the memory plan sizes it
+    replicas = max(1, size // tp)
+    epoch_batches([s["file"] for s in meta["shards"]], [s["records"] for s in meta["shards"]], replicas,
+                  cfg.train.batch.plan(replicas).local_batch_size, 0, cfg.train.seed,
+                  cfg.record_striding or len(meta["shards"]) < replicas)
     memory_plan = plan_memory(cfg.train, bert, backend, size, cfg.max_seq_length, cfg.max_predictions_per_seq)
     backend.seed(cfg.train.seed + rank)  # per-rank dropout streams
     # PyTorch builds only this rank's share (train.tensor_parallel), the same weights on any layout

@@ -16,7 +16,7 @@ from pathlib import Path
 __all__ = ["zip_damage", "file_digests", "file_crc", "checkpoint_folder",
            "digest_damage", "pick_checkpoint", "run_folder_of", "checkpoint_step",
            "release_run_folder", "checkpoint_path", "is_checkpoint_name", "list_checkpoints",
-           "latest_checkpoint", "prune", "SHARDED", "SHARDED_INDEX",
+           "latest_checkpoint", "has_index", "prune", "SHARDED", "SHARDED_INDEX",
            "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
 
 _NAME = re.compile(r"^ckpt-(\d{8,})\.(\w+)$")
@@ -150,6 +150,13 @@ SHARDED_INDEX = "index.json"  # what makes it complete, written last
 ALL = ("pt", "tf", SHARDED)  # every kind of checkpoint a run folder holds
 
 
+def has_index(folder: str | Path) -> bool:
+    """Whether a sharded checkpoint's index is there: written last, its absence means the writing
+    was cut short. Anything at its name counts (a pipe, a dangling link): that is damage for the
+    reader to name, never an incomplete checkpoint to delete or pass over."""
+    return os.path.lexists(Path(folder) / SHARDED_INDEX)
+
+
 def list_checkpoints(folder: str | Path, suffix: str | tuple[str, ...]) -> list[tuple[int, Path]]:
     """``(step, path)`` of the complete checkpoints in ``folder`` with any of the suffixes, oldest
     first (a sharded checkpoint is complete once its index is written)."""
@@ -162,7 +169,7 @@ def list_checkpoints(folder: str | Path, suffix: str | tuple[str, ...]) -> list[
         m = _NAME.match(p.name)
         if not m or m.group(2) not in suffixes:
             continue
-        if m.group(2) == SHARDED and not (p / SHARDED_INDEX).is_file():
+        if m.group(2) == SHARDED and not has_index(p):
             continue  # (incomplete: never resumed from, never counted by prune)
         if p.is_file() or p.is_dir():  # TF: a folder
             out.append((int(m.group(1)), p))
@@ -206,7 +213,7 @@ def remove_stale_temporaries(folder: str | Path) -> list[Path]:
         return removed
     for p in folder.iterdir():  # a sharded checkpoint whose writing was cut short (the folder's owner
         m = _NAME.match(p.name)  # runs the resume: nobody writes into it now)
-        if m and m.group(2) == SHARDED and p.is_dir() and not (p / SHARDED_INDEX).is_file():
+        if m and m.group(2) == SHARDED and p.is_dir() and not p.is_symlink() and not has_index(p):
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     for p in folder.iterdir():

@@ -213,6 +213,11 @@ def meta_fault(meta: dict, path: str | Path) -> str | None:
             return f"has {key}={meta.get(key)!r}, not a count"
     if "data" not in meta:
         return "has no data position"
+    data = meta["data"]  # (the loop's {micro_step}, an elastic run's {micro_step, samples})
+    if data is not None and not (isinstance(data, dict) and all(
+            isinstance(data[k], int) and not isinstance(data[k], bool) and 0 <= data[k] < 2**62
+            for k in ("micro_step", "samples") if k in data)):
+        return f"has the data position {data!r}, not counts of micro-batches and samples"
     rng = meta.get("rng")  # (every checkpoint holds each rank's random state: a resume repeats them)
     if not (isinstance(rng, list) and len(rng) == meta["world_size"]):
         held = len(rng) if isinstance(rng, list) else "no list of"

@@ -9,6 +9,7 @@ frameworks. Other ranks get a RunLog that does nothing, so job code calls it unc
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -22,6 +23,9 @@ __all__ = ["RunLog", "ScalarWriter", "format_line", "DivergedError"]
 
 class DivergedError(RuntimeError):
     """Too many optimizer steps in a row skipped for inf/NaN gradients."""
+
+
+_FILES = itertools.count()  # (two writers of one process in one second: two files)
 
 
 class ScalarWriter:
@@ -53,21 +57,40 @@ class ScalarWriter:
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         if self._w is None:
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+            import os
+            import socket
 
             own_folder(self._logdir)  # (not through a link planted in the run folder)
-            self._w = EventFileWriter(str(self._logdir))
+            # (EventFileWriter's name: the reader orders a folder's files by it)
+            self._w = self._logdir / f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}." \
+                                     f"{os.getpid()}.{next(_FILES)}"
+            first = [self._event(wall_time=time.time(), file_version="brain.Event:2")]
             if self._purge_step is not None:
                 from tensorboard.compat.proto.event_pb2 import SessionLog
 
-                self._w.add_event(self._event(wall_time=time.time(), step=self._purge_step,
-                                              session_log=SessionLog(status=SessionLog.START)))
+                first.append(self._event(wall_time=time.time(), step=self._purge_step,
+                                         session_log=SessionLog(status=SessionLog.START)))
+            self._write(*first)
         summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(value))])
-        self._w.add_event(self._event(wall_time=time.time(), step=int(step), summary=summary))
+        self._write(self._event(wall_time=time.time(), step=int(step), summary=summary))
+
+    def _write(self, *events) -> None:
+        """Append events in TensorBoard's record framing (its RecordWriter: length, CRCs), in this
+        thread, opening the file for each write: a folder deleted or replaced mid-run is an
+        error here, named by the caller, not a background thread's traceback or writes lost
+        into a deleted file."""
+        import io
+
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        buf = io.BytesIO()
+        for e in events:
+            RecordWriter(buf).write(e.SerializeToString())
+        with open(self._w, "ab") as f:
+            f.write(buf.getvalue())
 
     def close(self) -> None:
-        if self._w is not None:
-            self._w.close()
+        """Nothing to do: no file is held open between writes."""
 
 
 def format_line(rec: dict, keys: Iterable[str]) -> str:

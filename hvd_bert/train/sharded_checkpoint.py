@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from hvd_bert.files import atomic_write
-from hvd_bert.train.checkpoint import SHARDED as SUFFIX, SHARDED_INDEX as INDEX, prune
+from hvd_bert.train.checkpoint import SHARDED as SUFFIX, SHARDED_INDEX as INDEX, has_index, prune
 from hvd_bert.train.engine import CheckpointError
 from hvd_bert.train.sharded_index import (DTYPES, FIX, MAX_INDEX_BYTES, header_entry_fault, norm_split,
                                           share_shape, validate)
@@ -247,7 +247,7 @@ def is_sharded(path: str | Path) -> bool:
 
 
 def is_complete(folder: str | Path) -> bool:
-    return (Path(folder) / INDEX).is_file()
+    return has_index(folder)
 
 
 # ---------------------------------------------------------------------- reading
@@ -260,9 +260,12 @@ class Reader:
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         path = self.folder / INDEX
-        if not path.is_file():
+        if not has_index(self.folder):
             raise CheckpointError(f"{self.folder} is an incomplete checkpoint (no {INDEX}: its writing was "
                                   f"interrupted); {FIX}")
+        if not path.is_file():  # (a pipe would block, a device never ends: never opened)
+            raise CheckpointError(f"{path} is not a regular file (a pipe, a device, a folder or a dangling "
+                                  f"link where the index was written); {FIX}")
         size = path.stat().st_size
         if size > MAX_INDEX_BYTES:
             raise CheckpointError(f"{path} is damaged: {size / 2**20:.0f} MiB, more than any index of "

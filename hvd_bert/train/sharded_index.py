@@ -44,6 +44,20 @@ def _count(x, low: int = 0) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= low
 
 
+MAX_VALUES = 2**48  # far above any tensor a host holds; bounds a claimed shape before numpy sees it
+
+
+def _shape_fault(shape) -> str | None:
+    """What is wrong with a claimed shape (a list of at most 8 counts whose dimensions, zero or
+    not, multiply to at most MAX_VALUES: a shape of [2**62, 2**62, 0] holds no value but no
+    array can take it); None when sound."""
+    if not (isinstance(shape, list) and len(shape) <= 8 and all(_count(d) for d in shape)):
+        return "not a list of counts"
+    if math.prod(max(d, 1) for d in shape) > MAX_VALUES:
+        return f"more than the {MAX_VALUES} values a tensor may have"
+    return None
+
+
 def header_entry_fault(entry, body: int) -> str | None:
     """What is wrong with one tensor's entry of a safetensors header whose data holds ``body``
     bytes; None when it is sound (a known dtype, a shape of counts, a byte range of that size
@@ -51,8 +65,9 @@ def header_entry_fault(entry, body: int) -> str | None:
     if not isinstance(entry, dict) or entry.get("dtype") not in DTYPES:
         return "has no known dtype"
     shape, offsets = entry.get("shape"), entry.get("data_offsets")
-    if not isinstance(shape, list) or not all(_count(d) for d in shape):
-        return f"has the shape {shape!r} (not a list of counts)"
+    bad = _shape_fault(shape)
+    if bad:
+        return f"has the shape {shape!r} ({bad})"
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_count(o) for o in offsets)
             and offsets[0] <= offsets[1] <= body):
         return f"has the byte range {offsets!r}, not inside its {body} bytes of data"
@@ -68,8 +83,9 @@ def _piece_fault(e) -> str | None:
     name, shape, split, flat = e.get("name"), e.get("shape"), e.get("split"), e.get("flat")
     if not isinstance(name, str) or not name:
         return "has no tensor name"
-    if not isinstance(shape, list) or not all(_count(d) for d in shape):
-        return f"({name}) has the shape {shape!r}, not a list of counts"
+    bad = _shape_fault(shape)
+    if bad:
+        return f"({name}) has the shape {shape!r}, {bad}"
     if split is not None:
         if not (isinstance(split, list) and len(split) == 3 and _count(split[0]) and _count(split[1], 1)
                 and _count(split[2]) and split[0] < len(shape) and split[2] < split[1]):
@@ -101,8 +117,11 @@ def _meta_fault(meta) -> str | None:
             for v in scaler.values()):
         return f"its meta's scaler is {scaler!r}, not an object of numbers"
     layout = meta.get("layout")
-    if layout is not None and not (isinstance(layout, dict) and all(_count(v) for v in layout.values())):
-        return f"its meta's layout is {layout!r}, not an object of counts"
+    ranks = ("world_size", "tensor_parallel")
+    if layout is not None and not (isinstance(layout, dict) and all(_count(v) for v in layout.values())
+                                   and all(_count(layout.get(k, 1), 1) for k in ranks)
+                                   and layout.get("zero_stage", 0) in (0, 1, 2, 3)):
+        return f"its meta's layout is {layout!r}, not counts of ranks (at least 1) and a ZeRO stage (0 to 3)"
     return None
 
 

@@ -120,3 +120,32 @@ print(json.dumps("tensorflow" in sys.modules))
                for e in [Event.FromString(raw)] for v in e.summary.value]
     assert sorted(scalars) == [("eval/accuracy", 0.75, 2), ("eval/examples", 40.0, 2),
                                ("train/grad_norm", 0.7, 1), ("train/loss", 2.5, 1), ("train/lr", 0.001, 1)]
+
+
+def test_a_tensorboard_folder_replaced_mid_run_is_one_line_and_training_goes_on(tmp_path):
+    """The events are written in the caller's thread, the file opened for each write: a folder
+    deleted and replaced by a file mid-run is one line from the tracker guard (no background
+    thread's traceback, no writes lost into a deleted file), and the run goes on."""
+    import subprocess
+    import sys
+
+    tb = tmp_path / "tb"
+    code = f"""
+import pathlib, shutil
+from hvd_bert.train.log import ScalarWriter
+from hvd_bert.train.trackers import Writers
+tb = pathlib.Path({str(tb)!r})
+w = Writers({{"tensorboard": ScalarWriter(tb)}})
+w.add_scalar("train/loss", 1.0, 1)
+shutil.rmtree(tb)
+tb.write_text("not a folder")
+for step in (2, 3):
+    w.add_scalar("train/loss", 0.5, step)
+w.close()
+print("went on")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "went on", res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "tensorboard: logging train/loss at step 2 failed" in lines[0], res.stderr
+    assert tb.read_text() == "not a folder"

@@ -92,6 +92,10 @@ DAMAGES = {
     "a negative shape": (lambda i: first(i).__setitem__("shape", [-3]), "not a list of counts"),
     "mistyped meta": (lambda i: i["meta"].__setitem__("scaler", "x"), "scaler"),
     "a claimed huge tensor": (lambda i: first(i).__setitem__("shape", [2**31, 512]), "cover"),
+    "a shape no array takes": (lambda i: first(i).__setitem__("shape", [2**62, 2**62, 0]), "more than the"),
+    "a layout of no ranks": (lambda i: i["meta"].__setitem__("layout", {"world_size": 1,
+                                                                          "tensor_parallel": 0}),
+                             "not counts of ranks"),
 }
 
 
@@ -128,6 +132,16 @@ def test_options_past_their_range_are_refused(tmp_path):
         line = one_line(hvd(*args, timeout=60))  # (argparse's usage block is not printed: one line)
         assert "seed in [0," in line or "64-bit" in line, line
     assert not (tmp_path / "n").exists()
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("One sentence here. Another one there.\n\nA second document.\n")
+    for args in (("prepare-bert", "--input", corpus, "--output", tmp_path / "b", "--split-mb", v)
+                 for v in ("inf", "nan", "-5", "0")):
+        one_line(hvd(*args, timeout=60), "--split-mb", "is not a finite number more than 0")
+    for args in (("prepare-ncf", "--output", tmp_path / "n", "--synthetic", "ml-1m", "--scale", "nan"),
+                 ("prepare-bert", "--input", corpus, "--output", tmp_path / "b", "--masked-lm-prob", "1.5"),
+                 ("simulate", "--fusion-mb", "-1")):
+        one_line(hvd(*args, timeout=60), "is not a finite number")
+    assert not (tmp_path / "n").exists() and not (tmp_path / "b").exists()
 
 
 def test_a_classifier_given_squad_input_refuses(finished_run, tmp_path):
@@ -308,6 +322,7 @@ def test_overwrite_never_replaces_what_the_run_folder_resolves_to(finished_run, 
     (lambda m: m.__setitem__("step", 10**30), "step=1000000000000000000000000000000, not a count"),
     (lambda m: m.__setitem__("step", 7), "says step 7, its name step 2"),
     (lambda m: m.pop("data"), "has no data position"),
+    (lambda m: m.__setitem__("data", {"micro_step": -4}), "not counts of micro-batches"),
     (lambda m: m.__setitem__("rng", [[1], [2]]), "holds 2 random states for its 1 ranks"),
 ])
 def test_a_checkpoints_metadata_is_checked_before_the_resume_counts_from_it(change, words, sharded_run,
@@ -329,11 +344,16 @@ def test_a_scripts_status_is_its_own_whatever_it_prints(launcher, tmp_path):
     script.write_text("import sys\nerr = sys.stderr\n"
                       "print('hvd-bert: looks like a toolkit error', file=err, flush=True)\n"
                       "print('hvd-bert pretrain: rank 1 stalled: no progress', file=err, flush=True)\n"
+                      "sys.stdout.buffer.write(b'not UTF-8: \\xff\\xfe\\n')\nsys.stdout.flush()\n"
+                      "print('after the bytes', flush=True)\n"
                       "sys.exit(int(sys.argv[1]))\n")
-    for status in (255, 1, 7):
+    for status in (255, 137, 7):  # (137 is 128 + SIGKILL: a status of its own all the same)
         res = hvd("launch", "-np", "2", launcher, "--", "python", script, str(status), timeout=180)
         assert res.returncode == status, (status, res.stderr[-2000:])
         assert "killed by" not in res.stderr and f"exited with status {status}" in res.stderr, res.stderr
+        assert "Exception in thread" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+        # (a rank's output goes on after the bytes; the other rank may be ended before it prints)
+        assert "not UTF-8: \ufffd\ufffd" in res.stdout and "after the bytes" in res.stdout, res.stdout
 
 
 def test_more_ranks_than_the_memory_holds_are_refused_before_any_starts(tmp_path):
@@ -357,6 +377,24 @@ def test_a_shard_that_is_not_a_regular_file_is_named(sharded_run, tmp_path):
     shard.symlink_to("/dev/zero")
     one_line(hvd("convert", the_shards(sharded_run), "--output", tmp_path / "w.npz", timeout=60),
              "is not a regular file")
+
+
+def test_an_index_that_is_not_a_regular_file_is_damage_not_an_interrupted_save(sharded_run, bert_data):
+    """Only a missing index.json makes a checkpoint incomplete (the writer's last step): a pipe or
+    a dangling link in its place is named as damage, the run does not start over from step 0 and
+    nothing is deleted."""
+    import os
+
+    index = the_shards(sharded_run) / "index.json"
+    index.unlink()
+    for plant in (lambda: os.mkfifo(index), lambda: index.symlink_to(index.parent / "gone.json")):
+        plant()
+        before = sorted(p.name for p in the_shards(sharded_run).iterdir())
+        res = pretrain(bert_data, sharded_run, "--set", "train.checkpoint_format=sharded", steps=4,
+                       timeout=120)
+        one_line(res, "index.json is not a regular file")
+        assert sorted(p.name for p in the_shards(sharded_run).iterdir()) == before
+        index.unlink()
 
 
 def test_an_output_that_is_a_hard_link_of_a_checkpoints_file_is_refused(sharded_finetune, tmp_path):
