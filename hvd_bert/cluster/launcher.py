@@ -15,7 +15,6 @@ launcher's. ``horovodrun``, ``mpirun`` and ``srun`` keep working as they do.
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import shutil
@@ -133,7 +132,7 @@ def _run(argv, np, launcher, hosts, nic, python, job, statuses, out, err) -> int
                             start_new_session=True,
                             preexec_fn=_die_with_parent)
     # lines end at "\n" only: a "\r" (a progress bar's redraw) stays inside its line (_last_frame)
-    output = io.TextIOWrapper(proc.stdout, encoding="utf-8", errors="replace", newline="\n")
+    output = _lines_until_exit(proc)
     state = _Stop(proc, argv, _grace_s())
     errors_seen: set[str] = set()
     in_error: set[str] = set()  # ranks whose error message goes on over more lines
@@ -397,6 +396,36 @@ def _last_frame(text: str) -> str:
         return text
     frames = [f for f in text.replace("\b", "").split("\r") if f.strip()]
     return frames[-1] if frames else ""
+
+
+def _lines_until_exit(proc, quiet_s: float = 2.0):
+    """The child launcher's output as lines ending at ``"\n"`` (decoded as UTF-8, a byte that is
+    not replaced), until its pipe ends, or until the launcher has exited and ``quiet_s`` seconds
+    pass without output: a process a rank started and left running (``subprocess.Popen`` without
+    a wait) keeps the pipe open, and the launch must not wait for it."""
+    import codecs
+    import select
+    import time
+
+    fd, decoder = proc.stdout.fileno(), codecs.getincrementaldecoder("utf-8")("replace")
+    pending, quiet_since = "", None
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0.25)
+        chunk = os.read(fd, 65536) if ready else None
+        if chunk == b"":
+            break
+        if chunk:
+            quiet_since = None
+            pending += decoder.decode(chunk)
+            *lines, pending = pending.split("\n")
+            yield from (line + "\n" for line in lines)
+        elif proc.poll() is not None:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since > quiet_s:
+                break
+    pending += decoder.decode(b"", final=True)
+    if pending:
+        yield pending
 
 
 def _pieces(stream):

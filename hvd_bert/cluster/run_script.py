@@ -43,6 +43,7 @@ def main(argv: list[str]) -> None:
     if problem:  # (the same line on every rank: the launcher prints it once)
         print(f"hvd-bert: {problem}", file=sys.stderr, flush=True)
         sys.exit(2)
+    _adopt_orphans()
     try:
         if argv[:1] == ["-m"]:
             sys.argv = [argv[1], *argv[2:]]
@@ -55,6 +56,44 @@ def main(argv: list[str]) -> None:
         if isinstance(e.code, int) and not isinstance(e.code, bool) and e.code % 256:
             _tell_status(e.code % 256)
         raise
+    finally:
+        _end_leftovers()
+
+
+def _adopt_orphans() -> None:
+    """Become the subreaper of the script's processes (Linux ``PR_SET_CHILD_SUBREAPER``): a process
+    it starts and leaves running is re-parented here, not to init, so that it can be found."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _end_leftovers() -> None:
+    """End what the script left running (SIGTERM, then SIGKILL after 5 s), with one line: such a
+    process holds the rank's output open, and mpirun and horovodrun wait for it to close, so the
+    launch would not end until it did (as torchrun, a launch's processes end with it)."""
+    import psutil
+
+    left = psutil.Process().children(recursive=True)
+    if not left:
+        return
+    pids = ", ".join(str(p.pid) for p in left[:5]) + (" ..." if len(left) > 5 else "")
+    print(f"hvd-bert: the script left {len(left)} process{'es' if len(left) > 1 else ''} running "
+          f"(pid {pids}), ended now so that the launch can end: wait for what it starts", file=sys.stderr,
+          flush=True)
+    for p in left:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    for p in psutil.wait_procs(left, timeout=5)[1]:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
 
 
 def _tell_status(code: int) -> None:

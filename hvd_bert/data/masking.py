@@ -33,6 +33,11 @@ class PretrainingSettings:
             raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
         if self.max_predictions_per_seq < 1 or self.dupe_factor < 1:
             raise ValueError("max_predictions_per_seq and dupe_factor must be >= 1")
+        if self.max_predictions_per_seq > self.max_seq_length:
+            raise ValueError(f"max_predictions_per_seq {self.max_predictions_per_seq} is more than the "
+                             f"max_seq_length of {self.max_seq_length} positions there are to mask: give "
+                             f"--max-predictions-per-seq {self.max_seq_length} or less (BERT uses 20 at 128, "
+                             f"80 at 512)")
 
 
 

@@ -123,6 +123,9 @@ def read_sidecar(folder: str | Path, kind: str | tuple[str, ...],
     folder = Path(folder)
     kinds = (kind,) if isinstance(kind, str) else tuple(kind)
     how = " or ".join(f"hvd-bert {PREPARED_BY.get(k, 'prepare-...')}" for k in kinds)
+    if folder.exists() and not folder.is_dir():  # (a TSV, a JSON or a CoNLL file: the input of a preparation)
+        raise DatasetError(f"data {folder} is a file, not a prepared data folder: prepare it first ({how}, "
+                           f"with this file as its input) and give the folder it writes")
     if not folder.is_dir():
         raise DatasetError(f"data folder {folder} does not exist; prepare it first ({how}) or pass the "
                            f"right path")

@@ -165,8 +165,9 @@ def validate(folder: Path, index: dict,
             a, b = e["flat"]
             if not isinstance(entry, dict) or entry["dtype"] != _NUMPY[e["dtype"]] or \
                     math.prod(entry["shape"]) != b - a:
-                raise fault(f"the piece {key} of {file} ({e['name']}, {b - a} values of {e['dtype']}) is not "
-                            f"what the file holds under that key")
+                raise CheckpointError(f"{where} is damaged, or {p} is: the index's piece {key} ({e['name']}, "
+                                      f"{b - a} values of {e['dtype']}) is not what the file holds under "
+                                      f"that key; {FIX}")
             chunks.setdefault(e["name"], []).append({**e, "file": file, "key": key})
     for name, pieces in chunks.items():
         shapes = {tuple(c["shape"]) for c in pieces}

@@ -5,15 +5,17 @@ a path is decided here: its suffix, or a run folder's checkpoints."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 from pathlib import Path
 
-from hvd_bert.files import read_json_object, refuse_clash
-from hvd_bert.train.checkpoint import (SHARDED, checkpoint_folder, latest_checkpoint, pick_checkpoint,
-                                      run_folder_of)
+from hvd_bert.files import OutputClash, read_json_object, refuse_clash
+from hvd_bert.train.checkpoint import (ALL, SHARDED, checkpoint_folder, is_checkpoint_name, latest_checkpoint,
+                                      list_checkpoints, pick_checkpoint, run_folder_of)
 from hvd_bert.weights.hf import is_hf_folder, write_hf_folder
-from hvd_bert.weights.portable import WeightsError, save_weights, shape_of
+from hvd_bert.weights.portable import WeightsError, check_backbone, save_weights, shape_of
 
 __all__ = ["reading_framework", "vocab_of", "convert", "data_folder_of"]
 
@@ -57,6 +59,31 @@ def vocab_of(src: Path) -> Path | None:
     return None
 
 
+_RUN_FILES = ("metrics.jsonl", "best.npz")  # (with checkpoints: what only a run folder holds)
+
+
+def _run_folder(p: Path) -> bool:
+    return p.is_dir() and (bool(list_checkpoints(p, ALL)) or any((p / f).exists() for f in _RUN_FILES))
+
+
+def refuse_run_output(output: str | Path, overwrite: bool) -> None:
+    """A run's files are never an export's place, ``--overwrite`` or not: an output that is a run
+    folder, a checkpoint (``ckpt-*``) or anything inside a run folder is refused (OutputClash);
+    so is an existing output without ``--overwrite``."""
+    out = Path(output).expanduser()
+    absolute = Path(os.path.abspath(out))
+    for p in (absolute, *absolute.parents):
+        if _run_folder(p) or (p == absolute and any(is_checkpoint_name(p, kind) for kind in ALL)):
+            what = "a run folder" if p == absolute and _run_folder(p) else \
+                "a checkpoint" if p == absolute else f"inside the run folder {p}"
+            raise OutputClash(errno.EEXIST, f"--output {out} is {what}: convert never replaces a run's "
+                                            f"files (its checkpoints, metrics and settings), --overwrite or "
+                                            f"not; give --output a path outside it", str(out))
+    if not overwrite and (out.is_file() or out.is_symlink()):
+        raise OutputClash(errno.EEXIST, f"--output {out} exists: give --overwrite to replace it (once the "
+                                        f"new file is complete), or another --output", str(out))
+
+
 def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", framework: str = "auto",
             vocab: str | Path | None = None, cased: bool = False, pick: str = "best",
             overwrite: bool = False) -> str:
@@ -80,10 +107,14 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
     # folder it lives in): --overwrite must never replace what this command reads
     refuse_clash(output, {"the checkpoint": src, "the vocabulary": vocab,
                           "the data folder of the vocabulary": data_folder_of(vocab)}, folder=to != "npz")
+    refuse_run_output(output, overwrite)  # (nor another run's files, nor an existing file unasked)
     arrays, config = get_backend(framework).read_checkpoint_weights(src)
     if config is None:
         raise WeightsError(f"no bert_config.json beside {src}: it is written into every run folder by "
                            f"hvd-bert pretrain / finetune")
+    # every encoder tensor the config names, of its shape, before anything is written (a checkpoint
+    # whose index lost or reshaped a tensor would export a model missing it)
+    check_backbone(arrays, config, str(src), "its run's bert_config.json")
     # (a sharded checkpoint's tensors are read one at a time, as they are written: counted by shape)
     n = f"{len(arrays)} tensors, {sum(math.prod(shape_of(arrays, k)) for k in arrays) / 1e6:.1f}M parameters"
     if to in ("hf", "google") and vocab is None:  # (an export without its vocabulary is not a model)

@@ -426,3 +426,88 @@ def test_a_checkpoint_without_its_ranks_random_states_is_refused(sharded_run, be
     edit(the_shards(sharded_run) / "index.json", lambda i: i["meta"].pop("rng"))
     res = pretrain(bert_data, sharded_run, "--set", "train.checkpoint_format=sharded", steps=4, timeout=120)
     one_line(res, "is damaged: its metadata holds no list of random states for its 1 ranks")
+
+
+def edit_with_manifest(ckpt, change):
+    """Edit the index and the manifest its pieces were merged from alike (as an attacker would)."""
+    edit(ckpt / "index.json", lambda i: change(i["files"]["rank-00000.safetensors"]["pieces"]))
+    edit(ckpt / "rank-00000.json", lambda m: change(m["pieces"]))
+
+
+def test_convert_refuses_an_index_that_lost_swapped_or_reshaped_tensors(sharded_template, sharded_run,
+                                                                         tmp_path):
+    """An index edited alone disagrees with its shard's manifest (names swapped between two
+    tensors of one shape: no size or CRC check sees it); edited with it, convert still checks
+    every encoder tensor against the run's bert_config.json before writing (a missing or
+    reshaped tensor would be exported as a model without it); JSON nested past the parser's
+    depth is one line too."""
+    ckpt = the_shards(sharded_run)
+    pieces = json.loads((ckpt / "index.json").read_text())["files"]["rank-00000.safetensors"]["pieces"]
+    q, k = (next(key for key, e in pieces.items() if e["name"] == f"model/layers.0.{n}.weight")
+            for n in ("query", "key"))
+
+    def swap(p):
+        p[q]["name"], p[k]["name"] = p[k]["name"], p[q]["name"]
+
+    def halve(p):
+        rows, cols = p[q]["shape"]
+        p[q]["shape"] = [rows * 2, cols // 2]
+
+    edit(ckpt / "index.json", lambda i: swap(i["files"]["rank-00000.safetensors"]["pieces"]))
+    one_line(hvd("convert", ckpt, "--output", tmp_path / "w.npz", timeout=120), "not what rank-00000.json")
+    for change, words in ((lambda p: p.pop(q), "missing ['layers.0.query.weight']"),
+                          (halve, "layers.0.query.weight: (")):
+        shutil.rmtree(sharded_run)
+        shutil.copytree(sharded_template, sharded_run)
+        edit_with_manifest(ckpt, change)
+        one_line(hvd("convert", ckpt, "--output", tmp_path / "w.npz", timeout=120),
+                 "does not match its run's bert_config.json", words)
+        assert not (tmp_path / "w.npz").exists()
+    text = (ckpt / "index.json").read_text()
+    (ckpt / "index.json").write_text(text[:-1] + ', "x": ' + "[" * 100000 + "]" * 100000 + "}")
+    one_line(hvd("convert", ckpt, "--output", tmp_path / "w.npz", timeout=120), "is not an index of")
+    assert not (tmp_path / "w.npz").exists()
+
+
+def test_convert_never_replaces_a_runs_files(sharded_template, finished_run, tmp_path):
+    """Not another run's metrics, checkpoint or folder, --overwrite or not; nor an existing file
+    without --overwrite."""
+    ckpt = the_shards(sharded_template)
+    before = digests(finished_run)
+    (existing := tmp_path / "w.npz").write_bytes(b"mine")
+    (finished_run / "metrics.jsonl").touch()
+    (own,) = sorted(finished_run.glob("ckpt-*"))
+    for out, extra in ((finished_run / "metrics.jsonl", ()), (own, ("--to", "hf", "--overwrite")),
+                       (finished_run, ("--to", "hf", "--overwrite")), (finished_run / "x" / "w.npz", ())):
+        one_line(hvd("convert", ckpt, "--output", out, *extra, timeout=120), "convert never replaces a run's")
+    one_line(hvd("convert", ckpt, "--output", existing, timeout=120), "exists: give --overwrite")
+    assert existing.read_bytes() == b"mine" and digests(finished_run) == before
+
+
+def test_launch_returns_when_its_ranks_do_though_a_child_of_theirs_runs_on(tmp_path):
+    """A process a rank started and left running would keep the output pipe open (mpirun and
+    horovodrun wait for it): it is ended, with a line, and the launch returns with the ranks'
+    status and lines."""
+    import time
+
+    script = tmp_path / "orphan.py"
+    script.write_text("import subprocess\nsubprocess.Popen(['sleep', '60'])\n"
+                      "print('parent done', flush=True)\n")
+    t0 = time.monotonic()
+    res = hvd("launch", "-np", "2", "--", "python", script, timeout=100)
+    assert res.returncode == 0 and res.stdout.count("parent done") == 2, res.stdout + res.stderr
+    assert res.stderr.count("the script left 1 process running") == 2, res.stderr
+    assert time.monotonic() - t0 < 50
+
+
+def test_prepare_and_finetune_name_what_is_wrong_with_their_inputs(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("One sentence here. Another one there.\n\nA second document here.\n")
+    one_line(hvd("prepare-bert", "--input", corpus, "--output", tmp_path / "d", "--max-seq-length", "64",
+                 "--max-predictions-per-seq", "100", "--vocab", VOCAB, timeout=120),
+             "max_predictions_per_seq 100 is more than the max_seq_length of 64")
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text("sentence\tlabel\na fine film\t1\n")
+    one_line(hvd("finetune", "--set", f"data={tsv}", "--set", f"train.output_dir={tmp_path / 'ft'}",
+                 timeout=120), f"data {tsv} is a file, not a prepared data folder")
+    assert not (tmp_path / "d").exists() and not (tmp_path / "ft").exists()
