@@ -24,18 +24,22 @@ from pathlib import Path
 POLICIES = ("off", "layers", "layers:2", "attention")
 
 
-def one(preset: str, seq: int, batch: int, policy: str, steps: int, threads: int) -> dict:
+def one(preset: str, seq: int, batch: int, policy: str, steps: int, threads: int, device: str = "cpu",
+        precision: str = "fp32") -> dict:
     import numpy as np
     import torch
 
     from hvd_bert.config.bert import bert_preset
     from hvd_bert.config.train import activation_policy
+    from hvd_bert.core.activations import ActivationShape, step_peak_bytes
     from hvd_bert.pt.models.bert import BertForPreTraining, pretraining_loss
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = BertForPreTraining(bert_preset(preset, vocab_size=30522))
+    config = bert_preset(preset, vocab_size=30522)
+    model = BertForPreTraining(config).to(device)
     model.activation_checkpointing(*activation_policy(policy))
+    cuda = device.startswith("cuda")
     rng = np.random.default_rng(0)
     p = max(1, round(seq * 0.15))
     b = {"input_ids": torch.from_numpy(rng.integers(5, 30522, (batch, seq))),
@@ -45,17 +49,28 @@ def one(preset: str, seq: int, batch: int, policy: str, steps: int, threads: int
          "masked_lm_ids": torch.from_numpy(rng.integers(5, 30522, (batch, p))),
          "masked_lm_weights": torch.ones(batch, p),
          "next_sentence_labels": torch.zeros(batch, 1, dtype=torch.int64)}
+    b = {k: v.to(device) for k, v in b.items()}
     times = []
     for i in range(steps + 1):
         t0 = time.perf_counter()
-        loss, _ = pretraining_loss(model, b)
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss, _ = pretraining_loss(model, b)
         loss.backward()
         model.zero_grad(set_to_none=False)
+        if cuda:
+            torch.cuda.synchronize()
         if i:
             times.append(time.perf_counter() - t0)
-    hwm = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
-               if line.startswith("VmHWM:"))
-    return {"policy": policy, "batch": batch, "peak_bytes": hwm, "step_s": min(times)}
+    if cuda:  # (the device's allocations: the weights and gradients, then the activations)
+        hwm = torch.cuda.max_memory_allocated()
+    else:
+        hwm = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+                   if line.startswith("VmHWM:"))
+    x = ActivationShape(config.hidden_size, config.num_layers, config.num_heads, config.intermediate_size,
+                        seq, batch, p, config.padded_vocab_size)
+    planned = step_peak_bytes(x, precision, *activation_policy(policy), flash=cuda)
+    return {"policy": policy, "batch": batch, "peak_bytes": hwm, "step_s": min(times),
+            "planned_activation_bytes": planned}
 
 
 def main() -> None:
@@ -67,18 +82,22 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--policies", nargs="+", default=list(POLICIES))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--json")
     ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # (policy, batch): the child's part
     a = ap.parse_args()
     if a.one:
-        print(json.dumps(one(a.preset, a.seq, int(a.one[1]), a.one[0], a.steps, a.threads)))
+        print(json.dumps(one(a.preset, a.seq, int(a.one[1]), a.one[0], a.steps, a.threads, a.device,
+                             a.precision)))
         return
     runs = []
     for batch in a.batches:
         for policy in a.policies:  # (alternating: a drift in the machine's speed hits every policy)
             out = subprocess.run([sys.executable, __file__, "--preset", a.preset, "--seq", str(a.seq),
                                   "--steps", str(a.steps), "--threads", str(a.threads), "--one", policy,
-                                  str(batch)], capture_output=True, text=True, check=True,
+                                  str(batch), "--device", a.device, "--precision", a.precision],
+                                 capture_output=True, text=True, check=True,
                                  env={**os.environ, "OMP_NUM_THREADS": str(a.threads)})
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
@@ -91,10 +110,14 @@ def main() -> None:
         fixed = got[lo]["peak_bytes"] - lo * per_seq
         off = next(r for r in runs if r["policy"] == "off" and r["batch"] == hi)
         fits = int((budget - fixed) // per_seq) if per_seq > 0 else None
-        summary[policy] = {"bytes_per_sequence": per_seq, "fixed_bytes": fixed,
+        plan = [got[b]["planned_activation_bytes"] for b in (lo, hi)]
+        planned = (plan[1] - plan[0]) / max(1, hi - lo)
+        summary[policy] = {"bytes_per_sequence": per_seq, "planned_bytes_per_sequence": planned,
+                           "fixed_bytes": fixed,
                            "largest_batch_in_budget": fits, "step_s": got[hi]["step_s"],
                            "step_time_vs_off": got[hi]["step_s"] / off["step_s"]}
-    result = {"preset": a.preset, "seq": a.seq, "budget_gib": a.budget_gib, "runs": runs, "summary": summary}
+    result = {"preset": a.preset, "seq": a.seq, "device": a.device, "precision": a.precision,
+              "budget_gib": a.budget_gib, "runs": runs, "summary": summary}
     text = json.dumps(result, indent=1)
     print(text)
     if a.json:

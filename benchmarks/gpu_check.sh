@@ -16,7 +16,11 @@
 #      phase 1 and 2, BERT-Base and BERT-Large, against transformers on a batch of that data's
 #      padding in the same run (benchmarks/bert_train.py --fill);
 #   4. the NCF ladder's fastest rung (rung 5 of benchmarks/ncf_ladder.py: batch 196,608, LARS,
-#      warmup, bf16) on one GPU through `hvd-bert ncf`, to HR@10 0.78 on synthetic ml-1m data.
+#      warmup, bf16) on one GPU through `hvd-bert ncf`, to HR@10 0.78 on synthetic ml-1m data;
+#   5. activation checkpointing (train.activation_checkpointing off, layers, layers:2, attention)
+#      on BERT-Large at sequence 512: peak device memory per sequence against the memory plan's
+#      activations (core.activations, fused attention), the largest batch in 80 GB and the step
+#      time (benchmarks/activation_checkpointing.py).
 # Results: $OUT (default benchmarks/results/gpu/; a temporary folder with --smoke): one JSON per
 # measurement and summary.txt.
 #
@@ -27,7 +31,8 @@
 #       # on a GPU machine whose Python has PyTorch but no Horovod (an image without this
 #       # project's set-up, no network): benchmarks/gpu_horovod.sh builds a PyTorch-only
 #       # Horovod from the sdist while the BERT steps run, for the NCF run through hvd-bert
-#   --only LIST runs those parts only, comma-separated: bert (1), profile (2), job (3), ncf (4);
+#   --only LIST runs those parts only, comma-separated: bert (1), profile (2), job (3), ncf (4),
+#   ckpt (5; about 2 minutes);
 #   all four take about 12-15 minutes on an H200, so a 15-minute lease runs them in two calls,
 #   e.g. `--only profile,job` then `--only bert,ncf` (each under 8 minutes).
 #   --ncf-only and --job-only are --only ncf and --only job.
@@ -36,7 +41,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-.venv/bin/python}
 [[ -x $PY ]] || command -v "$PY" >/dev/null || PY=python3
-SMOKE=0 SDIST= SDIST_GIVEN=0 PARTS=bert,profile,job,ncf
+SMOKE=0 SDIST= SDIST_GIVEN=0 PARTS=bert,profile,job,ncf,ckpt
 while (($#)); do
     case $1 in
         --smoke) SMOKE=1 ;;
@@ -51,10 +56,11 @@ while (($#)); do
     shift
 done
 for part in ${PARTS//,/ }; do
-    [[ $part =~ ^(bert|profile|job|ncf)$ ]] ||
-        { echo "gpu_check: --only takes bert, profile, job and ncf, comma-separated, not '$part'" >&2; exit 2; }
+    [[ $part =~ ^(bert|profile|job|ncf|ckpt)$ ]] ||
+        { echo "gpu_check: --only takes bert, profile, job, ncf and ckpt, comma-separated, not '$part'" >&2
+          exit 2; }
 done
-[[ -n ${PARTS//,/} ]] || { echo "gpu_check: --only needs a part: bert, profile, job or ncf" >&2; exit 2; }
+[[ -n ${PARTS//,/} ]] || { echo "gpu_check: --only needs a part: bert, profile, job, ncf or ckpt" >&2; exit 2; }
 want() { [[ ,$PARTS, == *",$1,"* ]]; }
 if ((SDIST_GIVEN)) && [[ ! -f $SDIST ]]; then
     echo "gpu_check: --horovod-sdist '$SDIST' is not a file: pass the Horovod 0.28.1 sdist" \
@@ -204,6 +210,26 @@ print(f"{preset:<6} {phase:<6} {seq:>5} {batch:>6} {fill:>5} {ours:>12.1f} {thei
 PYEOF
 )"
 done
+if want ckpt; then
+    say ""
+    say "Activation checkpointing (benchmarks/activation_checkpointing.py, $precision): peak memory per sequence"
+    say "measured and planned (core.activations), the largest batch in the budget, step time against off:"
+    if ((SMOKE)); then ck=(tiny 128 "1 2" 1); else ck=(large 512 "8 16" 80); fi
+    if timeout 300 "$PY" benchmarks/activation_checkpointing.py --device "$device" --precision "$precision" \
+        --preset "${ck[0]}" --seq "${ck[1]}" --batches ${ck[2]} --budget-gib "${ck[3]}" --steps 3 \
+        --json "$OUT/activation-checkpointing.json" >"$OUT/activation-checkpointing.log" 2>&1; then
+        say "$("$PY" - "$OUT/activation-checkpointing.json" <<'PYEOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for policy, s in d["summary"].items():
+    print(f"  {policy:<10} {s['bytes_per_sequence'] / 2**20:9.1f} MiB/seq (plan {s['planned_bytes_per_sequence'] / 2**20:9.1f}), "
+          f"largest batch {s['largest_batch_in_budget']}, step {s['step_time_vs_off']:.2f}x off")
+PYEOF
+)"
+    else
+        say "activation checkpointing failed or timed out: see $OUT/activation-checkpointing.log"
+    fi
+fi
 want ncf || { say ""; say "results: $OUT"; exit 0; }
 
 say ""
