@@ -25,9 +25,9 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["atomic_write", "usual_mode", "atomic_folder", "open_append", "own_folder", "planted_link",
-           "os_error_line", "UnsafePath", "NoSpace", "clear_path", "read_json_object", "refuse_clash",
-           "OutputClash"]
+__all__ = ["atomic_write", "owned_name", "usual_mode", "atomic_folder", "open_append", "own_folder",
+           "planted_link", "os_error_line", "UnsafePath", "NoSpace", "clear_path", "read_json_object",
+           "refuse_clash", "OutputClash"]
 
 
 class UnsafePath(OSError):
@@ -82,7 +82,8 @@ _OWNED = ("ckpt-*", "best.*", "dataset.json", "part-*", "config.json", "bert_con
           "tokenizer*.json", "model.safetensors", "pytorch_model.bin")
 
 
-def _owned(rel: Path) -> bool:
+def owned_name(rel: Path) -> bool:
+    """Whether a path (relative to a folder) passes through a name the toolkit gives its own files."""
     import fnmatch
 
     return any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in _OWNED)
@@ -110,7 +111,7 @@ def refuse_clash(output: str | Path, reads: dict[str, str | Path | None], *, wha
             problem = f"is {desc} {p}"
         elif p_r.is_dir() and _within(out_r, p_r) and (
                 folder or (not run_folder and (out_r.exists() or out_r.is_symlink()))
-                or _owned(out_r.relative_to(p_r) if p_r in out_r.parents else Path(out_r.name))):
+                or owned_name(out_r.relative_to(p_r) if p_r in out_r.parents else Path(out_r.name))):
             problem = f"would replace a file of {desc} {p}" if not folder else f"lies inside {desc} {p}"
         elif folder and _within(p_r, out_r):
             problem = f"holds {desc} {p}"

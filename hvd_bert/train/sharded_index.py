@@ -132,7 +132,8 @@ def validate(folder: Path, index: dict,
     range; each file is there with the size written and a sound header holding each piece as
     written (dtype, number of values); a tensor's pieces agree on its shape and split, and cover
     each of its shares exactly once (so a shape claimed in the index is backed by as many bytes
-    in the files). A fault is a CheckpointError naming the file and what is wrong."""
+    in the files), and each agrees with the rank manifest it was merged from. A fault is a
+    CheckpointError naming the file and what is wrong."""
     where = folder / INDEX
 
     def fault(what: str):
@@ -190,4 +191,24 @@ def validate(folder: Path, index: dict,
             if end != n:
                 raise fault(f"the pieces of {name} cover {end} of its {n} values"
                             f"{f' in share {k}' if parts > 1 else ''}")
+    _agree_with_manifests(folder, index)
     return index["meta"], chunks
+
+
+def _agree_with_manifests(folder: Path, index: dict) -> None:
+    """Each rank also wrote its own manifest beside its shard (``rank-N.json``, what the index was
+    merged from): an index whose pieces differ from a manifest there (names swapped between
+    tensors of one shape, which no size or CRC check can see) is damaged."""
+    import json
+
+    for file, info in index["files"].items():
+        manifest = folder / (Path(file).stem + ".json")
+        if not manifest.is_file() or manifest.is_symlink():
+            continue
+        try:
+            pieces = json.loads(manifest.read_bytes().decode("utf-8")).get("pieces")
+        except (OSError, ValueError, RecursionError, AttributeError):
+            pieces = None
+        if pieces != info["pieces"]:
+            raise CheckpointError(f"{folder / INDEX} is damaged: its pieces of {file} are not what "
+                                  f"{manifest.name}, written with that shard, says; {FIX}")

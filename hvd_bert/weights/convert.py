@@ -11,7 +11,7 @@ import math
 import os
 from pathlib import Path
 
-from hvd_bert.files import OutputClash, read_json_object, refuse_clash
+from hvd_bert.files import OutputClash, owned_name, read_json_object, refuse_clash
 from hvd_bert.train.checkpoint import (ALL, SHARDED, checkpoint_folder, is_checkpoint_name, latest_checkpoint,
                                       list_checkpoints, pick_checkpoint, run_folder_of)
 from hvd_bert.weights.hf import is_hf_folder, write_hf_folder
@@ -68,17 +68,22 @@ def _run_folder(p: Path) -> bool:
 
 def refuse_run_output(output: str | Path, overwrite: bool) -> None:
     """A run's files are never an export's place, ``--overwrite`` or not: an output that is a run
-    folder, a checkpoint (``ckpt-*``) or anything inside a run folder is refused (OutputClash);
-    so is an existing output without ``--overwrite``."""
+    folder, a checkpoint (``ckpt-*``), a file already in a run folder or a name the toolkit gives
+    a run's files there is refused (OutputClash); so is an existing output without
+    ``--overwrite``. (A new file of another name in a run folder is written.)"""
     out = Path(output).expanduser()
     absolute = Path(os.path.abspath(out))
     for p in (absolute, *absolute.parents):
-        if _run_folder(p) or (p == absolute and any(is_checkpoint_name(p, kind) for kind in ALL)):
-            what = "a run folder" if p == absolute and _run_folder(p) else \
-                "a checkpoint" if p == absolute else f"inside the run folder {p}"
-            raise OutputClash(errno.EEXIST, f"--output {out} is {what}: convert never replaces a run's "
-                                            f"files (its checkpoints, metrics and settings), --overwrite or "
-                                            f"not; give --output a path outside it", str(out))
+        if p == absolute and (_run_folder(p) or any(is_checkpoint_name(p, kind) for kind in ALL)):
+            what = "a run folder" if _run_folder(p) else "a checkpoint"
+        elif p != absolute and _run_folder(p) and (os.path.lexists(absolute)
+                                                   or owned_name(absolute.relative_to(p))):
+            what = f"{'a file' if os.path.lexists(absolute) else 'a name'} of the run folder {p}"
+        else:
+            continue
+        raise OutputClash(errno.EEXIST, f"--output {out} is {what}: convert never replaces a run's files "
+                                        f"(its checkpoints, metrics and settings), --overwrite or not; "
+                                        f"give --output a path outside it", str(out))
     if not overwrite and (out.is_file() or out.is_symlink()):
         raise OutputClash(errno.EEXIST, f"--output {out} exists: give --overwrite to replace it (once the "
                                         f"new file is complete), or another --output", str(out))

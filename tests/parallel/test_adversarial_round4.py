@@ -470,18 +470,21 @@ def test_convert_refuses_an_index_that_lost_swapped_or_reshaped_tensors(sharded_
 
 
 def test_convert_never_replaces_a_runs_files(sharded_template, finished_run, tmp_path):
-    """Not another run's metrics, checkpoint or folder, --overwrite or not; nor an existing file
-    without --overwrite."""
+    """Not another run's metrics, checkpoint, folder or a name it gives its files, --overwrite or
+    not; nor an existing file without --overwrite. A new file of another name is written."""
     ckpt = the_shards(sharded_template)
     before = digests(finished_run)
     (existing := tmp_path / "w.npz").write_bytes(b"mine")
     (finished_run / "metrics.jsonl").touch()
     (own,) = sorted(finished_run.glob("ckpt-*"))
     for out, extra in ((finished_run / "metrics.jsonl", ()), (own, ("--to", "hf", "--overwrite")),
-                       (finished_run, ("--to", "hf", "--overwrite")), (finished_run / "x" / "w.npz", ())):
+                       (finished_run, ("--to", "hf", "--overwrite")), (finished_run / "ckpt-00000009.pt", ()),
+                       (finished_run / "tensorboard" / "w.npz", ())):
         one_line(hvd("convert", ckpt, "--output", out, *extra, timeout=120), "convert never replaces a run's")
     one_line(hvd("convert", ckpt, "--output", existing, timeout=120), "exists: give --overwrite")
     assert existing.read_bytes() == b"mine" and digests(finished_run) == before
+    res = hvd("convert", ckpt, "--output", finished_run / "export.npz", timeout=120)  # (a name of its own)
+    assert res.returncode == 0 and (finished_run / "export.npz").is_file(), res.stderr
 
 
 def test_launch_returns_when_its_ranks_do_though_a_child_of_theirs_runs_on(tmp_path):
