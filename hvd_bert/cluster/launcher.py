@@ -191,8 +191,8 @@ def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err,
     """The launch's exit status from the child launcher's, the ranks' and what was seen: a rank
     that exited with a status of its own (a user's script's ``sys.exit(7)``) is named with it, and
     the launch exits with it; the ranks the launcher then ended are not "lost"."""
-    if state.killed:
-        return _fail(err, state.killed, EXIT_INTERRUPTED)
+    if state.killed:  # (ranks that had said their checkpoint was complete: stopped with it, status 3)
+        return _fail(err, state.killed, EXIT_STOPPED if state.saved else EXIT_INTERRUPTED)
     if EXIT_STALLED in codes or rc == EXIT_STALLED or _stall(errors_seen):
         return EXIT_STALLED
     if EXIT_INTERRUPTED in codes or rc == EXIT_INTERRUPTED:
@@ -317,7 +317,7 @@ class _Stop:
             self.timer.start()
         elif now - self.first_at >= StopSignal.REPEAT_S:
             self.kill("interrupted again while the ranks were exiting after their checkpoint (the stop line "
-                      "above): they were killed at once" if self.saved else
+                      "above, exit status 3): they were killed at once" if self.saved else
                       "interrupted again: the job was killed at once, without a new checkpoint")
 
     def kill(self, why: str) -> None:

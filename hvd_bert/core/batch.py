@@ -68,8 +68,8 @@ def plan_batch(*, world_size: int, local_batch_size: int | None = None,
     local, k, glob = local_batch_size, backward_passes_per_step, global_batch_size
     if local is None and k is None and glob is not None and largest_local:
         if glob % world_size:
-            raise ValueError(f"global_batch_size {glob} is not a multiple of world_size {world_size}: each "
-                             f"rank takes an equal share; use "
+            raise ValueError(f"global_batch_size {glob} is not a multiple of {_ranks(world_size)}: each "
+                             f"takes an equal share; use "
                              f"{max(1, round(glob / world_size)) * world_size}, or start a number of ranks "
                              f"that divides {glob}")
         local = largest_divisor_at_most(glob // world_size, largest_local)
@@ -84,7 +84,7 @@ def plan_batch(*, world_size: int, local_batch_size: int | None = None,
             if glob % per_step:
                 raise ValueError(
                     f"global_batch_size {glob} is not a multiple of local_batch_size {local} x "
-                    f"world_size {world_size} = {per_step}; use a global batch that is a multiple "
+                    f"{_ranks(world_size)} = {per_step}; use a global batch that is a multiple "
                     f"of {per_step} (e.g. {max(1, round(glob / per_step)) * per_step}) or change "
                     f"the local batch size")
             k = glob // per_step
@@ -93,16 +93,22 @@ def plan_batch(*, world_size: int, local_batch_size: int | None = None,
         if glob % per_step:
             raise ValueError(
                 f"global_batch_size {glob} is not a multiple of backward_passes_per_step {k} x "
-                f"world_size {world_size} = {per_step}; use a global batch that is a multiple of "
+                f"{_ranks(world_size)} = {per_step}; use a global batch that is a multiple of "
                 f"{per_step} or change backward_passes_per_step")
         local = glob // per_step
     plan = BatchPlan(local, k, world_size)
     if glob is not None and plan.global_batch_size != glob:
         raise ValueError(
             f"inconsistent batch sizes: local_batch_size {local} x backward_passes_per_step {k} x "
-            f"world_size {world_size} = {plan.global_batch_size}, but global_batch_size is {glob}; "
+            f"{_ranks(world_size)} = {plan.global_batch_size}, but global_batch_size is {glob}; "
             f"drop one of the three settings to have it derived, or make them agree")
     return plan
+
+
+def _ranks(n: int) -> str:
+    """The ranks a batch is split over: the data-parallel replicas (the world size, divided by
+    train.tensor_parallel where a group of ranks shares one batch)."""
+    return f"{n} data-parallel rank{'s' if n != 1 else ''}"
 
 
 def is_sync_step(micro_step: int, backward_passes_per_step: int) -> bool:

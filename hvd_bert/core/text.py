@@ -18,4 +18,5 @@ def size_text(n: float) -> str:
 
 def plural(n: float, noun: str, many: str | None = None) -> str:
     """``1 epoch``, ``2 epochs``, ``0.5 epochs`` (``many``: an irregular plural)."""
-    return f"{n:g} {noun if n == 1 else many or noun + 's'}"
+    count = str(n) if isinstance(n, int) else f"{n:g}"  # (a count of 1234567 is not 1.23457e+06)
+    return f"{count} {noun if n == 1 else many or noun + 's'}"

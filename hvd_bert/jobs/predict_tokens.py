@@ -19,6 +19,7 @@ from hvd_bert.config import PredictConfig
 from hvd_bert.data.masking import special_ids
 from hvd_bert.data.token_classification import encode_window, read_conll, word_windows
 from hvd_bert.evaluation.token_classification import entity_counts, scores_of
+from hvd_bert.core.text import plural
 from hvd_bert.files import atomic_write
 from hvd_bert.jobs.predict_model import load_scorer, output_path, tokenizer_of
 
@@ -59,7 +60,8 @@ def tag_words(cfg: PredictConfig, backend, rec: dict, rank: int, size: int) -> d
     if rank == 0:
         _write(out, sentences, preds)
         words = sum(len(w) for w, _ in sentences)
-        print(f"wrote the tags of {words} words in {len(sentences)} sentences (tags {labels}) of "
+        print(f"wrote the tags of {plural(words, 'word')} in {plural(len(sentences), 'sentence')} (tags "
+              f"{labels}) of "
               f"{cfg.checkpoint} on {source} to {out}", flush=True)
         if metrics:
             print("scored against the input's tags: " + ", ".join(

@@ -111,7 +111,7 @@ def pick_checkpoint(path: str | Path, pick: str = "best") -> tuple[Path, str]:
     if pick == "best" and (p / "best.npz").is_file():
         try:
             rec = json.loads((p / "best.json").read_text())
-            why = f" ({rec['metric']} {float(rec['score']):.4g} at step {rec['step']})"
+            why = f" ({rec['metric']} {float(rec['score']):.4f} at step {rec['step']})"  # (as the log has it)
             if rec.get("crc32c") and rec["crc32c"] != file_crc(p / "best.npz"):  # (replaced since)
                 why = (" (not the one best.json scores: best.npz was replaced after the run wrote it, so "
                        "its score is unknown)")

@@ -176,8 +176,7 @@ def check_resume(meta: dict, path: str | Path, *, world_size: int, plan: BatchPl
     new_g = target or (plan.global_batch_size if plan else None)
     if old_g is not None and new_g is not None and old_g != new_g:
         raise ResumeError(f"{path} was written with a global batch of {old_g}, this run has {new_g}: "
-                          f"resuming would change the recipe; give train.batch settings that make "
-                          f"{old_g} (e.g. --set train.batch.global_batch_size={old_g}), or start a new "
+                          f"resuming would change the recipe; {_batch_fix(old_g, plan)}, or start a new "
                           f"run in another train.output_dir")
     if meta.get("optimizer") and optimizer and meta["optimizer"] != optimizer:
         raise ResumeError(f"{path} holds the state of optimizer {meta['optimizer']}, this run uses "
@@ -191,6 +190,24 @@ def check_resume(meta: dict, path: str | Path, *, world_size: int, plan: BatchPl
                           f"{world_size}: the global batch is the same, but every rank's data share and RNG "
                           f"stream change; to go on anyway --set train.resume_resized=true, or start a new "
                           f"run in another train.output_dir")
+
+
+def _batch_fix(old_g: int, plan: BatchPlan | None) -> str:
+    """Settings that make the global batch ``old_g`` on this run's data-parallel ranks (a local
+    batch no larger than this run's, the accumulation derived), or the rank counts that can."""
+    from hvd_bert.core.batch import largest_divisor_at_most
+
+    if plan is None:
+        return f"give train.batch settings that make {old_g}"
+    d = plan.world_size
+    if old_g % d:
+        fits = [n for n in range(1, 2 * d + 1) if not old_g % n]
+        return (f"no local batch on {d} data-parallel ranks makes {old_g}: start ranks whose data-parallel "
+                f"replicas number one of {fits[-4:]} (world size / train.tensor_parallel)")
+    local = largest_divisor_at_most(old_g // d, plan.local_batch_size)
+    return (f"--set train.batch.global_batch_size={old_g} --set train.batch.local_batch_size={local} make it "
+            f"({local} x backward_passes_per_step {old_g // d // local} x {d} data-parallel "
+            f"rank{'s' if d != 1 else ''})")
 
 
 def meta_fault(meta: dict, path: str | Path) -> str | None:

@@ -28,12 +28,12 @@ def test_inconsistent_triple_names_numbers_and_fix():
     with pytest.raises(ValueError) as e:
         plan_batch(world_size=2, local_batch_size=8, backward_passes_per_step=2, global_batch_size=64)
     msg = str(e.value)
-    assert "8 x backward_passes_per_step 2 x world_size 2 = 32" in msg and "64" in msg
+    assert "8 x backward_passes_per_step 2 x 2 data-parallel ranks = 32" in msg and "64" in msg
     assert "drop one" in msg
 
 
 def test_global_not_divisible_suggests_a_multiple():
-    with pytest.raises(ValueError, match=r"not a multiple of local_batch_size 8 x world_size 3 = 24"):
+    with pytest.raises(ValueError, match=r"local_batch_size 8 x 3 data-parallel ranks = 24"):
         plan_batch(world_size=3, local_batch_size=8, global_batch_size=100)
 
 
@@ -73,7 +73,7 @@ def test_the_global_batch_alone_derives_the_largest_local_batch_up_to_the_defaul
 
 
 def test_a_global_batch_the_ranks_cannot_share_equally_names_the_fix():
-    with pytest.raises(ValueError, match="not a multiple of world_size 4.*use 32"):
+    with pytest.raises(ValueError, match="not a multiple of 4 data-parallel ranks.*use 32"):
         plan_batch(world_size=4, global_batch_size=30, largest_local=32)
 
 
@@ -84,3 +84,23 @@ def test_the_tp_batch_line_asks_for_a_global_batch_only_when_none_was_given():
     assert "set train.batch.global_batch_size to compare" in batch_line(plan, 2)
     given = batch_line(plan, 2, global_given=True)
     assert "global_batch_size" not in given and "2 data-parallel replicas" in given
+
+
+def test_a_resume_refused_for_its_global_batch_names_settings_that_make_it():
+    """The fix a refused resume names works on this run's data-parallel ranks: a local batch no
+    larger than this run's with the accumulation that makes the checkpoint's global batch, or,
+    where no local batch on these ranks makes it, the replica counts that can."""
+    from hvd_bert.train.engine import META_FORMAT, ResumeError, check_resume
+
+    meta = {"format": META_FORMAT, "step": 2, "micro_step": 4, "skipped_steps": 0, "world_size": 4,
+            "data_parallel_size": 4, "backward_passes_per_step": 2, "local_batch_size": 8,
+            "global_batch_size": 64, "data": {"micro_step": 4}, "rng": [None] * 4}
+    for world, local, words in ((3, 8, "no local batch on 3 data-parallel ranks makes 64: start ranks whose "
+                                       "data-parallel replicas number one of [1, 2, 4]"),
+                                (2, 24, "--set train.batch.global_batch_size=64 --set "
+                                        "train.batch.local_batch_size=16 make it (16 x "
+                                        "backward_passes_per_step 2 x 2 data-parallel ranks)")):
+        plan = plan_batch(world_size=world, local_batch_size=local)
+        with pytest.raises(ResumeError, match="global batch of 64") as e:
+            check_resume(meta, "ckpt-00000002.pt", world_size=world, plan=plan, allow_resized=True)
+        assert words in str(e.value), str(e.value)

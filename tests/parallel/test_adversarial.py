@@ -123,8 +123,10 @@ def test_a_resize_keeps_the_checkpoints_global_batch_or_names_the_fix(bert_data,
     assert res.returncode == 0, res.stderr[-3000:]
     res = pretrain(bert_data, run, "--set", "train.batch.global_batch_size=16", steps=4)
     line = one_line(res, "was written with a global batch of 32, this run has 16")
-    fix = line.split("(e.g. ")[1].split(")")[0].split()
-    assert fix == ["--set", "train.batch.global_batch_size=32"], line
+    fix = line.split("; ")[1].split(" make it")[0].split()  # (settings that make it on this run's ranks)
+    assert fix == ["--set", "train.batch.global_batch_size=32", "--set", "train.batch.local_batch_size=8"], \
+        line
+    assert "(8 x backward_passes_per_step 4 x 1 data-parallel rank)" in line, line
     res = pretrain(bert_data, run, steps=4)
     assert res.returncode == 0 and "resumed from step 2" in res.stdout, res.stderr[-3000:]
     assert "the layout changed from 2 data-parallel replicas x k=2 to 1 x k=4, the global batch of 32 kept" \

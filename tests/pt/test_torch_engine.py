@@ -62,7 +62,7 @@ def test_no_checkpoint_means_a_fresh_start(tmp_path):
 def test_inconsistent_batch_config_names_the_numbers():
     cfg = apply_overrides(TrainConfig(), ["batch.local_batch_size=8", "batch.backward_passes_per_step=2",
                                           "batch.global_batch_size=100"])
-    with pytest.raises(ConfigError, match=r"8 x backward_passes_per_step 2 x world_size 1 = 16"):
+    with pytest.raises(ConfigError, match=r"8 x backward_passes_per_step 2 x 1 data-parallel rank = 16"):
         Engine.from_config(small_model(), cfg)
 
 
