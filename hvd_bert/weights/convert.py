@@ -126,6 +126,18 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
         raise WeightsError(f"no vocab.txt for {src}: neither its run folder nor the data its config.json "
                            f"names holds one; give the vocabulary it was trained with: --vocab FILE (nothing "
                            f"was written)")
+    if to in ("hf", "google"):  # (one token per row of the embeddings: another vocabulary is another model)
+        from hvd_bert.data.records import DatasetError
+        from hvd_bert.data.vocab import vocab_tokens
+
+        try:
+            tokens = len(vocab_tokens(vocab))
+        except (DatasetError, OSError) as e:
+            raise WeightsError(f"{e} (nothing was written)") from None
+        if tokens != config.vocab_size:
+            raise WeightsError(f"the vocabulary {vocab} has {tokens} tokens, the model {config.vocab_size} "
+                               f"(its word embeddings' rows): give the vocab.txt it was trained with: "
+                               f"--vocab FILE (nothing was written)")
     if to == "google":
         from hvd_bert.tf.google_ckpt import write_google  # TensorFlow writes TF1 checkpoints
 

@@ -514,3 +514,15 @@ def test_prepare_and_finetune_name_what_is_wrong_with_their_inputs(tmp_path):
     one_line(hvd("finetune", "--set", f"data={tsv}", "--set", f"train.output_dir={tmp_path / 'ft'}",
                  timeout=120), f"data {tsv} is a file, not a prepared data folder")
     assert not (tmp_path / "d").exists() and not (tmp_path / "ft").exists()
+
+
+def test_an_export_takes_only_the_vocabulary_the_model_was_trained_with(sharded_template, tmp_path):
+    """--vocab of another size (or not a vocabulary at all) is refused before anything is written:
+    the export would load with a tokenizer whose ids are not the model's."""
+    short = tmp_path / "v100.txt"
+    short.write_text("".join(f"tok{i}\n" for i in range(100)))
+    readme = Path(__file__).parents[2] / "README.md"
+    for vocab, words in ((short, "has 100 tokens, the model 1500"), (readme, "twice")):
+        one_line(hvd("convert", sharded_template, "--to", "hf", "--output", tmp_path / "hf", "--vocab", vocab,
+                     timeout=120), words, "nothing was written")
+        assert not (tmp_path / "hf").exists()
