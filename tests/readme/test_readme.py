@@ -59,6 +59,24 @@ def code_blocks(text: str, page: str = "README.md") -> list[tuple[str, str, str]
 BLOCKS = [b for page in DOCS for b in code_blocks(page.read_text(), str(page.relative_to(ROOT)))]
 
 
+def test_the_guides_blocks_are_blocks_that_run_here_and_no_example_is_missing():
+    """docs/jobs.md and docs/clusters.md repeat README blocks beside their detail: each of their
+    blocks is one this test runs (so none goes stale), and no paragraph of the docs ends in a
+    colon with no block after it (an example lost in an edit)."""
+    runs = {code for _, _, code in BLOCKS}
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        text = page.read_text()
+        if page.name in ("jobs.md", "clusters.md"):
+            stale = [where for where, lang, code in code_blocks(text, page.name) if lang == "bash"
+                     and code not in runs]
+            assert not stale, f"blocks that no test runs: {stale}"
+        lines = text.splitlines()
+        lost = [f"{page.name} line {n + 1}" for n, line in enumerate(lines[:-2])
+                if line.endswith(":") and not line.startswith(("|", "#", " ", "-")) and lines[n + 1] == ""
+                and not lines[n + 2].startswith(("```", "|", "-", "    ", "1.", "*"))]
+        assert not lost, f"paragraphs that end in a colon with no example after them: {lost}"
+
+
 def test_every_block_has_a_language_this_test_knows():
     assert BLOCKS and all(lang in ("bash", "python", "text") for _, lang, _ in BLOCKS), \
         [(line, lang) for line, lang, _ in BLOCKS if lang not in ("bash", "python", "text")]
