@@ -69,8 +69,28 @@ def pretrain_defaults(cfg):
 
 
 def ncf_defaults(cfg):
-    """An NCF config without ``data``: the synthetic ml-1m set."""
-    return cfg if cfg.data else replace(cfg, data=str(default_ncf_data()))
+    """An NCF config without ``data``: an evaluation of a trained run (``do_train=false``), the
+    data that run trained on (its config.json says); else the synthetic ml-1m set."""
+    if cfg.data:
+        return cfg
+    trained = _trained_on(cfg.init_checkpoint) if not cfg.do_train and cfg.init_checkpoint else None
+    return replace(cfg, data=trained or str(default_ncf_data()))
+
+
+def _trained_on(checkpoint: str) -> str | None:
+    """The ``data`` of the run folder holding ``checkpoint`` (the folder, ``RUN/ckpt-*`` or
+    ``RUN/best/ckpt-*``), when its config.json names one."""
+    from hvd_bert.files import read_json_object
+
+    p = Path(checkpoint).expanduser()
+    for folder in (p, *list(p.parents)[:2]):
+        try:
+            data = read_json_object(folder / "config.json").get("data")
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, str) and data:
+            return data
+    return None
 
 
 def pretrain_data_hint(cfg) -> str:

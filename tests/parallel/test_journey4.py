@@ -110,8 +110,8 @@ def test_predict_scores_an_input_that_has_labels(finished_run, tmp_path):
 
 
 def test_ncf_evaluates_a_trained_model_and_recommends(tmp_path):
-    """``ncf --set do_train=false``: init_checkpoint's HR@K over all users on 2 ranks equals the
-    one its run recorded for its best model, and recommend= writes each listed user's top_k
+    """``ncf --set do_train=false``: init_checkpoint's HR@K over all users on 2 ranks, on the data
+    its run trained on unless data is given, equals the one its run recorded for its best model, and recommend= writes each listed user's top_k
     unrated items (the ratings file's own ids), best first; an unknown user is one line."""
     import numpy as np
 
@@ -125,9 +125,11 @@ def test_ncf_evaluates_a_trained_model_and_recommends(tmp_path):
     z = np.load(data / "ncf.npz")
     users = [int(z["user_ids"][u]) for u in (0, 3, 7)]
     (tmp_path / "users.txt").write_text("".join(f"{u}\n" for u in users))
-    res = hvd("ncf", "-np", "2", "--set", f"data={data}", "--set", "do_train=false", "--set",
+    # (no data given: the evaluation takes the data its run trained on, from the run's config.json)
+    res = hvd("ncf", "-np", "2", "--set", "do_train=false", "--set",
               f"init_checkpoint={run}", "--set", f"recommend={tmp_path / 'users.txt'}", timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert f"on {data}" in res.stdout, res.stdout
     hr = float(re.search(r"HR@10 ([\d.]+)", res.stdout).group(1))
     assert hr == round(best["score"], 4), (res.stdout, best)
     rows = [json.loads(x) for x in (tmp_path / "users.txt.recommendations.jsonl").read_text().splitlines()]
