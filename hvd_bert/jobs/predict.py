@@ -112,12 +112,19 @@ def run(cfg: PredictConfig, backend) -> dict:
                        for j, k in enumerate(("input_ids", "input_mask", "segment_ids"))}
         mine = batches()
 
-    rows, j = {}, 0
+    rows, golds, j = {}, {}, 0
+    labelled = (source / SIDECAR).is_file() and bool(meta.get("labels") or rec["task"] == REGRESSION)
     for batch in mine:
-        for logits in np.asarray(score(batch), np.float64).reshape(-1, n_out):
+        truth = batch.get("label_values", batch.get("label_ids")) if labelled else None
+        for i, logits in enumerate(np.asarray(score(batch), np.float64).reshape(-1, n_out)):
             rows[rank + j * size] = logits  # this rank's j-th example is the input's rank + j * P
+            if truth is not None:  # (a prepared set's own labels: scored as the fine-tuning evaluation)
+                golds[rank + j * size] = np.asarray(truth, np.float64).reshape(-1)[i:i + 1]
             j += 1
     outputs = dense_gather(rows, n, (n_out,), lambda x: backend.allreduce_sum(x, "hvd_bert.predict"))
+    if labelled:
+        got = dense_gather(golds, n, (1,), lambda x: backend.allreduce_sum(x, "hvd_bert.predict.gold"))[:, 0]
+        gold = got if rec["task"] == REGRESSION else got.astype(np.int64)
     metrics = scores(outputs, gold, len(labels), rec) if gold is not None else {}
     if rank == 0:
         _write(out, ids, outputs, labels, rec["task"] == REGRESSION)

@@ -83,9 +83,10 @@ def test_a_progress_bar_under_the_launcher_shows_its_last_frame(tmp_path):
 
 
 def test_predict_scores_an_input_that_has_labels(finished_run, tmp_path):
-    """A table with a label column: the predictions are written and scored as the fine-tuning
-    evaluation scores them (accuracy and F1 for two labels), equal to scikit-learn's on the
-    written predictions; a label the model lacks, asked for with --label, is one line."""
+    """A table with a label column, or a prepared set with labels: the predictions are written and
+    scored as the fine-tuning evaluation scores them (accuracy and F1 for two labels), equal to
+    scikit-learn's on the written predictions; a label the model lacks, asked for with --label,
+    is one line."""
     from sklearn.metrics import accuracy_score, f1_score
 
     from test_adversarial_round3 import classifier
@@ -103,6 +104,12 @@ def test_predict_scores_an_input_that_has_labels(finished_run, tmp_path):
     got = dict(re.findall(r"(eval_\w+) ([\d.]+)", line))
     assert float(got["eval_accuracy"]) == round(accuracy_score(gold, preds), 4), line
     assert float(got["eval_f1"]) == round(f1_score(gold, preds, pos_label="pos", zero_division=0), 4), line
+    # the same table prepared (the set finetune's eval_data reads): scored alike, from its records
+    assert hvd("prepare-classification", table, "--output", tmp_path / "dev", "--vocab", model, "--text-a",
+               "sentence", "--label", "label", "--labels", "neg", "pos").returncode == 0
+    res = hvd("predict", model, tmp_path / "dev", "--output", tmp_path / "dev.jsonl", timeout=240)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert next(x for x in res.stdout.splitlines() if x.startswith("scored against")) == line, res.stdout
     table.write_text("sentence\tgrade\nnice\tA\n")
     res = hvd("predict", model, table, "--label", "grade", "--output", tmp_path / "g.jsonl", timeout=240)
     assert res.returncode == 2 and "not among the model's ['neg', 'pos']" in res.stderr, res.stderr
@@ -111,8 +118,9 @@ def test_predict_scores_an_input_that_has_labels(finished_run, tmp_path):
 
 def test_ncf_evaluates_a_trained_model_and_recommends(tmp_path):
     """``ncf --set do_train=false``: init_checkpoint's HR@K over all users on 2 ranks, on the data
-    its run trained on unless data is given, equals the one its run recorded for its best model, and recommend= writes each listed user's top_k
-    unrated items (the ratings file's own ids), best first; an unknown user is one line."""
+    its run trained on unless data is given, equals the one its run recorded for its best model,
+    and recommend= writes each listed user's top_k unrated items (the ratings file's own ids),
+    best first; an unknown user is one line."""
     import numpy as np
 
     data, run = tmp_path / "data", tmp_path / "run"
