@@ -84,7 +84,9 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
                 book.watchdog.enter("start")
                 start(engine, log, book, output_dir, total_steps)
             if book.plan is not None:
-                given = engine.config is not None and engine.config.batch.global_batch_size is not None
+                # (given, or a resume's: the checkpoint's global batch, whatever the layout)
+                given = engine.step_count > 0 or (engine.config is not None
+                                                  and engine.config.batch.global_batch_size is not None)
                 tp = getattr(getattr(engine, "tp", None), "size", 1)
                 log.print(batch_line(book.plan, tp, given))  # once
             if hasattr(engine, "memory"):
