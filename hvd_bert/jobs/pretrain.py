@@ -149,7 +149,8 @@ def run(cfg: PretrainConfig, backend) -> dict:
               on_step=on_step, elastic=elastic)
     final = heldout(res.steps) if cfg.eval_data and not res.stopped_by_signal else {}
     log.close()
-    finish_line(res, engine.rank, f"checkpoint: {res.checkpoint or 'unchanged'}", backend, out)
+    finish_line(res, engine.rank, f"checkpoint: {res.checkpoint or 'unchanged'}", backend, out,
+                evaluated=bool(final))
     return {"steps": res.steps, "stopped": res.stopped_by_signal,
             "last": res.history[-1] if res.history else {}, **final}
 

@@ -119,7 +119,8 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
     return log
 
 
-def finish_line(res, rank: int, detail: str, backend, out: Path | None = None) -> None:
+def finish_line(res, rank: int, detail: str, backend, out: Path | None = None,
+                evaluated: bool = True) -> None:
     """Rank 0's last line (with ``out``: where the metrics and the TensorBoard logs are, the same
     for every job); then every rank waits for it (a collective), so that no rank exits (with
     status 3 after a signal, which launchers answer by killing the others) before it is out."""
@@ -130,7 +131,8 @@ def finish_line(res, rank: int, detail: str, backend, out: Path | None = None) -
         detail += f"; TensorBoard: tensorboard --logdir {out / 'tensorboard'}"
     phases = res.phases  # (FitResult's: which phase set the peak)
     if phases is not None:
-        phases.mark("eval")  # (after the final evaluation, which may set the peak)
+        if evaluated:  # (``evaluated``: a final evaluation ran, which may have set the peak)
+            phases.mark("eval")
         if rank == 0 and phases.line():
             print(phases.line(), flush=True)
     if rank == 0:

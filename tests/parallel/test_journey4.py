@@ -65,6 +65,7 @@ def test_a_stop_names_only_logs_that_exist(bert_data, tmp_path):
     for path in re.findall(r"(?:metrics: |--logdir )([^\s;]+)", last):
         assert (tmp_path / "r").joinpath(path.rsplit("/", 1)[-1]).exists(), last
     peak = [i for i, x in enumerate(res.stdout.splitlines()) if x.startswith("peak memory of rank 0")]
+    assert "eval " not in res.stdout.splitlines()[peak[-1]], res.stdout  # (no evaluation ran: no eval phase)
     done = [i for i, x in enumerate(res.stdout.splitlines()) if x.startswith("finished step")]
     assert peak and done and peak[-1] < done[-1], res.stdout[-2000:]
 
