@@ -123,9 +123,10 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
     # (a sharded checkpoint's tensors are read one at a time, as they are written: counted by shape)
     n = f"{len(arrays)} tensors, {sum(math.prod(shape_of(arrays, k)) for k in arrays) / 1e6:.1f}M parameters"
     if to in ("hf", "google") and vocab is None:  # (an export without its vocabulary is not a model)
-        raise WeightsError(f"no vocab.txt for {src}: neither its run folder nor the data its config.json "
-                           f"names holds one; give the vocabulary it was trained with: --vocab FILE (nothing "
-                           f"was written)")
+        where = ("neither its run folder nor the data its config.json names holds one" if run_folder_of(src)
+                 else "a weights file alone carries none")
+        raise WeightsError(f"no vocab.txt for {src}: {where}; give the vocabulary it was trained with: "
+                           f"--vocab FILE (nothing was written)")
     if to in ("hf", "google"):  # (one token per row of the embeddings: another vocabulary is another model)
         from hvd_bert.data.records import DatasetError
         from hvd_bert.data.vocab import vocab_tokens
