@@ -184,7 +184,9 @@ def _checked_task(path: Path) -> dict:
     if rec["task"] == TOKENS:
         if labels is None or label_fault(labels) or any(tag_fault(t) for t in labels):
             raise bad(label_fault(labels) or next(filter(None, map(tag_fault, labels)), "no labels"))
-    if labels is not None and label_fault(labels):
+    if rec["task"] in (REGRESSION, SQUAD) and labels not in (None, []):  # (no label map: one value, spans)
+        raise bad(f"labels {labels!r} for a {rec['task']} model, which has none")
+    if rec["task"] not in (REGRESSION, SQUAD) and labels is not None and label_fault(labels):
         raise bad(label_fault(labels))
     for key in ("max_seq_length", "doc_stride", "max_query_length"):
         v = rec.get(key)

@@ -164,6 +164,11 @@ def test_stsb_regression_reports_pearson_and_spearman(framework, bert_data, tmp_
     last = [m for m in metrics_of(tmp_path / "run") if "eval_pearson" in m][-1]
     assert last["eval_examples"] == 101  # 51 + 50 on the two ranks, each once
     assert last["eval_pearson"] > 0.8 and last["eval_spearman"] > 0.8, last
+    # predict reads the run's task record (a regression's has no labels) and scores the prepared
+    # dev set as the fine-tuning evaluation did
+    res = subprocess.run([*HVD_BERT, "predict", str(tmp_path / "run"), str(tmp_path / "dev"), "--output",
+                          str(tmp_path / "p.jsonl")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "eval_pearson" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
 
 
 def test_the_task_must_match_the_data(squad, tmp_path):
