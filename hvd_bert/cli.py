@@ -71,6 +71,9 @@ def _refuse_clash(args: argparse.Namespace, *reads) -> None:
         for i, p in enumerate(_inputs_of(paths if isinstance(paths, list) else [paths])):
             named[f"{desc} {i + 1}" if isinstance(paths, list) and len(paths) > 1 else desc] = p
     refuse_clash(args.output, named, folder=True)
+    from hvd_bert.train.run_folder import refuse_run_files
+
+    refuse_run_files(args.output, args.command)
 
 
 def _cmd_prepare_bert(args: argparse.Namespace) -> int:

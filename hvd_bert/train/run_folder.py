@@ -24,7 +24,7 @@ from hvd_bert.files import OutputClash, planted_link, refuse_clash
 from hvd_bert.train.checkpoint import RunFolderBusy, lock_run_folder, release_run_folder
 from hvd_bert.train.identity import resume_mismatch
 
-__all__ = ["Claim", "claim_run_folder", "raise_problem", "RUN_FILES"]
+__all__ = ["Claim", "claim_run_folder", "raise_problem", "RUN_FILES", "refuse_run_files"]
 
 RUN_FILES = ("metrics.jsonl", "tensorboard")  # what a run appends to or writes into, by name
 _HELD: dict[Path, object] = {}  # run folder -> its lock, held by this process
@@ -90,3 +90,38 @@ def raise_problem(problem: tuple[str, str] | None) -> None:
 
     kind, message = problem
     raise {"busy": RunFolderBusy, "resume": ResumeError}.get(kind, ConfigError)(message)
+
+
+_RUN_MARKS = ("metrics.jsonl", "best.npz")  # (with checkpoints: what only a run folder holds)
+
+
+def _is_run_folder(p: Path) -> bool:
+    from hvd_bert.train.checkpoint import ALL, list_checkpoints
+
+    return p.is_dir() and (bool(list_checkpoints(p, ALL)) or any((p / f).exists() for f in _RUN_MARKS))
+
+
+def refuse_run_files(output: str | Path, command: str) -> None:
+    """No command but the run itself writes a run's files: an output (a file or a folder) that is
+    a run folder, a checkpoint (``ckpt-*``), a path already in a run folder or a name the toolkit
+    gives a run's files there is refused (OutputClash, one line). A new path of another name in a
+    run folder is allowed (an export beside its run)."""
+    import errno
+    import os
+
+    from hvd_bert.files import owned_name
+    from hvd_bert.train.checkpoint import ALL, is_checkpoint_name
+
+    out = Path(output).expanduser()
+    absolute = Path(os.path.abspath(out))
+    for p in (absolute, *absolute.parents):
+        if p == absolute and (_is_run_folder(p) or any(is_checkpoint_name(p, kind) for kind in ALL)):
+            what = "a run folder" if _is_run_folder(p) else "a checkpoint"
+        elif p != absolute and _is_run_folder(p) and (os.path.lexists(absolute)
+                                                      or owned_name(absolute.relative_to(p))):
+            what = f"{'a file' if os.path.lexists(absolute) else 'a name'} of the run folder {p}"
+        else:
+            continue
+        raise OutputClash(errno.EEXIST, f"--output {out} is {what}: {command} never writes over a run's "
+                                        f"files (its checkpoints, metrics, vocabulary and settings), "
+                                        f"--overwrite or not; give --output a path outside it", str(out))

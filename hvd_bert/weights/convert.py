@@ -8,12 +8,12 @@ from __future__ import annotations
 import errno
 import json
 import math
-import os
 from pathlib import Path
 
-from hvd_bert.files import OutputClash, owned_name, read_json_object, refuse_clash
-from hvd_bert.train.checkpoint import (ALL, SHARDED, checkpoint_folder, is_checkpoint_name, latest_checkpoint,
-                                      list_checkpoints, pick_checkpoint, run_folder_of)
+from hvd_bert.files import OutputClash, read_json_object, refuse_clash
+from hvd_bert.train.checkpoint import (SHARDED, checkpoint_folder, latest_checkpoint, pick_checkpoint,
+                                      run_folder_of)
+from hvd_bert.train.run_folder import refuse_run_files
 from hvd_bert.weights.hf import is_hf_folder, write_hf_folder
 from hvd_bert.weights.portable import WeightsError, check_backbone, save_weights, shape_of
 
@@ -59,31 +59,11 @@ def vocab_of(src: Path) -> Path | None:
     return None
 
 
-_RUN_FILES = ("metrics.jsonl", "best.npz")  # (with checkpoints: what only a run folder holds)
-
-
-def _run_folder(p: Path) -> bool:
-    return p.is_dir() and (bool(list_checkpoints(p, ALL)) or any((p / f).exists() for f in _RUN_FILES))
-
-
 def refuse_run_output(output: str | Path, overwrite: bool) -> None:
-    """A run's files are never an export's place, ``--overwrite`` or not: an output that is a run
-    folder, a checkpoint (``ckpt-*``), a file already in a run folder or a name the toolkit gives
-    a run's files there is refused (OutputClash); so is an existing output without
-    ``--overwrite``. (A new file of another name in a run folder is written.)"""
+    """A run's files are never an export's place (``train.run_folder.refuse_run_files``), and an
+    existing output is replaced only with ``--overwrite``."""
     out = Path(output).expanduser()
-    absolute = Path(os.path.abspath(out))
-    for p in (absolute, *absolute.parents):
-        if p == absolute and (_run_folder(p) or any(is_checkpoint_name(p, kind) for kind in ALL)):
-            what = "a run folder" if _run_folder(p) else "a checkpoint"
-        elif p != absolute and _run_folder(p) and (os.path.lexists(absolute)
-                                                   or owned_name(absolute.relative_to(p))):
-            what = f"{'a file' if os.path.lexists(absolute) else 'a name'} of the run folder {p}"
-        else:
-            continue
-        raise OutputClash(errno.EEXIST, f"--output {out} is {what}: convert never replaces a run's files "
-                                        f"(its checkpoints, metrics and settings), --overwrite or not; "
-                                        f"give --output a path outside it", str(out))
+    refuse_run_files(out, "convert")
     if not overwrite and (out.is_file() or out.is_symlink()):
         raise OutputClash(errno.EEXIST, f"--output {out} exists: give --overwrite to replace it (once the "
                                         f"new file is complete), or another --output", str(out))

@@ -480,7 +480,8 @@ def test_convert_never_replaces_a_runs_files(sharded_template, finished_run, tmp
     for out, extra in ((finished_run / "metrics.jsonl", ()), (own, ("--to", "hf", "--overwrite")),
                        (finished_run, ("--to", "hf", "--overwrite")), (finished_run / "ckpt-00000009.pt", ()),
                        (finished_run / "tensorboard" / "w.npz", ())):
-        one_line(hvd("convert", ckpt, "--output", out, *extra, timeout=120), "convert never replaces a run's")
+        one_line(hvd("convert", ckpt, "--output", out, *extra, timeout=120),
+                 "convert never writes over a run's")
     one_line(hvd("convert", ckpt, "--output", existing, timeout=120), "exists: give --overwrite")
     assert existing.read_bytes() == b"mine" and digests(finished_run) == before
     res = hvd("convert", ckpt, "--output", finished_run / "export.npz", timeout=120)  # (a name of its own)
@@ -526,3 +527,20 @@ def test_an_export_takes_only_the_vocabulary_the_model_was_trained_with(sharded_
         one_line(hvd("convert", sharded_template, "--to", "hf", "--output", tmp_path / "hf", "--vocab", vocab,
                      timeout=120), words, "nothing was written")
         assert not (tmp_path / "hf").exists()
+
+
+def test_a_preparation_never_writes_into_a_run(sharded_template, tmp_path):
+    """prepare-* write a data folder, never a run folder, a checkpoint folder or a name of a run's
+    files (a run's vocab.txt replaced would make predict tokenize with another vocabulary)."""
+    run = tmp_path / "run"
+    shutil.copytree(sharded_template, run)
+    before = digests(run)
+    table = tmp_path / "t.tsv"
+    table.write_text("sentence\tlabel\na fine film\tpos\na dull one\tneg\n")
+    for out in (run, the_shards(run), run / "tensorboard"):
+        one_line(hvd("prepare-classification", table, "--output", out, "--vocab", VOCAB, "--text-a",
+                     "sentence", "--label", "label", "--labels", "neg", "pos", "--overwrite", timeout=120),
+                 "prepare-classification never writes over a run's")
+    one_line(hvd("prepare-bert", "--input", table, "--output", run, "--vocab", VOCAB, "--overwrite",
+                 timeout=120), "prepare-bert never writes over a run's")
+    assert digests(run) == before
