@@ -7,7 +7,7 @@ import argparse
 import math
 from typing import Callable
 
-__all__ = ["build_parser", "EXAMPLES", "without_launch_flags", "int64", "real"]
+__all__ = ["build_parser", "EXAMPLES", "without_launch_flags", "int64", "real", "count"]
 
 
 def int64(text: str) -> int:
@@ -34,6 +34,18 @@ def real(low: float, high: float = float("inf"), *, above: bool = False) -> Call
             raise argparse.ArgumentTypeError(f"{text} is not a finite number {want}")
         return value
     parse.__name__ = "number"  # (argparse's "invalid number value: 'x'" for what is not one)
+    return parse
+
+
+def count(high: int) -> Callable[[str], int]:
+    """A count option: an integer from 1 to ``high`` (a simulation's GPUs, tensors, samples,
+    accumulation), refused here in one line otherwise."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if not 1 <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not a count from 1 to {high}")
+        return value
+    parse.__name__ = "count"
     return parse
 
 
@@ -339,18 +351,18 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
                                         "(alpha-beta allreduce model)")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="bert-large-p1")
     p.add_argument("--params", type=real(1, 1e15), help="a custom model: trainable parameters")
-    p.add_argument("--tensors", type=int64, default=200, help="custom model: parameter tensors")
+    p.add_argument("--tensors", type=count(10**7), default=200, help="custom model: parameter tensors")
     p.add_argument("--micro-batch-seconds", type=real(0, above=True), default=0.1,
                    help="custom: compute per micro-batch")
-    p.add_argument("--samples", type=int64, default=64, help="custom: samples per micro-batch")
-    p.add_argument("--gpus", type=int64, nargs="+", default=[1, 16, 128, 512, 1472])
+    p.add_argument("--samples", type=count(10**9), default=64, help="custom: samples per micro-batch")
+    p.add_argument("--gpus", type=count(10**7), nargs="+", default=[1, 16, 128, 512, 1472])
     p.add_argument("--interconnect", choices=sorted(INTERCONNECTS), default="dgx2h")
     p.add_argument("--algorithm", choices=["ring", "tree", "hierarchical"], default="hierarchical")
     p.add_argument("--fusion-mb", type=real(0, 2**20), default=128,
                    help="tensor fusion buffer (0: no fusion)")
     p.add_argument("--fp16", action="store_true", help="fp16 gradient compression")
     p.add_argument("--no-overlap", action="store_true", help="reductions after the backward pass")
-    p.add_argument("--k", type=int64, default=1, help="backward_passes_per_step")
+    p.add_argument("--k", type=count(10**6), default=1, help="backward_passes_per_step")
     p.add_argument("--bert-recipe", action="store_true",
                    help="also project NVIDIA's BERT-Large LAMB recipe (both phases) on the last --gpus")
     p.add_argument("--model-size", action="store_true",

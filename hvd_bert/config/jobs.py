@@ -156,10 +156,11 @@ class ModelConfig:
 
     factors: int = doc(64, "GMF embedding size")
     layers: tuple[int, ...] = doc((256, 256, 128, 64), "MLP widths; layers[0] / 2 is each MLP embedding")
-    dropout: float = doc(0.0, "dropout between MLP layers")
+    dropout: float = doc(0.0, "dropout between MLP layers (a probability in [0, 1))")
 
     def __post_init__(self) -> None:
         require(self.factors > 0, f"model.factors must be > 0, got {self.factors}")
+        require(0 <= self.dropout < 1, f"model.dropout is a probability in [0, 1), got {self.dropout}")
         require(len(self.layers) >= 1 and all(w > 0 for w in self.layers),
                  f"model.layers must be positive widths, got {self.layers}")
         require(self.layers[0] % 2 == 0, f"model.layers[0] must be even (user + item), got {self.layers[0]}")

@@ -130,7 +130,7 @@ def test_options_past_their_range_are_refused(tmp_path):
                  ("prepare-ncf", "--output", tmp_path / "n", "--synthetic", "ml-1m", "--seed", str(2**64)),
                  ("simulate", "--samples", str(2**70))):
         line = one_line(hvd(*args, timeout=60))  # (argparse's usage block is not printed: one line)
-        assert "seed in [0," in line or "64-bit" in line, line
+        assert "seed in [0," in line or "64-bit" in line or "not a count from 1 to" in line, line
     assert not (tmp_path / "n").exists()
     corpus = tmp_path / "c.txt"
     corpus.write_text("One sentence here. Another one there.\n\nA second document.\n")
@@ -141,6 +141,11 @@ def test_options_past_their_range_are_refused(tmp_path):
                  ("prepare-bert", "--input", corpus, "--output", tmp_path / "b", "--masked-lm-prob", "1.5"),
                  ("simulate", "--fusion-mb", "-1")):
         one_line(hvd(*args, timeout=60), "is not a finite number")
+    for args in (("simulate", "--k", "0"), ("simulate", "--gpus", "8", "-4"), ("simulate", "--samples", "0")):
+        one_line(hvd(*args, timeout=60), "is not a count from 1 to")
+    one_line(hvd("ncf", "--set", "model.dropout=1.5", "--set", f"train.output_dir={tmp_path / 'r'}",
+                 timeout=60), "model.dropout is a probability in [0, 1)")
+    assert not (tmp_path / "r").exists()
     assert not (tmp_path / "n").exists() and not (tmp_path / "b").exists()
 
 
