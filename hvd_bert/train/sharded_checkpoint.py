@@ -428,10 +428,17 @@ def model_weights(folder: str | Path):
     checkpoint is a WeightsError (one line)."""
     from hvd_bert.weights.portable import WeightsError, read_run_bert_config
 
+    from hvd_bert.train.checkpoint import checkpoint_step
+
     try:
-        return LazyTensors(Reader(folder), "model/"), read_run_bert_config(Path(folder).parent)
+        reader = Reader(folder)
     except CheckpointError as e:
         raise WeightsError(str(e)) from None
+    named, says = checkpoint_step(folder), reader.meta.get("step")
+    if named is not None and says is not None and named != says:  # (as a resume checks it)
+        raise WeightsError(f"{Path(folder) / INDEX} is damaged: it says step {says}, its folder's name step "
+                           f"{named}; {FIX}")
+    return LazyTensors(reader, "model/"), read_run_bert_config(Path(folder).parent)
 
 
 def _place(reader: Reader, c: dict, want: Piece, share: np.ndarray, have: np.ndarray) -> None:

@@ -549,3 +549,13 @@ def test_a_preparation_never_writes_into_a_run(sharded_template, tmp_path):
     one_line(hvd("prepare-bert", "--input", table, "--output", run, "--vocab", VOCAB, "--overwrite",
                  timeout=120), "prepare-bert never writes over a run's")
     assert digests(run) == before
+
+
+def test_convert_refuses_a_checkpoint_whose_name_says_another_step(sharded_run, tmp_path):
+    """A checkpoint folder renamed to another step is refused by convert as by a resume."""
+    ckpt = the_shards(sharded_run)
+    moved = ckpt.with_name("ckpt-00000009.shards")
+    ckpt.rename(moved)
+    one_line(hvd("convert", sharded_run, "--output", tmp_path / "w.npz", timeout=120),
+             "says step 2, its folder's name step 9")
+    assert not (tmp_path / "w.npz").exists()
