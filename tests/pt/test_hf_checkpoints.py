@@ -117,8 +117,9 @@ def test_bad_hf_folders_are_clear_errors(tmp_path, damage, match):
 
 
 def test_convert_to_hf_from_the_command_line(tmp_path):
-    """An export without a vocabulary is refused and writes nothing; with one it loads in
-    transformers; an existing folder is kept unless --overwrite, which replaces it whole."""
+    """An export without a vocabulary, or with one of another size, is refused and writes nothing;
+    with its own it loads in transformers; an existing folder is kept unless --overwrite, which
+    replaces it whole."""
     hf_model("tanh").save_pretrained(tmp_path / "hf")
 
     def convert(*extra):
@@ -127,7 +128,11 @@ def test_convert_to_hf_from_the_command_line(tmp_path):
                               text=True, timeout=300)
     res = convert()
     assert res.returncode == 2 and "no vocab.txt for" in res.stderr and not (tmp_path / "out").exists()
-    vocab = Path(__file__).parents[1] / "data" / "stdlib-uncased-1500-vocab.txt"
+    whole = Path(__file__).parents[1] / "data" / "stdlib-uncased-1500-vocab.txt"
+    res = convert("--vocab", str(whole))  # (another model's size: one token per embedding row)
+    assert res.returncode == 2 and "has 1500 tokens, the model 203" in res.stderr, res.stderr
+    vocab = tmp_path / "vocab.txt"  # (the model's 203 rows: the vocabulary's first 203 tokens)
+    vocab.write_text("".join(line + "\n" for line in whole.read_text().splitlines()[:203]))
     res = convert("--vocab", str(vocab))
     assert res.returncode == 0, res.stderr
     again, info = transformers.BertForPreTraining.from_pretrained(tmp_path / "out", output_loading_info=True)
