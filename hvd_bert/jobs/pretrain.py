@@ -67,11 +67,12 @@ def run(cfg: PretrainConfig, backend) -> dict:
                           f"attention heads and its intermediate size {bert.intermediate_size}: each rank "
                           f"of a group holds whole heads; give train.tensor_parallel one of {fits}")
     # a local batch no rank's data can fill is the data's line, before the memory plan sizes it
-    replicas = max(1, size // tp)
+    # (the batch as this world lays it out: an elastic run's global batch on its ranks)
+    laid, replicas = launch.layout(cfg.train, size), max(1, size // tp)
     epoch_batches([s["file"] for s in meta["shards"]], [s["records"] for s in meta["shards"]], replicas,
-                  cfg.train.batch.plan(replicas).local_batch_size, 0, cfg.train.seed,
+                  laid.batch.plan(replicas).local_batch_size, 0, cfg.train.seed,
                   cfg.record_striding or len(meta["shards"]) < replicas)
-    memory_plan = plan_memory(cfg.train, bert, backend, size, cfg.max_seq_length, cfg.max_predictions_per_seq)
+    memory_plan = plan_memory(laid, bert, backend, size, cfg.max_seq_length, cfg.max_predictions_per_seq)
     backend.seed(cfg.train.seed + rank)  # per-rank dropout streams
     # PyTorch builds only this rank's share (train.tensor_parallel), the same weights on any layout
     model = backend.bert_pretraining(bert, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.train)
