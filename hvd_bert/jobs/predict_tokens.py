@@ -17,6 +17,8 @@ import numpy as np
 
 from hvd_bert.config import PredictConfig
 from hvd_bert.data.masking import special_ids
+from hvd_bert.data.records import DatasetError
+from hvd_bert.data.sidecar import SIDECAR
 from hvd_bert.data.token_classification import encode_window, read_conll, word_windows
 from hvd_bert.evaluation.token_classification import entity_counts, scores_of
 from hvd_bert.core.text import plural
@@ -30,6 +32,9 @@ def tag_words(cfg: PredictConfig, backend, rec: dict, rank: int, size: int) -> d
     source = Path(cfg.input).expanduser()
     out = output_path(cfg, ".predictions.jsonl")
     labels = rec["labels"]
+    if (source / SIDECAR).is_file():  # (a prepared folder: another kind of input than this model tags)
+        raise DatasetError(f"{source} is a prepared data folder; a token classification model tags words: "
+                           f"give the CoNLL file (one word a line, a blank line between sentences)")
     sentences = read_conll(source, tagged=False)
     unknown = sorted({t for _, tags in sentences for t in tags} - set(labels))
     if unknown and rank == 0:

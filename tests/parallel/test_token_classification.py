@@ -102,6 +102,9 @@ def test_predict_on_two_ranks_tags_every_word_as_one_rank_does(ner, tuned, tmp_p
                       timeout=300)
     assert res2.ok, res2.explain()
     assert one.read_text() == two.read_text()
+    res = cli("predict", tuned, ner / "dev", "--output", tmp_path / "x.jsonl")  # (a prepared folder)
+    assert res.returncode == 2 and "is a prepared data folder; a token classification model tags words" \
+        in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     rows = [json.loads(line) for line in one.read_text().splitlines()]
     assert [r["words"] for r in rows] == [w for w, _ in ner_task.sentences(9, 5)]
     assert all(len(r["tags"]) == len(r["words"]) for r in rows)
