@@ -177,9 +177,20 @@ def prepare_bert(input_files: Sequence[str | Path], output_dir: str | Path, *,
     r, r+P, ... from their documents in input order, each with its own seeded RNG. The output
     is byte-identical for any number of ranks. Nothing is moved into ``output_dir`` until every
     shard is written; a failure leaves it as it was. Returns the sidecar on rank 0."""
+    made: list[Path] = []  # (rank 0's scratch folder, once named)
+    try:
+        return _plan_and_prepare(Path(output_dir), input_files, input_format, unit_bytes, num_shards,
+                                 overwrite, sentence_splitter, vocab_file, vocab_size, settings, rank,
+                                 world_size, comm, log, progress, made)
+    finally:  # (the scratch folder goes whatever ends the preparation: an error, or a signal at
+        if rank == 0 and made:  # any moment after it was made, before or during the passes)
+            shutil.rmtree(made[0], ignore_errors=True)
+
+
+def _plan_and_prepare(out, input_files, input_format, unit_bytes, num_shards, overwrite, sentence_splitter,
+                      vocab_file, vocab_size, settings, rank, world_size, comm, log, progress, made):
     import uuid
 
-    out = Path(output_dir)
     plan, err = None, None
     if rank == 0:
         try:
@@ -195,6 +206,7 @@ def prepare_bert(input_files: Sequence[str | Path], output_dir: str | Path, *,
             shards_n = num_shards or _auto_shards(srcs)
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.parent / f".{out.name}.prepare-{uuid.uuid4().hex[:12]}"
+            made.append(tmp)  # (before it exists: the caller removes it, however this ends)
             tmp.mkdir()
             plan = (srcs, units, shards_n, str(tmp))
             kinds: dict[str, int] = {}
