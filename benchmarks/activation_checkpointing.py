@@ -21,12 +21,14 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from synthetic import emit, peak_bytes, pretraining_batch  # noqa: E402
+
 POLICIES = ("off", "layers", "layers:2", "attention")
 
 
 def one(preset: str, seq: int, batch: int, policy: str, steps: int, threads: int, device: str = "cpu",
         precision: str = "fp32") -> dict:
-    import numpy as np
     import torch
 
     from hvd_bert.config.bert import bert_preset
@@ -40,15 +42,8 @@ def one(preset: str, seq: int, batch: int, policy: str, steps: int, threads: int
     model = BertForPreTraining(config).to(device)
     model.activation_checkpointing(*activation_policy(policy))
     cuda = device.startswith("cuda")
-    rng = np.random.default_rng(0)
     p = max(1, round(seq * 0.15))
-    b = {"input_ids": torch.from_numpy(rng.integers(5, 30522, (batch, seq))),
-         "segment_ids": torch.zeros(batch, seq, dtype=torch.int64),
-         "input_mask": torch.ones(batch, seq, dtype=torch.int64),
-         "masked_lm_positions": torch.from_numpy(np.sort(rng.integers(1, seq, (batch, p)), axis=1)),
-         "masked_lm_ids": torch.from_numpy(rng.integers(5, 30522, (batch, p))),
-         "masked_lm_weights": torch.ones(batch, p),
-         "next_sentence_labels": torch.zeros(batch, 1, dtype=torch.int64)}
+    b = pretraining_batch(30522, batch, seq, p)
     b = {k: v.to(device) for k, v in b.items()}
     times = []
     for i in range(steps + 1):
@@ -61,11 +56,7 @@ def one(preset: str, seq: int, batch: int, policy: str, steps: int, threads: int
             torch.cuda.synchronize()
         if i:
             times.append(time.perf_counter() - t0)
-    if cuda:  # (the device's allocations: the weights and gradients, then the activations)
-        hwm = torch.cuda.max_memory_allocated()
-    else:
-        hwm = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
-                   if line.startswith("VmHWM:"))
+    hwm = peak_bytes(device)  # (a GPU: the weights and gradients, then the activations)
     x = ActivationShape(config.hidden_size, config.num_layers, config.num_heads, config.intermediate_size,
                         seq, batch, p, config.padded_vocab_size)
     planned = step_peak_bytes(x, precision, *activation_policy(policy), flash=cuda)
@@ -118,10 +109,7 @@ def main() -> None:
                            "step_time_vs_off": got[hi]["step_s"] / off["step_s"]}
     result = {"preset": a.preset, "seq": a.seq, "device": a.device, "precision": a.precision,
               "budget_gib": a.budget_gib, "runs": runs, "summary": summary}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if a.json:
-        Path(a.json).write_text(text + "\n")
+    emit(result, a.json)
 
 
 if __name__ == "__main__":

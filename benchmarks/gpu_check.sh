@@ -20,7 +20,11 @@
 #   5. activation checkpointing (train.activation_checkpointing off, layers, layers:2, attention)
 #      on BERT-Large at sequence 512: peak device memory per sequence against the memory plan's
 #      activations (core.activations, fused attention), the largest batch in 80 GB and the step
-#      time (benchmarks/activation_checkpointing.py).
+#      time (benchmarks/activation_checkpointing.py);
+#   6. packed attention at sequence 512, BERT-Large's heads: the same sequences padded, packed
+#      through the dense bias and packed through varlen attention (packed_attention=varlen:
+#      SDPA's flash or memory-efficient kernels on nested jagged tensors), time and peak device
+#      memory (benchmarks/packed_attention.py; under a minute).
 # Results: $OUT (default benchmarks/results/gpu/; a temporary folder with --smoke): one JSON per
 # measurement and summary.txt.
 #
@@ -32,7 +36,7 @@
 #       # project's set-up, no network): benchmarks/gpu_horovod.sh builds a PyTorch-only
 #       # Horovod from the sdist while the BERT steps run, for the NCF run through hvd-bert
 #   --only LIST runs those parts only, comma-separated: bert (1), profile (2), job (3), ncf (4),
-#   ckpt (5; about 2 minutes);
+#   ckpt (5; about 2 minutes), attn (6; under a minute);
 #   all four take about 12-15 minutes on an H200, so a 15-minute lease runs them in two calls,
 #   e.g. `--only profile,job` then `--only bert,ncf` (each under 8 minutes).
 #   --ncf-only and --job-only are --only ncf and --only job.
@@ -41,7 +45,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-.venv/bin/python}
 [[ -x $PY ]] || command -v "$PY" >/dev/null || PY=python3
-SMOKE=0 SDIST= SDIST_GIVEN=0 PARTS=bert,profile,job,ncf,ckpt
+SMOKE=0 SDIST= SDIST_GIVEN=0 PARTS=bert,profile,job,ncf,ckpt,attn
 while (($#)); do
     case $1 in
         --smoke) SMOKE=1 ;;
@@ -56,11 +60,11 @@ while (($#)); do
     shift
 done
 for part in ${PARTS//,/ }; do
-    [[ $part =~ ^(bert|profile|job|ncf|ckpt)$ ]] ||
-        { echo "gpu_check: --only takes bert, profile, job, ncf and ckpt, comma-separated, not '$part'" >&2
+    [[ $part =~ ^(bert|profile|job|ncf|ckpt|attn)$ ]] ||
+        { echo "gpu_check: --only takes bert, profile, job, ncf, ckpt and attn, comma-separated, not '$part'" >&2
           exit 2; }
 done
-[[ -n ${PARTS//,/} ]] || { echo "gpu_check: --only needs a part: bert, profile, job, ncf or ckpt" >&2; exit 2; }
+[[ -n ${PARTS//,/} ]] || { echo "gpu_check: --only needs a part: bert, profile, job, ncf, ckpt or attn" >&2; exit 2; }
 want() { [[ ,$PARTS, == *",$1,"* ]]; }
 if ((SDIST_GIVEN)) && [[ ! -f $SDIST ]]; then
     echo "gpu_check: --horovod-sdist '$SDIST' is not a file: pass the Horovod 0.28.1 sdist" \
@@ -228,6 +232,25 @@ PYEOF
 )"
     else
         say "activation checkpointing failed or timed out: see $OUT/activation-checkpointing.log"
+    fi
+fi
+if want attn; then
+    say ""
+    say "Packed attention (benchmarks/packed_attention.py, $precision, BERT-Large's 16 heads of 64): time and"
+    say "peak memory of the attention's forward and backward, against the same sequences padded:"
+    if ((SMOKE)); then pa=(64 4 2 16); else pa=(512 64 16 64); fi
+    if timeout 240 "$PY" benchmarks/packed_attention.py --device "$device" --precision "$precision" \
+        --seq "${pa[0]}" --batch "${pa[1]}" --heads "${pa[2]}" --head-size "${pa[3]}" --repeats 5 \
+        --json "$OUT/packed-attention.json" >"$OUT/packed-attention.log" 2>&1; then
+        say "$("$PY" - "$OUT/packed-attention.json" <<'PYEOF'
+import json, sys
+for r in json.load(open(sys.argv[1]))["runs"]:
+    print(f"  {r['variant']:<14} {r['rows']:>4} rows  {r['seconds'] * 1e3:9.2f} ms ({r['time_vs_first']:.2f}x)  "
+          f"{r['peak_bytes_over_baseline'] / 2**20:9.1f} MiB ({r['memory_vs_first']:.2f}x)")
+PYEOF
+)"
+    else
+        say "packed attention failed or timed out: see $OUT/packed-attention.log"
     fi
 fi
 want ncf || { say ""; say "results: $OUT"; exit 0; }

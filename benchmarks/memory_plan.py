@@ -25,6 +25,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from synthetic import emit, peak_bytes, pretraining_batch  # noqa: E402
+
 # (preset, sequence, local batch, activation_checkpointing): BERT-mini to BERT-Base, sequence 128
 # and 512, checkpointing off and on
 CONFIGS = [("mini", 128, 16, "off"), ("mini", 128, 16, "layers"), ("mini", 512, 4, "off"),
@@ -32,13 +35,7 @@ CONFIGS = [("mini", 128, 16, "off"), ("mini", 128, 16, "layers"), ("mini", 512, 
            ("base", 512, 2, "off"), ("base", 512, 2, "layers")]
 
 
-def _hwm() -> int:
-    return next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
-                if line.startswith("VmHWM:"))
-
-
 def one(preset: str, seq: int, batch: int, policy: str, steps: int, threads: int) -> dict:
-    import numpy as np
     import torch
 
     from hvd_bert.config.bert import bert_preset
@@ -50,16 +47,6 @@ def one(preset: str, seq: int, batch: int, policy: str, steps: int, threads: int
     from hvd_bert.pt.optim import build_optimizer
 
     torch.set_num_threads(threads)
-
-    def batch_of(vocab: int, batch: int, seq: int, p: int) -> dict:
-        rng = np.random.default_rng(0)
-        return {"input_ids": torch.from_numpy(rng.integers(5, vocab, (batch, seq))),
-                "segment_ids": torch.zeros(batch, seq, dtype=torch.int64),
-                "input_mask": torch.ones(batch, seq, dtype=torch.int64),
-                "masked_lm_positions": torch.from_numpy(np.sort(rng.integers(1, seq, (batch, p)), axis=1)),
-                "masked_lm_ids": torch.from_numpy(rng.integers(5, vocab, (batch, p))),
-                "masked_lm_weights": torch.ones(batch, p),
-                "next_sentence_labels": torch.zeros(batch, 1, dtype=torch.int64)}
 
     def train(model, b: dict, steps: int) -> None:
         opt = build_optimizer(model.named_parameters(), OptimConfig(name="lamb"), lr=1e-4)
@@ -73,16 +60,16 @@ def one(preset: str, seq: int, batch: int, policy: str, steps: int, threads: int
     # autograd engine, oneDNN's kernels) is the baseline: one step of a BERT with 64 tokens
     tiny = BertForPreTraining(bert_preset("tiny", vocab_size=64, hidden_size=32, intermediate_size=64))
     tiny.activation_checkpointing(*activation_policy(policy))
-    train(tiny, batch_of(64, 2, 16, 2), 1)
+    train(tiny, pretraining_batch(64, 2, 16, 2), 1)
     del tiny
-    baseline = _hwm()
+    baseline = peak_bytes()
     config = bert_preset(preset, vocab_size=30522)
     torch.manual_seed(0)
     model = BertForPreTraining(config)
     model.activation_checkpointing(*activation_policy(policy))
     p = max(1, round(seq * 0.15))
-    train(model, batch_of(30522, batch, seq, p), steps)
-    measured = _hwm()
+    train(model, pretraining_batch(30522, batch, seq, p), steps)
+    measured = peak_bytes()
     split, whole = bert_parameters(config)
     state = rank_memory(split, whole, buffers=state_buffers("lamb"), zero_stage=0, tensor_parallel=1,
                         data_parallel=1)
@@ -121,11 +108,7 @@ def main() -> None:
               f"({r['error']:+.1%})", file=sys.stderr, flush=True)
     result = {"mmap_threshold": a.mmap_threshold, "runs": runs,
               "worst_error": max(abs(r["error"]) for r in runs)}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if a.json:
-        Path(a.json).write_text(text + "\n")
-
+    emit(result, a.json)
 
 if __name__ == "__main__":
     main()

@@ -37,6 +37,10 @@ class PretrainConfig:
     pack_sequences: bool = doc(False, "pack each batch's sequences into fewer rows (each attends only to "
                                       "itself, its positions restart): the same loss, fewer padded "
                                       "tokens computed; PyTorch only")
+    packed_attention: Literal["bias", "varlen"] = doc(
+        "bias", "how packed rows keep their sequences apart: bias (a dense [rows, 1, S, S] mask, "
+                "SDPA's math kernel) or varlen (SDPA on nested jagged tensors, each sequence to "
+                "itself: no S x S mask, the flash and memory-efficient kernels on a GPU)")
     compile_layers: bool = doc(False, "torch.compile each encoder layer (on a GPU: its bias, dropout, "
                                       "residual and LayerNorm kernels fused); the first steps compile; "
                                       "PyTorch only")
@@ -62,6 +66,9 @@ class PretrainConfig:
         require(not (self.pack_sequences and self.framework == "tf"),
                 "pack_sequences is PyTorch's only (the Keras BERT has no packed layout): use framework=pt "
                 "or pack_sequences=false")
+        require(self.packed_attention == "bias" or self.pack_sequences,
+                "packed_attention=varlen is how packed rows attend: set pack_sequences=true too, or "
+                "leave packed_attention=bias")
         require(not (self.compile_layers and self.framework == "tf"),
                 "compile_layers is PyTorch's (torch.compile): use framework=pt or compile_layers=false")
 

@@ -13,6 +13,10 @@ and returns a batch with fewer rows plus what the model needs to keep the sequen
     cls_positions                       [B]     each sequence's first token, as an index into
                                                 the rows flattened to [R * S]
     masked_lm_positions                 [B, P]  the masked tokens, indices into [R * S]
+    segment_offsets                     [N + 1] (``segments=True``) where each sequence, and each
+                                                row's padding tail, starts in the rows flattened
+                                                to [R * S], then R * S: the spans that varlen
+                                                attention keeps apart, with no [R, S, S] mask
 
 ``masked_lm_ids``, ``masked_lm_weights`` and ``next_sentence_labels`` stay per sequence, in
 the batch's order, so the loss (the masked-LM mean over the batch's real predictions, the
@@ -27,7 +31,8 @@ import numpy as np
 
 __all__ = ["PACKED_FEATURES", "pack_batch", "is_packed", "row_fill"]
 
-PACKED_FEATURES = ("position_ids", "sequence_ids", "cls_positions")
+PACKED_FEATURES = ("position_ids", "sequence_ids", "cls_positions", "segment_offsets")  # (the last one
+# only in a batch packed with segments=True)
 
 
 def is_packed(batch: dict) -> bool:
@@ -53,10 +58,10 @@ def _first_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarra
     return row, offset, len(used)
 
 
-def pack_batch(batch: dict) -> dict:
+def pack_batch(batch: dict, segments: bool = False) -> dict:
     """The batch with its sequences packed into as few rows as first-fit decreasing finds (see
     the module docstring). A batch of full rows comes back with the same rows in the same order
-    (plus the packed features)."""
+    (plus the packed features; ``segments``: ``segment_offsets`` too)."""
     ids = np.asarray(batch["input_ids"])
     b, s = ids.shape
     mask = np.asarray(batch["input_mask"])
@@ -87,6 +92,8 @@ def pack_batch(batch: dict) -> dict:
     out["cls_positions"] = base.astype(ids.dtype)
     pos = np.asarray(batch["masked_lm_positions"])
     out["masked_lm_positions"] = (base[:, None] + pos).astype(pos.dtype)
+    if segments:  # every sequence's start and end; a row's first sequence starts it, so rows are in
+        out["segment_offsets"] = np.unique(np.r_[base, base + lengths, rows * s]).astype(np.int64)
     return out
 
 

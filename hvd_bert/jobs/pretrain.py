@@ -123,7 +123,8 @@ def run(cfg: PretrainConfig, backend) -> dict:
                                       seed=cfg.train.seed, shuffle_buffer=cfg.shuffle_buffer,
                                       record_striding=(cfg.record_striding
                                                        or len(meta["shards"]) < engine.data_size),
-                                      start=micro_step, pack=cfg.pack_sequences)
+                                      start=micro_step, pack=cfg.pack_sequences,
+                                      segments=cfg.packed_attention == "varlen")
 
     score = backend.pretraining_scorer(model, cfg.train.precision.mode)
 

@@ -126,11 +126,12 @@ class PyTorchBackend(ModelFunctions):
 
     def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
                        seed: int, shuffle_buffer: int, record_striding: bool,
-                       start: int, length_grouping: int = 0, pack: bool = False) -> Iterator[dict]:
+                       start: int, length_grouping: int = 0, pack: bool = False,
+                       segments: bool = False) -> Iterator[dict]:
         from hvd_bert.pt.data import ShardedDataset
         stream = ShardedDataset(folder, kind, rank, size, local_batch_size, seed=seed,
                                 shuffle_buffer=shuffle_buffer, record_striding=record_striding,
-                                length_grouping=length_grouping, pack=pack).stream(start)
+                                length_grouping=length_grouping, pack=pack, segments=segments).stream(start)
         if self.device.type == "cpu":
             return stream
         return ({k: self._on(v) for k, v in b.items()} for b in stream)

@@ -50,12 +50,13 @@ class ShardedDataset(torch.utils.data.IterableDataset):
             this many batches at a time by length (``data.padding.length_grouped``).
         pack: pretraining batches with their sequences packed into fewer rows
             (``data.packing.pack_batch``), in the background thread.
+        segments: packed batches carry ``segment_offsets`` (varlen attention).
     """
 
     def __init__(self, folder: str | Path, kind: str, rank: int, world_size: int, local_batch_size: int,
                  *, seed: int = 0, shuffle_buffer: int = 1024, record_striding: bool = False,
                  expect: dict | None = None, prefetch: int = 4, epoch: int = 0, length_grouping: int = 0,
-                 pack: bool = False):
+                 pack: bool = False, segments: bool = False):
         super().__init__()
         self.folder = Path(folder)
         self.watch = SidecarWatch(self.folder)  # (before the read: a change after it is noticed)
@@ -71,7 +72,7 @@ class ShardedDataset(torch.utils.data.IterableDataset):
         self.rank, self.world_size, self.local_batch_size = rank, world_size, local_batch_size
         self.seed, self.shuffle_buffer, self.record_striding = seed, shuffle_buffer, record_striding
         self.prefetch, self.epoch, self.length_grouping = prefetch, epoch, length_grouping
-        self.pack = pack
+        self.pack, self.segments = pack, segments
 
     def batches_in_epoch(self, epoch: int) -> int:
         return epoch_batches(self.files, self.counts, self.world_size, self.local_batch_size, epoch,
@@ -94,7 +95,7 @@ class ShardedDataset(torch.utils.data.IterableDataset):
             if i < start:
                 continue  # resuming: records are read, not decoded
             batch = decode_batch(chunk, self.spec)
-            yield pack_batch(batch) if self.pack else batch
+            yield pack_batch(batch, self.segments) if self.pack else batch
 
     def epoch_batches(self, epoch: int, start: int = 0) -> Iterator[dict[str, torch.Tensor]]:
         """The batches of ``epoch`` from batch ``start`` on, decoded in a background thread."""

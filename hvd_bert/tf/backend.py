@@ -127,7 +127,8 @@ class TensorFlowBackend(ModelFunctions):
 
     def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
                        seed: int, shuffle_buffer: int, record_striding: bool,
-                       start: int, length_grouping: int = 0, pack: bool = False) -> Iterator[dict]:
+                       start: int, length_grouping: int = 0, pack: bool = False,
+                       segments: bool = False) -> Iterator[dict]:
         from hvd_bert.tf.data import stream
         if pack:
             raise ConfigError("packed sequences are PyTorch's only (the Keras BERT has no packed layout): "

@@ -109,11 +109,12 @@ class Backend(Protocol):
 
     def record_batches(self, folder: str, kind: str, rank: int, size: int, local_batch_size: int, *,
                        seed: int, shuffle_buffer: int, record_striding: bool, start: int,
-                       length_grouping: int = 0, pack: bool = False) -> Iterator:
+                       length_grouping: int = 0, pack: bool = False, segments: bool = False) -> Iterator:
         """This rank's batches from global batch ``start`` on; ``length_grouping`` > 0: padded
         to their longest sequence after regrouping that many batches by length
         (``data.padding.length_grouped``); ``pack``: pretraining sequences packed into fewer
-        rows (``data.packing``; a backend whose model cannot take them raises ConfigError)."""
+        rows (``data.packing``; a backend whose model cannot take them raises ConfigError), with
+        ``segments``: carrying their spans for varlen attention."""
 
     def ncf_batch(self, users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> Any: ...
 

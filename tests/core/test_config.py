@@ -236,6 +236,18 @@ def test_packed_sequences_and_compiled_layers_are_pytorch_s_only(key):
         apply_overrides(PretrainConfig(), [f"{key}=true", "framework=tf"])
 
 
+def test_varlen_attention_is_how_packed_rows_attend():
+    """``packed_attention`` takes bias or varlen, and varlen only with packed rows (one line)."""
+    from hvd_bert.config.jobs import PretrainConfig
+    cfg = apply_overrides(PretrainConfig(), ["pack_sequences=true", "packed_attention=varlen"])
+    assert cfg.packed_attention == "varlen"
+    with pytest.raises(ConfigError, match="packed_attention=varlen is how packed rows attend: set "
+                                          "pack_sequences=true too"):
+        apply_overrides(PretrainConfig(), ["packed_attention=varlen"])
+    with pytest.raises(ConfigError, match="packed_attention"):
+        apply_overrides(PretrainConfig(), ["pack_sequences=true", "packed_attention=flash"])
+
+
 def test_the_global_batch_alone_is_reached_on_any_world_size():
     """``--set train.batch.global_batch_size=32`` alone on 2 ranks: local 16, one micro-batch (not
     a refusal for 32 x 2 ranks); given with a local batch, k is derived from it."""

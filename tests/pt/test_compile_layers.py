@@ -1,6 +1,7 @@
 """``compile_layers``: BERT's encoder layers under ``torch.compile`` (inductor) give the eager
-layers' loss and gradients, on a padded batch and then on a packed one (another shape: a
-recompile), with the same parameter names (so checkpoints do not change). Dropout off.
+layers' loss and gradients, on a padded batch, then a packed one (another shape: a recompile)
+and one packed for varlen attention (its spans: another graph), with the same parameter names
+(so checkpoints do not change). Dropout off.
 About 14 s, over the 10 s of a single-process test: inductor compiles the layer for two shapes,
 and compiling is what is tested."""
 
@@ -29,7 +30,7 @@ def test_compiled_layers_give_the_eager_loss_and_gradients():
     cfg = replace(bert_preset("tiny", vocab_size=VOCAB), hidden_dropout=0.0, attention_dropout=0.0)
     model = BertForPreTraining(cfg)
     padded = batch(rng)
-    layouts = {"padded": padded, "packed": pack_batch(padded)}
+    layouts = {"padded": padded, "packed": pack_batch(padded), "varlen": pack_batch(padded, segments=True)}
     eager = {k: loss_and_grads(model, b, False) for k, b in layouts.items()}
     names = list(model.state_dict())
     model.compile_layers()

@@ -1,20 +1,28 @@
-"""BERT for pretraining in PyTorch (``BertForPreTraining``'s parameter names and
-initialisation), free of parallelism: the engine applies Horovod from outside.
+"""BERT for pretraining in PyTorch (``BertForPreTraining``'s parameter names and initialisation),
+free of parallelism: the engine applies Horovod from outside.
 
 Speed-ups: the intermediate layer's bias + GELU is one fused kernel
 (``hvd_bert.pt.kernels.gelu``); dropout, with the residual add after it, is one C loop whose
 mask comes from a hash (``hvd_bert.pt.kernels.dropout``; PyTorch's draws an element at a time);
-the query, key and value projections are one matrix product (:func:`qkv_heads`);
-attention uses ``scaled_dot_product_attention`` (written out where its probabilities take
-that dropout); and the masked-LM head (transform + vocabulary projection) runs only at the
-masked positions (about 15% of tokens) instead of over every token, and on a CPU hands its
-weight's gradient to the word-embedding lookup that shares it, which adds its rows in place
-(``hvd_bert.pt.kernels.tied_embedding``: one vocabulary-sized buffer per step instead of three).
+the query, key and value projections are one matrix product (:func:`qkv_heads`); attention uses
+``scaled_dot_product_attention`` (written out where its probabilities take that dropout; a
+packed batch with ``segment_offsets`` runs it each sequence to itself, on nested jagged tensors
+or span by span (:func:`varlen_attention`), instead of through a dense ``[R, 1, S, S]`` bias);
+and the masked-LM head (transform + vocabulary projection) runs only at the masked positions
+(about 15% of tokens) instead of over every token, and on a CPU hands its weight's gradient to
+the word-embedding lookup that shares it, which adds its rows in place
+(``hvd_bert.pt.kernels.tied_embedding``: one vocabulary-sized buffer per step instead of
+three).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -64,6 +72,57 @@ def attention(q, k, v, attn_bias, p: float, training: bool):
     if attn_bias is not None:
         scores = scores + attn_bias
     return dropout(torch.softmax(scores, dim=-1), p) @ v
+
+
+class Segments(NamedTuple):
+    """A packed batch's spans (``segment_offsets``: starts in its rows flattened to ``[R * S]``,
+    then ``R * S``): varlen attention keeps each span to itself, with no ``[R, S, S]`` mask."""
+
+    offsets: torch.Tensor
+    max_len: int  # (the row length: a bound on any span's, known without reading the offsets)
+
+
+def varlen_attention(q, k, v, spans: Segments, p: float, training: bool, nested: bool | None = None):
+    """Attention within each span of the rows (``q``, ``k``, ``v``: ``[R, heads, S, d]``), as
+    ``[R, S, heads * d]``. ``nested`` (the default on a GPU, and wherever
+    ``HVD_BERT_NESTED_ATTENTION=1``): SDPA on nested jagged tensors
+    (``torch.nested``), whose flash and memory-efficient kernels take the spans' offsets, with
+    SDPA's own dropout. Otherwise (the CPU, where nested SDPA pads every span to the longest)
+    :func:`attention` span by span: the offsets are host memory there, so reading them is free."""
+    r, h, s, d = q.shape
+    if nested is None:
+        nested = q.device.type == "cuda" or os.environ.get("HVD_BERT_NESTED_ATTENTION") == "1"
+    if not nested:
+        bounds = spans.offsets.tolist()
+        flat = [t.transpose(1, 2).reshape(r * s, h, d) for t in (q, k, v)]
+        outs = [attention(*(f[lo:hi].transpose(0, 1)[None] for f in flat), None, p, training)[0]
+                for lo, hi in zip(bounds[:-1], bounds[1:])]
+        return torch.cat([o.transpose(0, 1) for o in outs]).reshape(r, s, h * d)
+
+    def jagged(t):
+        flat = t.transpose(1, 2).reshape(r * s, h, d).contiguous()  # (its kernels take dense spans)
+        return torch.nested.nested_tensor_from_jagged(flat, spans.offsets, min_seqlen=1,
+                                                      max_seqlen=spans.max_len).transpose(1, 2)
+
+    with _quiet_nested():
+        out = F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v),
+                                             dropout_p=p if training else 0.0)
+    return out.transpose(1, 2).values().reshape(r, s, h * d)
+
+
+@contextlib.contextmanager
+def _quiet_nested():
+    """Without the two notices torch's nested tensors print to every user on their first use (a
+    log line of torch.fx about its tracing check, and the prototype warning of the CPU path)."""
+    fx = logging.getLogger("torch.fx._symbolic_trace")
+    level = fx.level
+    fx.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype")
+            yield
+    finally:
+        fx.setLevel(level)
 
 
 class _QKV(torch.autograd.Function):
@@ -150,6 +209,8 @@ class BertLayer(nn.Module):
         b, s, h = x.shape
         heads = self.c.num_heads * self.query.weight.shape[0] // h  # (this rank's, when split)
         q, k, v = qkv_heads(self.enter(x), self.query, self.key, self.value, heads)
+        if isinstance(attn_bias, Segments):
+            return varlen_attention(q, k, v, attn_bias, self.c.attention_dropout, self.training)
         ctx = attention(q, k, v, attn_bias, self.c.attention_dropout, self.training)
         return ctx.transpose(1, 2).reshape(b, s, -1)
 
@@ -169,7 +230,9 @@ def recompute(fn, *args):
     random state it had (dropout draws the same masks: the gradients are those of ``fn`` kept)."""
     from torch.utils.checkpoint import checkpoint
 
-    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True)
+    # (no determinism check: it reads the shape of every saved tensor, which varlen attention's
+    # nested tensors do not have)
+    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True, determinism_check="none")
 
 
 class BertModel(nn.Module):
@@ -211,12 +274,15 @@ class BertModel(nn.Module):
         x = self.embeddings(input_ids, segment_ids, tie, None if packed is None else packed["position_ids"])
         # additive attention bias: 0 where attended, a large negative where padded (packed: also
         # between the sequences that share a row)
-        if packed is None:
-            attend = input_mask[:, None, None, :].bool()
+        if packed is not None and "segment_offsets" in packed:  # (varlen: the spans, no mask)
+            attn_bias = Segments(packed["segment_offsets"], input_ids.shape[1])
         else:
-            seq = packed["sequence_ids"]
-            attend = (seq[:, None, :, None] == seq[:, None, None, :]) & (seq[:, None, None, :] > 0)
-        attn_bias = (~attend).to(x.dtype) * torch.finfo(x.dtype).min
+            if packed is None:
+                attend = input_mask[:, None, None, :].bool()
+            else:
+                seq = packed["sequence_ids"]
+                attend = (seq[:, None, :, None] == seq[:, None, None, :]) & (seq[:, None, None, :] > 0)
+            attn_bias = (~attend).to(x.dtype) * torch.finfo(x.dtype).min
         keep = not (self.recompute_every and self.training and torch.is_grad_enabled())
         for i, layer in enumerate(self.layers):
             if keep or (i + 1) % self.recompute_every:
@@ -331,7 +397,7 @@ class BertForTokenClassification(BertModel):
 
 def packed_features(batch: dict) -> dict | None:
     """The packed layout's features of a batch (``hvd_bert.data.packing``), or None."""
-    return {k: batch[k] for k in PACKED_FEATURES} if is_packed(batch) else None
+    return {k: batch[k] for k in PACKED_FEATURES if k in batch} if is_packed(batch) else None
 
 
 def classification_loss(model: BertForSequenceClassification, batch: dict) -> tuple[torch.Tensor, dict]:
