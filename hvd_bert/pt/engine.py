@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -50,13 +50,25 @@ from hvd_bert.pt import init_horovod
 from hvd_bert.pt.kernels import optim as fused_optim
 from hvd_bert.pt.checkpoint import (CKPT_SUFFIX, load_checkpoint_file, rng_state, set_rng_state, state_digest,
                                     to_cpu, write_checkpoint)
-from hvd_bert.pt.optim import build_optimizer, init_state
+from hvd_bert.pt.optim import Lamb, Lars, build_optimizer, init_state
+from hvd_bert.pt.optim_parts import advance_steps, local_norms, piece_rule, whole_parts
 from hvd_bert.pt import sharded
 from hvd_bert.pt import tensor_parallel as TP
-from hvd_bert.pt.zero import ShardedOptimizer, state_bytes, update_loss_scale
+from hvd_bert.pt.zero import ShardedOptimizer, loss_scale, state_bytes, update_loss_scale
 
 __all__ = ["Engine", "StepResult", "fit", "FitResult", "load_checkpoint_file"]
 
+
+
+@dataclass
+class DeviceStep:
+    """A step decided on the device (:meth:`Engine.step_on_device`): its LR, and as 0-d tensors
+    the gate (1 applied, 0 skipped), the global gradient norm and the loss scale after it."""
+
+    lr: float
+    gate: torch.Tensor
+    grad_norm: torch.Tensor
+    scale: torch.Tensor | None
 
 
 def autocast(mode: str, device_type: str = "cpu"):
@@ -269,14 +281,17 @@ class Engine:
         """The forward pass's autocast context (a no-op in fp32)."""
         return autocast(self.precision.mode, self.device.type)
 
-    def train_micro_batch(self, batch: Any) -> StepResult | None:
+    def train_micro_batch(self, batch: Any, defer: bool = False):
         """Forward (under autocast) and backward of one micro-batch with ``loss_fn``; on the
-        k-th, :meth:`step`. The loss and metrics are in ``last_metrics`` (detached tensors)."""
+        k-th, :meth:`step`. The loss and metrics are in ``last_metrics`` (detached tensors).
+        ``defer`` (the loop's): the step's result stays on the device until :meth:`finish_step`."""
         with self.autocast():
             out = self.loss_fn(self.model, batch)
         loss, metrics = out if isinstance(out, tuple) else (out, {})
         self.last_metrics = {"loss": loss.detach().float(), **{k: v.detach() for k, v in metrics.items()}}
-        return self.step() if self.backward(loss) else None
+        if not self.backward(loss):
+            return None
+        return self.step_on_device() if defer else self.step()
 
     def backward(self, loss: torch.Tensor) -> bool:
         """Back-propagate one micro-batch. Returns True when this micro-batch completes an
@@ -290,72 +305,109 @@ class Engine:
         return sync
 
     def step(self) -> StepResult:
-        """Reduce, check, unscale, clip and apply the accumulated gradients."""
+        """Reduce, check, unscale, clip and apply the accumulated gradients (:meth:`step_on_device`),
+        and read the result to the host."""
+        return self.finish_step(self.step_on_device(), {})[0]
+
+    def step_on_device(self) -> DeviceStep:
+        """Reduce, check, unscale, clip and apply the accumulated gradients with no host read of
+        a training value: the global norm, the clip, the decision to skip a non-finite step (a
+        gate the update is scaled by, ``optim_parts.coef``), the update and the loss scale stay
+        on the device. :meth:`finish_step` reads the outcome (once) and counts the step. On a CPU
+        the fused C kernels of a plain step read their coefficients from host memory (where the
+        tensors live); ``HVD_BERT_FUSED_OPTIM=0`` gives the device's path there too."""
         if self.micro_step == 0 or self.micro_step % self.k:
             raise RuntimeError(
                 f"step() called after {self.micro_step % self.k} of {self.k} micro-batches of the "
                 f"current accumulation window; call it when backward() returns True")
+        lr = float(self.schedule(self.step_count + 1))  # (the host's count: exact after each finish_step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        scale = loss_scale(self.scaler)
+        inv_scale = 1.0 / scale.double() if scale is not None else 1.0
         if self.zero is not None:
-            return self._zero_step()
-        # Horovod: wait for every allreduce; from here on all ranks hold the same gradients.
-        self.optimizer.synchronize()
-        # Unscale after the synchronize, so every rank unscales (and checks) the same buffer.
-        self.scaler.unscale_(self.optimizer)
-        grad_norm = self._global_grad_norm()
-        finite = math.isfinite(grad_norm)
-        if finite and self.max_grad_norm is not None and grad_norm > self.max_grad_norm:
-            grads = [p.grad for p in self._params() if p.grad is not None]
-            torch._foreach_mul_(grads, self.max_grad_norm / grad_norm)
-        lr = float(self.schedule(self.step_count + 1))
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        with self.optimizer.skip_synchronize():
-            if self.scaler.is_enabled():
-                self.scaler.step(self.optimizer)  # skips by itself on inf/NaN
-            elif finite:
-                self.optimizer.step()
-        self.scaler.update()
-        if finite:
-            self.step_count += 1
+            if self.zero.stage < 2:
+                self.optimizer.synchronize()  # Horovod: every allreduce done; every rank the same .grad
+            gate, grad_norm = self.zero.step(inv_scale=inv_scale, max_grad_norm=self.max_grad_norm)
         else:
-            self.skipped_steps += 1
-        self.optimizer.zero_grad()  # Horovod's zero_grad takes no set_to_none (torch default: True)
-        scale = float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
-        return StepResult(self.step_count, lr, not finite, grad_norm, scale)
+            # Horovod: wait for every allreduce; from here on all ranks hold the same gradients.
+            self.optimizer.synchronize()
+            gate, grad_norm = self._plain_step(inv_scale)
+        if self.zero is None or self.zero.stage < 2:
+            self.optimizer.zero_grad()  # Horovod's zero_grad takes no set_to_none (torch default: True)
+        if scale is not None:
+            update_loss_scale(self.scaler, gate)
+        return DeviceStep(lr, gate, grad_norm, scale)
 
-    def _zero_step(self) -> StepResult:
-        """:meth:`step` with the state in shards: the same clipping, LR, skips and loss scale."""
-        lr = float(self.schedule(self.step_count + 1))
+    def _plain_step(self, inv_scale) -> tuple[torch.Tensor, torch.Tensor]:
+        """The update of the whole parameters (stage 0), decided on the device: ``(gate, norm)``."""
+        grads = [p.grad for p in self._params() if p.grad is not None]
+        if not grads:
+            zero = torch.zeros((), dtype=torch.float64, device=self.device)
+            return torch.ones((), device=self.device), zero
+        norm = self._global_grad_norm(grads) * inv_scale
+        gate = torch.isfinite(norm).to(torch.float32)
+        rule = piece_rule(self.optimizer)
+        limit = rule.clip_limit()
+        limit = limit if limit is not None else self.max_grad_norm
+        # the unscaling and the clip in one factor of the gradients
+        clip = inv_scale * (1.0 if limit is None
+                            else torch.where(norm > limit, limit / norm, torch.ones_like(norm)))
+        if fused_optim.usable(grads) and isinstance(self.optimizer, (Lamb, Lars)):
+            # a CPU: the C kernels of the toolkit's optimizers (their coefficients read from host memory)
+            if bool(gate):
+                torch._foreach_mul_(grads, clip.to(grads[0].dtype) if torch.is_tensor(clip) else clip)
+                with self.optimizer.skip_synchronize():
+                    self.optimizer.step() if rule.clip_limit() is None else self._step_unclipped()
+            return gate, norm
+        steps = [self.step_count + 1] * len(self.optimizer.param_groups)
+        rule.update(whole_parts(self.optimizer, rule.buffers, steps), local_norms(self.optimizer),
+                    clip if torch.is_tensor(clip) or clip != 1.0 else None, gate)
+        if rule.has_step:
+            advance_steps(self.optimizer, gate)
+        return gate, norm
+
+    def _step_unclipped(self) -> None:
+        """The optimizer's own step with its clip limit set aside (the engine applied it)."""
+        limit = self.optimizer.param_groups[0]["max_grad_norm"]
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        scaling = self.scaler.is_enabled()
-        inv_scale = 1.0 / float(self.scaler.get_scale()) if scaling else 1.0
-        if self.zero.stage < 2:
-            self.optimizer.synchronize()  # Horovod: every allreduce done; every rank the same .grad
-        finite, grad_norm = self.zero.step(inv_scale=inv_scale, max_grad_norm=self.max_grad_norm)
-        if self.zero.stage < 2:
-            self.optimizer.zero_grad()
-        if scaling:
-            update_loss_scale(self.scaler, finite)
-        if finite:
+            group["max_grad_norm"] = None
+        try:
+            self.optimizer.step()
+        finally:
+            for group in self.optimizer.param_groups:
+                group["max_grad_norm"] = limit
+
+    def finish_step(self, result: DeviceStep | StepResult, sums: dict) -> tuple[StepResult, dict]:
+        """A step's outcome and this rank's metric sums (``{name: tensor}``) read to the host in
+        one transfer; the step counted (applied or skipped)."""
+        if isinstance(result, StepResult):
+            return result, {k: float(v) for k, v in sums.items()}
+        values = [result.gate, result.grad_norm, result.scale if result.scale is not None else result.gate,
+                  *sums.values()]
+        host = torch.stack([torch.as_tensor(v, device=self.device).double().reshape(()) for v in values])
+        applied, grad_norm, scale, *means = host.tolist()  # the one host read of the step
+        if applied:
             self.step_count += 1
         else:
             self.skipped_steps += 1
-        scale = float(self.scaler.get_scale()) if scaling else 1.0
-        return StepResult(self.step_count, lr, not finite, grad_norm, scale)
+            if self.zero is not None:
+                self.zero.skipped()
+        res = StepResult(self.step_count, result.lr, not applied, grad_norm if applied else float("inf"),
+                         scale if result.scale is not None else 1.0)
+        return res, dict(zip(sums, means))
 
     def _params(self) -> Iterator[torch.nn.Parameter]:
         for g in self.optimizer.param_groups:
             yield from g["params"]
 
-    def _global_grad_norm(self) -> float:
-        grads = [p.grad for p in self._params() if p.grad is not None]
-        if not grads:
-            return 0.0
+    def _global_grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The norm of the gradients as a 0-d float64 tensor on their device (no host read; the
+        C kernel's sum on a CPU, where the data is host memory)."""
         if fused_optim.usable(grads):  # one pass at memory speed on a CPU
-            return math.sqrt(fused_optim.sumsq(grads))
+            return torch.tensor(fused_optim.sumsq(grads), dtype=torch.float64).sqrt()
         norms = torch._foreach_norm(grads)
-        return float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
+        return torch.linalg.vector_norm(torch.stack([n.double() for n in norms]))
 
     # ------------------------------------------------------------------ cross-rank helpers
     def average(self, value: float, name: str = "metric") -> float:

@@ -33,8 +33,9 @@ import torch
 
 from hvd_bert.config import OptimConfig
 from hvd_bert.pt.kernels import optim as fused_optim
-from hvd_bert.pt.optim_parts import (Norms, Part, add_sq_norms, clipped, init_state, local_norms,
-                                     plan_slices, trust_ratios, views, whole_parts)
+from hvd_bert.pt.optim_parts import (Norms, Part, add_, add_product_, add_sq_norms, clipped, coef, init_state,
+                                     lerp_, local_norms, plan_slices, scale_, trust_ratios, views,
+                                     whole_parts)
 
 __all__ = ["Lamb", "NVLamb", "Lars", "Lion", "param_groups", "build_optimizer", "init_state"]
 
@@ -171,13 +172,13 @@ class Lamb(torch.optim.Optimizer):
         return math.sqrt(1.0 - beta2 ** t), 1.0 / (1.0 - beta1 ** t)
 
     @torch.no_grad()
-    def update(self, parts: Sequence[Part], norms: Norms, clip=None) -> None:
+    def update(self, parts: Sequence[Part], norms: Norms, clip=None, gate=None) -> None:
         """LAMB's rule over ``parts`` (whole tensors or a shard's pieces), in two passes over
         cache-sized slices: (1) the moments, the update u = m_hat / (sqrt(v_hat) + eps) + wd w
         and the squared norms of w and u; then each whole tensor's norms (``norms.complete``) and
         (2) u again and w -= lr * ratio * u. Recomputing u costs arithmetic but no full-size
         temporary. ``clip`` (a 0-d tensor, a number or None) scales the gradient slices on the
-        device: no host sync."""
+        device: no host sync; ``gate``: a step decided on the device (``optim_parts.coef``)."""
         like = self.param_groups[0]["params"][0]
         sq = torch.zeros(2, norms.count, dtype=torch.float64, device=like.device)
         adapting = any(self._adapt(g) for g in self.param_groups)
@@ -202,10 +203,10 @@ class Lamb(torch.optim.Optimizer):
             m, v = (part.state[n] for n in self.buffers)
             for chunk in plan_slices(part.w):
                 w, g, mm, vv = (views(t, chunk) for t in (part.w, part.g, m, v))
-                g = clipped(g, clip)
-                torch._foreach_lerp_(mm, g, 1.0 - beta1)
-                torch._foreach_mul_(vv, beta2)
-                torch._foreach_addcmul_(vv, g, g, value=1.0 - beta2)
+                g = clipped(g, clip, gate)
+                lerp_(mm, g, 1.0 - beta1, gate)
+                scale_(vv, beta2, gate)
+                add_product_(vv, g, g, 1.0 - beta2, gate)
                 if self._adapt(part.group):
                     add_sq_norms(sq, 0, chunk, part, w)
                     add_sq_norms(sq, 1, chunk, part, update_of(part, w, mm, vv))
@@ -215,14 +216,15 @@ class Lamb(torch.optim.Optimizer):
         for part in parts:  # pass 2
             m, v = (part.state[n] for n in self.buffers)
             adapt, lr = self._adapt(part.group), part.group["lr"]
-            scales = (-lr * ratios[part.index]).to(like.dtype).unbind() if adapt and part.index else None
+            scales = (coef(-lr * ratios[part.index], gate).to(like.dtype).unbind() if adapt and part.index
+                      else None)
             for chunk in plan_slices(part.w):
                 w, mm, vv = (views(t, chunk) for t in (part.w, m, v))
                 u = update_of(part, w, mm, vv)
                 if adapt:  # w -= lr * ratio * u in one pass: addcmul with a 0-d scale per slice
                     torch._foreach_addcmul_(w, u, [scales[i] for i, _ in chunk])
                 else:
-                    torch._foreach_add_(w, u, alpha=-lr)
+                    add_(w, u, -lr, gate)
 
     @staticmethod
     def _update_fused(group, params, grads, m, v, clip, sqrt_c2, rc1, adapt) -> None:
@@ -305,17 +307,17 @@ class Lars(torch.optim.Optimizer):
         return loss
 
     @torch.no_grad()
-    def update(self, parts: Sequence[Part], norms: Norms, clip=None) -> None:
+    def update(self, parts: Sequence[Part], norms: Norms, clip=None, gate=None) -> None:
         """LARS's rule over ``parts`` (whole tensors or a shard's pieces): the norms of w and g
         (each whole tensor's: ``norms.complete``), then one pass over cache-sized slices:
-        d = (g + wd w) lr trust; v = mu v + d; w -= v."""
+        d = (g + wd w) lr trust; v = mu v + d; w -= v (``gate``: ``optim_parts.coef``)."""
         like = self.param_groups[0]["params"][0]
         sq = torch.zeros(2, norms.count, dtype=torch.float64, device=like.device)
         for part in parts:
             if part.group["adapt"]:
                 for chunk in plan_slices(part.w):
                     add_sq_norms(sq, 0, chunk, part, views(part.w, chunk))
-                    add_sq_norms(sq, 1, chunk, part, clipped(views(part.g, chunk), clip))
+                    add_sq_norms(sq, 1, chunk, part, clipped(views(part.g, chunk), clip, gate))
         if any(g["adapt"] for g in self.param_groups):
             wn, gn = norms.complete(sq).sqrt().unbind()
         for part in parts:
@@ -331,15 +333,15 @@ class Lars(torch.optim.Optimizer):
             (bufs,) = (part.state[n] for n in self.buffers)
             for chunk in plan_slices(part.w):
                 ws, vs = views(part.w, chunk), views(bufs, chunk)
-                gs = clipped(views(part.g, chunk), clip)
-                torch._foreach_mul_(vs, mu)
+                gs = clipped(views(part.g, chunk), clip, gate)
+                scale_(vs, mu, gate)
                 if scales is None:
-                    torch._foreach_add_(vs, gs, alpha=lr)
+                    add_(vs, gs, lr, gate)
                 else:
                     d = torch._foreach_add(gs, ws, alpha=wd) if wd else torch._foreach_mul(gs, 1.0)
                     torch._foreach_mul_(d, [scales[i] for i, _ in chunk])
-                    torch._foreach_add_(vs, d)
-                torch._foreach_sub_(ws, vs)
+                    add_(vs, d, 1.0, gate)
+                add_(ws, vs, -1.0, gate)
 
     @staticmethod
     def _update_fused(group, params, grads, bufs) -> None:
@@ -381,22 +383,23 @@ class Lion(torch.optim.Optimizer):
         return loss
 
     @torch.no_grad()
-    def update(self, parts: Sequence[Part], norms: Norms, clip=None) -> None:
-        """Lion's rule over ``parts``, slice by cache-sized slice (no norms)."""
+    def update(self, parts: Sequence[Part], norms: Norms, clip=None, gate=None) -> None:
+        """Lion's rule over ``parts``, slice by cache-sized slice (no norms; ``gate``:
+        ``optim_parts.coef``)."""
         for part in parts:
             beta1, beta2 = part.group["betas"]
             lr, wd = part.group["lr"], part.group["weight_decay"]
             for chunk in plan_slices(part.w):
                 w, m = views(part.w, chunk), views(part.state["exp_avg"], chunk)
-                g = clipped(views(part.g, chunk), clip)
+                g = clipped(views(part.g, chunk), clip, gate)
                 c = torch._foreach_mul(m, beta1)
                 torch._foreach_add_(c, g, alpha=1.0 - beta1)
                 c = torch._foreach_sign(c)
                 if wd:
                     torch._foreach_add_(c, w, alpha=wd)
-                torch._foreach_add_(w, c, alpha=-lr)
-                torch._foreach_mul_(m, beta2)
-                torch._foreach_add_(m, g, alpha=1.0 - beta2)
+                add_(w, c, -lr, gate)
+                scale_(m, beta2, gate)
+                add_(m, g, 1.0 - beta2, gate)
 
 
 def param_groups(named_parameters: Iterable[tuple[str, torch.nn.Parameter]], cfg: OptimConfig,

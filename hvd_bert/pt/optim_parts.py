@@ -16,7 +16,8 @@ from typing import Callable, Sequence
 import torch
 
 __all__ = ["Part", "Norms", "whole_parts", "local_norms", "plan_slices", "views", "trust_ratios",
-           "sq_norms", "add_sq_norms", "clipped", "piece_rule", "init_state", "SUPPORTED"]
+           "sq_norms", "add_sq_norms", "clipped", "coef", "lerp_", "scale_", "add_", "add_product_",
+           "advance_steps", "piece_rule", "init_state", "SUPPORTED"]
 
 
 # Elementwise work runs over slices of about this many elements (small tensors grouped,
@@ -113,11 +114,66 @@ def add_sq_norms(sq: torch.Tensor, row: int, chunk, part: Part, tensors: list[to
     sq[row].index_add_(0, idx, sq_norms(tensors).to(sq.device))
 
 
-def clipped(g: list[torch.Tensor], clip) -> list[torch.Tensor]:
-    """The clipped gradient slices (a cache-sized temporary), or ``g`` without a clip."""
-    if clip is None:
+def clipped(g: list[torch.Tensor], clip, gate=None) -> list[torch.Tensor]:
+    """The clipped gradient slices (a cache-sized temporary), or ``g`` without a clip. With a
+    ``gate`` (a step decided on the device, :func:`coef`) the slices are made finite: a skipped
+    step's inf and NaN would poison even the zero coefficients that keep its state."""
+    if clip is None and gate is None:
         return g
-    return torch._foreach_mul(g, clip.to(g[0].dtype) if torch.is_tensor(clip) else clip)
+    factor = 1.0 if clip is None else clip.to(g[0].dtype) if torch.is_tensor(clip) else clip
+    out = torch._foreach_mul(g, factor)
+    if gate is not None:
+        for t in out:
+            t.nan_to_num_(0.0, 0.0, 0.0)
+    return out
+
+
+# A step decided on the device (hvd_bert.pt.engine: no host read of its gradients' norm) is
+# *gated*: ``gate`` is a 0-d tensor, 1 to apply the step and 0 to skip it, and every change the
+# rule makes is scaled by it, so that a skipped step leaves each tensor as it was, bit for bit
+# (its gradients made finite by ``clipped``). ``gate=None``: the step applies (numbers only).
+def coef(value, gate):
+    """The coefficient ``value`` of a change (a number or a 0-d tensor), gated."""
+    return value if gate is None else gate * value
+
+
+def lerp_(a: list[torch.Tensor], b: list[torch.Tensor], weight: float, gate) -> None:
+    """a += weight (b - a), gated."""
+    if gate is None:
+        torch._foreach_lerp_(a, b, weight)
+    else:
+        torch._foreach_lerp_(a, b, [gate * weight] * len(a))
+
+
+def scale_(a: list[torch.Tensor], factor, gate) -> None:
+    """a *= factor, gated (a skipped step multiplies by 1)."""
+    torch._foreach_mul_(a, factor if gate is None else 1.0 + (factor - 1.0) * gate)
+
+
+def add_(a: list[torch.Tensor], b: list[torch.Tensor], alpha, gate) -> None:
+    """a += alpha b, gated."""
+    if gate is None and not torch.is_tensor(alpha):
+        torch._foreach_add_(a, b, alpha=alpha)
+    else:
+        torch._foreach_add_(a, torch._foreach_mul(b, coef(alpha, gate)))
+
+
+def add_product_(a: list[torch.Tensor], b: list[torch.Tensor], c: list[torch.Tensor], value: float,
+                 gate) -> None:
+    """a += value b c, gated."""
+    if gate is None:
+        torch._foreach_addcmul_(a, b, c, value=value)
+    else:
+        add_(a, torch._foreach_mul(b, c), value, gate)
+
+
+@torch.no_grad()
+def advance_steps(opt: torch.optim.Optimizer, gate) -> None:
+    """Every parameter's step counter (its ``step`` state, where it has one) += gate."""
+    steps = [opt.state[p]["step"] for g in opt.param_groups for p in g["params"]
+             if p.grad is not None and "step" in opt.state[p]]
+    if steps:
+        torch._foreach_add_(steps, gate.to(steps[0].dtype) if torch.is_tensor(gate) else gate)
 
 
 # ---------------------------------------------------------------------- torch's own optimizers
@@ -163,10 +219,10 @@ class _TorchRule:
         return None
 
     @torch.no_grad()
-    def update(self, parts: Sequence[Part], norms: Norms, clip=None) -> None:
+    def update(self, parts: Sequence[Part], norms: Norms, clip=None, gate=None) -> None:
         for part in parts:
             if part.w:
-                self.update_part(part, clipped(part.g, clip))
+                self.update_part(part, clipped(part.g, clip, gate), gate)
 
 
 class _TorchAdamW(_TorchRule):
@@ -175,18 +231,21 @@ class _TorchAdamW(_TorchRule):
 
     buffers = ("exp_avg", "exp_avg_sq")
 
-    def update_part(self, part: Part, g: list[torch.Tensor]) -> None:
+    def update_part(self, part: Part, g: list[torch.Tensor], gate=None) -> None:
         group, t = part.group, part.step
         beta1, beta2 = group["betas"]
         m, v = (part.state[n] for n in self.buffers)
-        torch._foreach_mul_(part.w, 1.0 - group["lr"] * group["weight_decay"])
-        torch._foreach_lerp_(m, g, 1.0 - beta1)
-        torch._foreach_mul_(v, beta2)
-        torch._foreach_addcmul_(v, g, g, value=1.0 - beta2)
+        scale_(part.w, 1.0 - group["lr"] * group["weight_decay"], gate)
+        lerp_(m, g, 1.0 - beta1, gate)
+        scale_(v, beta2, gate)
+        add_product_(v, g, g, 1.0 - beta2, gate)
         denom = torch._foreach_sqrt(v)
         torch._foreach_div_(denom, math.sqrt(1.0 - beta2 ** t))
         torch._foreach_add_(denom, group["eps"])
-        torch._foreach_addcdiv_(part.w, m, denom, value=-group["lr"] / (1.0 - beta1 ** t))
+        if gate is None:
+            torch._foreach_addcdiv_(part.w, m, denom, value=-group["lr"] / (1.0 - beta1 ** t))
+        else:
+            add_(part.w, torch._foreach_div(m, denom), -group["lr"] / (1.0 - beta1 ** t), gate)
 
 
 class _TorchSGD(_TorchRule):
@@ -199,23 +258,23 @@ class _TorchSGD(_TorchRule):
         super().__init__(optimizer)
         self.buffers = ("momentum_buffer",) if any(g.get("momentum", 0) for g in self.param_groups) else ()
 
-    def update_part(self, part: Part, d: list[torch.Tensor]) -> None:
+    def update_part(self, part: Part, d: list[torch.Tensor], gate=None) -> None:
         group = part.group
         if group["weight_decay"]:
             d = torch._foreach_add(d, part.w, alpha=group["weight_decay"])
         if self.buffers and group["momentum"]:
             bufs = part.state["momentum_buffer"]
-            torch._foreach_mul_(bufs, group["momentum"])
-            torch._foreach_add_(bufs, d)
+            scale_(bufs, group["momentum"], gate)
+            add_(bufs, d, 1.0, gate)
             d = torch._foreach_add(d, bufs, alpha=group["momentum"]) if group["nesterov"] else bufs
-        torch._foreach_add_(part.w, d, alpha=-group["lr"])
+        add_(part.w, d, -group["lr"], gate)
 
 
 SUPPORTED = "lamb, nvlamb, lars, adamw and sgd"
 
 
 def piece_rule(optimizer: torch.optim.Optimizer):
-    """The rule ``update(parts, norms, clip)`` of ``optimizer`` with its ``buffers``, ``has_step``
+    """The rule ``update(parts, norms, clip, gate)`` of ``optimizer`` with its ``buffers``, ``has_step``
     and ``clip_limit()``: the optimizer itself when it has one (the toolkit's LAMB, NVLAMB, LARS,
     or a user's optimizer written the same way), else torch's SGD and AdamW as hvd_bert builds
     them. ValueError for anything else."""

@@ -34,7 +34,6 @@ multiple of N, rank r owning elements ``[r S, (r + 1) S)``):
 from __future__ import annotations
 
 import collections
-import math
 from typing import Callable
 
 import torch
@@ -44,7 +43,7 @@ from hvd_bert.core import zero as Z
 from hvd_bert.pt.kernels import optim as fused_optim
 from hvd_bert.pt.optim_parts import SUPPORTED, Norms, Part, piece_rule
 
-__all__ = ["ShardedOptimizer", "state_bytes", "update_loss_scale", "SUPPORTED"]
+__all__ = ["ShardedOptimizer", "state_bytes", "update_loss_scale", "loss_scale", "SUPPORTED"]
 
 IN_FLIGHT = 4  # buckets queued to Horovod at once (it fuses what is queued in one cycle)
 
@@ -241,17 +240,15 @@ class ShardedOptimizer:
             self._pipelined(self._columns(), submit, finish)
 
     # ------------------------------------------------------------------ the step
-    def _allreduce(self, values: list[float], name: str) -> torch.Tensor:
-        return hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Sum, name=name,
-                             process_set=self.norm_set)
+    def _allreduce(self, value: torch.Tensor, name: str) -> torch.Tensor:
+        """The sum of a tensor over the ranks (on its device: no host read)."""
+        return hvd.allreduce(value, op=hvd.Sum, name=name, process_set=self.norm_set)
 
     def _complete(self, sq: torch.Tensor) -> torch.Tensor:
         """The whole tensors' sums of squares from this rank's pieces' (``Norms.complete``): each
         weighted by what this rank's copy counts (tensor parallelism), summed over the ranks."""
-        weights = torch.tensor(self.weights, dtype=torch.float64)
-        total = hvd.allreduce(sq.cpu() * weights, op=hvd.Sum, name="hvd_bert.zero.piece_norms",
-                              process_set=self.norm_set)
-        return total.to(sq.device)
+        weights = torch.tensor(self.weights, dtype=torch.float64, device=sq.device)
+        return self._allreduce(sq * weights, "hvd_bert.zero.piece_norms")
 
     def _parts(self) -> list[Part]:
         """This rank's pieces, group by group, with the same pieces of the state's shards."""
@@ -267,33 +264,38 @@ class ShardedOptimizer:
         return parts
 
     @torch.no_grad()
-    def step(self, *, inv_scale: float = 1.0, max_grad_norm: float | None = None) -> tuple[bool, float]:
+    def step(self, *, inv_scale=1.0, max_grad_norm: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One step on this rank's pieces of the parameters, tensor piece by piece (no
         shard-sized temporary), then the allgather. Stage 1: after Horovod's allreduce of the
-        gradients (``.grad``); stage 2: on the reduce-scattered shard. Returns ``(finite, gradient
-        norm)``; on a non-finite norm nothing changes on any rank."""
+        gradients (``.grad``); stage 2: on the reduce-scattered shard. ``inv_scale``: the loss
+        scale's inverse (a number or a 0-d tensor). Decided on the device, with no host read:
+        returns ``(gate, gradient norm)`` as 0-d tensors, the gate 1 where the step applied and 0
+        where the norm was not finite on the ranks (then nothing changed on any rank:
+        ``optim_parts.coef``). The step count assumes the step applied: :meth:`skipped` takes
+        it back."""
         if self.stage == 2 and self.grad_shard is None:
             raise RuntimeError("ZeRO stage 2: step() with no gradients reduced")
-        gsq = 0.0
+        gsq = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
         for i, _, gp, _, _ in self._pieces():
-            if inv_scale != 1.0:
+            if torch.is_tensor(inv_scale) or inv_scale != 1.0:
                 gp.mul_(inv_scale)
             gsq += sumsq(gp) * self.weights[i]
-        total = float(self._allreduce([gsq], "hvd_bert.zero.norms")[0])
-        if not math.isfinite(total):
-            self.grad_shard = None
-            return False, float("inf")
-        gnorm = math.sqrt(total)
+        gnorm = self._allreduce(gsq, "hvd_bert.zero.norms").sqrt()
+        gate = torch.isfinite(gnorm).to(torch.float32)
         limit = self.rule.clip_limit()
-        clip = max_grad_norm_factor(gnorm, limit if limit is not None else max_grad_norm)
+        limit = limit if limit is not None else max_grad_norm
+        clip = None if limit is None else torch.where(gnorm > limit, limit / gnorm, torch.ones_like(gnorm))
         self.step_count += 1
         # the optimizer's rule on this rank's pieces, the whole tensors' norms by an allreduce
-        self.rule.update(self._parts(), Norms(len(self.params), self._complete),
-                         None if clip == 1.0 else clip)
+        self.rule.update(self._parts(), Norms(len(self.params), self._complete), clip, gate)
         self.grad_shard = None
         if self.size > 1:
             self.allgather_params()
-        return True, gnorm
+        return gate, gnorm
+
+    def skipped(self) -> None:
+        """The last :meth:`step` did not apply (its gate was 0): its count taken back."""
+        self.step_count -= 1
 
     # ------------------------------------------------------------------ checkpoints
     def consolidated_state_dict(self) -> dict | None:
@@ -414,18 +416,14 @@ class ShardedOptimizer:
             p.grad = None
 
 
-def sumsq(x: torch.Tensor) -> float:
-    """The sum of squares of ``x``, in double (the C kernel on a CPU: no temporary)."""
+def sumsq(x: torch.Tensor):
+    """The sum of squares of ``x``, in double: a number from the C kernel on a CPU (no
+    temporary, the data in host memory), else a 0-d tensor on its device (no host read)."""
     if x.numel() == 0:
         return 0.0
     if fused_optim.usable([x]):
         return fused_optim.sumsq([x])
-    return float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
-
-
-def max_grad_norm_factor(gnorm: float, limit: float | None) -> float:
-    """min(1, limit / norm): the clip of a global gradient norm (1 without a limit)."""
-    return limit / gnorm if limit is not None and gnorm > limit else 1.0
+    return torch.linalg.vector_norm(x, dtype=torch.float64) ** 2
 
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -434,9 +432,15 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> int:
                if isinstance(t, torch.Tensor) and t.dim() > 0)
 
 
-def update_loss_scale(scaler: torch.amp.GradScaler, finite: bool) -> None:
+def update_loss_scale(scaler: torch.amp.GradScaler, gate: torch.Tensor) -> None:
     """GradScaler's own update (back off on an overflow, grow after growth_interval clean
-    steps) for a step whose overflow check was the all-ranks norm, not ``scaler.unscale_``."""
-    found_inf = torch.tensor([0.0 if finite else 1.0], device=scaler._scale.device)
+    steps) for a step whose overflow check was the all-ranks norm, not ``scaler.unscale_``:
+    ``gate`` (a 0-d tensor) 0 on an overflow, on the device (no host read)."""
+    found_inf = (1.0 - gate.float()).reshape(1).to(scaler._scale.device)
     torch._amp_update_scale_(scaler._scale, scaler._growth_tracker, found_inf, scaler.get_growth_factor(),
                              scaler.get_backoff_factor(), scaler.get_growth_interval())
+
+
+def loss_scale(scaler: torch.amp.GradScaler) -> torch.Tensor | None:
+    """The loss scale as a tensor on its device (no host read; None when scaling is off)."""
+    return scaler._scale if scaler.is_enabled() else None

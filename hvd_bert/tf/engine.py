@@ -299,10 +299,15 @@ class Engine:
                                       max_grad_norm=self.max_grad_norm)
         return self._after_apply(tf.constant(finite), tf.constant(norm, tf.float32))
 
-    def train_micro_batch(self, batch) -> StepResult | None:
-        """Back-propagate one micro-batch; on the k-th, reduce and apply (returns the result).
-        The micro-batch's loss and the metrics ``loss_fn`` returned (when it returns
-        ``(loss, metrics)``) are in ``last_metrics`` as tensors."""
+    def finish_step(self, result: StepResult, sums: dict) -> tuple[StepResult, dict[str, float]]:
+        """The step's result (already on the host here) and the metric sums as floats."""
+        return result, {k: float(v) for k, v in sums.items()}
+
+    def train_micro_batch(self, batch, defer: bool = False) -> StepResult | None:
+        """Back-propagate one micro-batch; on the k-th, reduce and apply (returns the result,
+        read to the host: ``defer`` changes nothing here). The micro-batch's loss and the
+        metrics ``loss_fn`` returned (when it returns ``(loss, metrics)``) are in
+        ``last_metrics`` as tensors."""
         loss, metrics, grads = self._micro(batch)
         if grads:
             self.zero.reduce_micro(grads)

@@ -11,7 +11,9 @@ What an engine promises (tested against both by ``tests/parallel/test_engine_con
     ``k``-th, allreduces, checks for inf/NaN on the reduced gradients (so every rank decides
     the same), unscales, clips and applies one update: it returns a :class:`StepResult` then
     and ``None`` otherwise. ``last_metrics`` holds the micro-batch's ``loss`` and the metrics
-    of its loss function (framework scalars: read them once per step).
+    of its loss function (framework scalars: read them once per step). With ``defer=True``
+    (the loop's) the step's outcome may stay on the device: ``finish_step(result, sums)``
+    reads it and the metric sums to the host in one transfer and counts the step.
   * N ranks x k micro-batches of b equal one process on the global batch N*k*b.
   * ``save`` writes one checkpoint atomically from rank 0 with the metadata of
     :func:`checkpoint_meta` (counters, data position, batch layout, every rank's RNG);
@@ -86,7 +88,11 @@ class Engine(Protocol):
     config: Any                # its TrainConfig (``from_config``), or None for an engine built by hand
     keep_checkpoint_batch: bool  # a resume under a new layout keeps the checkpoint's global batch
 
-    def train_micro_batch(self, batch: Any) -> StepResult | None: ...
+    def train_micro_batch(self, batch: Any, defer: bool = False) -> Any: ...
+
+    def finish_step(self, result: Any, sums: dict) -> tuple[StepResult, dict[str, float]]:
+        """A step's outcome (what ``train_micro_batch(..., defer=True)`` returned) and this rank's
+        metric sums (framework scalars) on the host, read in one transfer; the step counted."""
 
     def average(self, value: float, name: str = "metric") -> float:
         """The mean of a scalar over ranks (a collective)."""

@@ -224,12 +224,12 @@ def train_steps(engine: Engine, batches: Iterator[Any], book: StepBook, total_st
             dog.enter("data")
             batch = next(batches)
             dog.enter("step")
-            result = engine.train_micro_batch(batch)
+            result = engine.train_micro_batch(batch, defer=True)
             window.add(engine.last_metrics)
             hooks.after_micro_batch()
             if result is None:
                 continue
-            local = window.take()  # one host sync a step
+            result, local = engine.finish_step(result, window.take())  # the step's one host read
             dog.enter("bookkeeping")
             hooks.before_bookkeeping(result, local)
             stop = book.after_step(result, local)
@@ -239,8 +239,9 @@ def train_steps(engine: Engine, batches: Iterator[Any], book: StepBook, total_st
 
 
 class MetricWindow:
-    """Sums of per-micro-batch metrics over an optimizer step's ``k`` micro-batches; ``take()``
-    gives their means as floats (one host sync per optimizer step) and starts over."""
+    """Sums of per-micro-batch metrics over an optimizer step's ``k`` micro-batches, kept as the
+    framework's scalars (no host read); ``take()`` gives their means, for the engine's
+    ``finish_step`` to read with the step's outcome, and starts over."""
 
     def __init__(self, k: int):
         self.k = k
@@ -250,9 +251,8 @@ class MetricWindow:
         for name, v in metrics.items():
             self.sums[name] = self.sums.get(name, 0.0) + v / self.k
 
-    def take(self) -> dict[str, float]:
-        out = {k: float(v) for k, v in self.sums.items()}
-        self.sums = {}
+    def take(self) -> dict[str, Any]:
+        out, self.sums = self.sums, {}
         return out
 
 

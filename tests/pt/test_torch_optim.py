@@ -350,3 +350,42 @@ def test_fused_kernels_fall_back_with_one_warning_without_a_compiler(monkeypatch
     for a, b in zip(got, want):
         assert_close(a, b, **TOL[torch.float32],
                      site="pt/optim::test_fused_kernels_fall_back_with_one_warning_without_a_compiler")
+
+
+@pytest.mark.parametrize("name", ["lamb", "nvlamb", "lars", "lion", "sgd", "adamw"])
+def test_a_gated_update_applies_at_1_and_leaves_every_tensor_as_it_was_at_0(name, monkeypatch):
+    """The rule of a step decided on the device (``optim_parts.coef``): gate 1 is the plain
+    update (within float rounding: tensor coefficients instead of numbers), gate 0 with inf and
+    NaN in the gradients changes no weight and no state, bit for bit."""
+    from hvd_bert.pt.optim_parts import local_norms, piece_rule, whole_parts
+
+    monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "0")
+    cfg = OptimConfig(name=name, weight_decay=0.01, momentum=0.9, nesterov=name == "sgd")
+
+    def stepped(gate, grads):
+        torch.manual_seed(seed_of(31))
+        model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+        opt = build_optimizer(model.named_parameters(), cfg, lr=0.01)
+        init_state(opt)
+        rule = piece_rule(opt)
+        for i, g in enumerate(grads):  # two steps: the state is not zero when the gate is tried
+            for p, gp in zip(model.parameters(), g):
+                p.grad = gp.clone()
+            parts = whole_parts(opt, rule.buffers, [i + 1] * len(opt.param_groups))
+            rule.update(parts, local_norms(opt), torch.tensor(0.5), gate if i == 1 else None)
+        state = [t.clone() for st in opt.state.values() for k, t in st.items() if k in rule.buffers]
+        return [p.detach().clone() for p in model.parameters()], state
+
+    torch.manual_seed(seed_of(32))
+    shapes = [p.shape for p in torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.LayerNorm(4),
+                                                      torch.nn.Linear(4, 2)).parameters()]
+    g1, g2 = ([torch.randn(s) for s in shapes] for _ in range(2))
+    plain = stepped(None, [g1, g2])
+    applied = stepped(torch.tensor(1.0), [g1, g2])
+    for a, b in zip(plain[0] + plain[1], applied[0] + applied[1]):
+        assert_close(b, a, rtol=1e-6, atol=1e-7, site=f"pt/optim::gate_1/{name}")
+    bad = [g.clone() for g in g2]
+    bad[0][0, 0], bad[1][0] = float("inf"), float("nan")
+    once = stepped(None, [g1])
+    skipped = stepped(torch.tensor(0.0), [g1, bad])
+    assert all(torch.equal(a, b) for a, b in zip(once[0] + once[1], skipped[0] + skipped[1]))

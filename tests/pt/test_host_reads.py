@@ -1,0 +1,107 @@
+"""The PyTorch step keeps its decisions on the device: over several optimizer steps of
+micro-batches, the reduction, the global norm and clip, the update, the loss-scale update and
+the decision to skip a non-finite step read no tensor to the host (``item``, ``__float__``,
+``__bool__``, ``__int__``, ``__index__``, ``tolist``, ``numpy``, ``cpu``), for NVLAMB, LAMB and
+AdamW at ZeRO stages 0, 1 and 2 with accumulation, fp16 loss scaling and clipping on; each
+step's outcome and metrics then come to the host in one read (``finish_step``). A step with an
+inf in its gradients is skipped on the device: nothing changes. The fused C kernels of the CPU
+(which read their coefficients from host memory, where the tensors are) are off here: this is
+the path a GPU runs (Horovod size 1, in this process)."""
+
+import contextlib
+
+import pytest
+import torch
+
+from hvd_bert.config import TrainConfig, apply_overrides
+from hvd_bert.pt.engine import Engine
+
+READS = ("item", "__float__", "__bool__", "__int__", "__index__", "tolist", "numpy", "cpu")
+
+
+@contextlib.contextmanager
+def counting():
+    """Counts every host read of a tensor while the block runs: ``seen`` lists them by name."""
+    seen: list[str] = []
+    originals = {name: torch.Tensor.__dict__.get(name) for name in READS}
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *a, _name=name, _original=original, **k):
+            seen.append(_name)
+            return _original(self, *a, **k)
+        setattr(torch.Tensor, name, read)
+    try:
+        yield seen
+    finally:
+        for name, original in originals.items():
+            if original is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, original)
+
+
+def loss_fn(model, batch):
+    x, y = batch
+    out = model(x)
+    return ((out.float() - y) ** 2).mean(), {"abs_error": (out.float() - y).abs().mean()}
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("optimizer", ["nvlamb", "lamb", "adamw"])
+def test_a_step_reads_nothing_to_the_host_until_its_one_transfer(optimizer, stage, monkeypatch):
+    monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "0")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+    cfg = apply_overrides(TrainConfig(), [
+        f"optim.name={optimizer}", "optim.lr=0.01", f"zero.stage={stage}", "precision.mode=fp16",
+        "batch.local_batch_size=4", "batch.backward_passes_per_step=2", "schedule.name=constant",
+        "schedule.total_steps=10"] + ([] if optimizer == "nvlamb" else ["optim.max_grad_norm=0.5"]))
+    engine = Engine.from_config(model, cfg, loss_fn=loss_fn)
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    results, host = [], []
+    for step in range(5):
+        before = [p.detach().clone() for p in model.parameters()]
+        with counting() as seen:
+            for micro in range(2):
+                bad = step == 2 and micro == 1  # an inf in one micro-batch's input: the step skips
+                engine.last_metrics = {}
+                res = engine.train_micro_batch((x * float("inf") if bad else x, y), defer=True)
+                sums = {k: v / 2 for k, v in engine.last_metrics.items()}
+        assert seen == [], f"host reads inside step {step}: {seen}"
+        with counting() as seen:
+            result, metrics = engine.finish_step(res, sums)
+        assert seen == ["tolist"], seen  # the step's one transfer
+        results.append(result)
+        host.append(metrics)
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        assert unchanged == (step == 2), f"step {step}: skipped {result.skipped}"
+    assert [r.skipped for r in results] == [False, False, True, False, False]
+    assert [r.step for r in results] == [1, 2, 2, 3, 4] and engine.skipped_steps == 1
+    assert results[2].loss_scale == results[1].loss_scale / 2  # the overflow backed the scale off
+    assert all(r.grad_norm > 0 for i, r in enumerate(results) if i != 2)
+    assert set(host[0]) == {"loss", "abs_error"} and all(isinstance(v, float) for v in host[0].values())
+
+
+def test_the_loop_reads_each_step_once_through_finish_step(monkeypatch):
+    """``fit``'s loop hands each step's deferred outcome and its metric sums to ``finish_step``
+    (the engine's one transfer), once per optimizer step."""
+    from hvd_bert.train.loop import fit
+
+    monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "0")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    cfg = apply_overrides(TrainConfig(), ["optim.name=lamb", "optim.lr=0.01", "batch.local_batch_size=4",
+                                          "batch.backward_passes_per_step=3", "schedule.name=constant"])
+    engine = Engine.from_config(model, cfg, loss_fn=loss_fn)
+    finished = []
+    original = engine.finish_step
+
+    def finish(result, sums):
+        finished.append(type(result).__name__)
+        return original(result, sums)
+    engine.finish_step = finish
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    res = fit(engine, lambda start: iter(lambda: (x, y), None), total_steps=4, output_dir=False,
+              progress=False, log_every=100)
+    assert res.steps == 4 and finished == ["DeviceStep"] * 4
