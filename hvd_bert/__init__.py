@@ -12,7 +12,8 @@ the data libraries):
     cluster     Horovod's initialisation, launching, doctor
     files       writing files safely: atomic, never through a planted link, resource errors named
     stop        how a run ends: the exit statuses, this process's stop request (SIGTERM, Ctrl-C)
-    cli         the hvd-bert command: dispatches each subcommand (cli_args: its arguments)
+    cli         the hvd-bert command: dispatches each subcommand (cli_args: its arguments;
+                cli_prepare: the data-preparation commands)
 The two backends, which never import each other:
     pt          PyTorch (models, engine, reader, kernels/)
     tf          TensorFlow / tf-keras (models, engine, reader, Keras callbacks)

@@ -2,6 +2,7 @@
 
     backend     what the jobs call (the train.backend.Backend protocol, in PyTorch)
     engine      Horovod's DistributedOptimizer, accumulation, AMP, checkpoints (train.engine.Engine)
+    step        a step decided on the device: the norm, clip and skip with no host read
     optim       LAMB, NVLAMB, LARS as torch optimizers (checked against core.optim)
     zero        ZeRO stages 1 and 2: the optimizer state (and gradients) split over the ranks
     optim_parts what an optimizer's rule runs over: parts of tensors, their norms; torch's SGD and AdamW rules

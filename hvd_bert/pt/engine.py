@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -47,28 +46,16 @@ from hvd_bert.train.loop import fit
 from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.pt import init_horovod
-from hvd_bert.pt.kernels import optim as fused_optim
 from hvd_bert.pt.checkpoint import (CKPT_SUFFIX, load_checkpoint_file, rng_state, set_rng_state, state_digest,
                                     to_cpu, write_checkpoint)
-from hvd_bert.pt.optim import Lamb, Lars, build_optimizer, init_state
-from hvd_bert.pt.optim_parts import advance_steps, local_norms, piece_rule, whole_parts
+from hvd_bert.pt.optim import build_optimizer, init_state
+from hvd_bert.pt.step import DeviceStep, plain_step
 from hvd_bert.pt import sharded
 from hvd_bert.pt import tensor_parallel as TP
 from hvd_bert.pt.zero import ShardedOptimizer, loss_scale, state_bytes, update_loss_scale
 
 __all__ = ["Engine", "StepResult", "fit", "FitResult", "load_checkpoint_file"]
 
-
-
-@dataclass
-class DeviceStep:
-    """A step decided on the device (:meth:`Engine.step_on_device`): its LR, and as 0-d tensors
-    the gate (1 applied, 0 skipped), the global gradient norm and the loss scale after it."""
-
-    lr: float
-    gate: torch.Tensor
-    grad_norm: torch.Tensor
-    scale: torch.Tensor | None
 
 
 def autocast(mode: str, device_type: str = "cpu"):
@@ -332,51 +319,12 @@ class Engine:
         else:
             # Horovod: wait for every allreduce; from here on all ranks hold the same gradients.
             self.optimizer.synchronize()
-            gate, grad_norm = self._plain_step(inv_scale)
+            gate, grad_norm = plain_step(self.optimizer, inv_scale, self.max_grad_norm, self.step_count + 1)
         if self.zero is None or self.zero.stage < 2:
             self.optimizer.zero_grad()  # Horovod's zero_grad takes no set_to_none (torch default: True)
         if scale is not None:
             update_loss_scale(self.scaler, gate)
         return DeviceStep(lr, gate, grad_norm, scale)
-
-    def _plain_step(self, inv_scale) -> tuple[torch.Tensor, torch.Tensor]:
-        """The update of the whole parameters (stage 0), decided on the device: ``(gate, norm)``."""
-        grads = [p.grad for p in self._params() if p.grad is not None]
-        if not grads:
-            zero = torch.zeros((), dtype=torch.float64, device=self.device)
-            return torch.ones((), device=self.device), zero
-        norm = self._global_grad_norm(grads) * inv_scale
-        gate = torch.isfinite(norm).to(torch.float32)
-        rule = piece_rule(self.optimizer)
-        limit = rule.clip_limit()
-        limit = limit if limit is not None else self.max_grad_norm
-        # the unscaling and the clip in one factor of the gradients
-        clip = inv_scale * (1.0 if limit is None
-                            else torch.where(norm > limit, limit / norm, torch.ones_like(norm)))
-        if fused_optim.usable(grads) and isinstance(self.optimizer, (Lamb, Lars)):
-            # a CPU: the C kernels of the toolkit's optimizers (their coefficients read from host memory)
-            if bool(gate):
-                torch._foreach_mul_(grads, clip.to(grads[0].dtype) if torch.is_tensor(clip) else clip)
-                with self.optimizer.skip_synchronize():
-                    self.optimizer.step() if rule.clip_limit() is None else self._step_unclipped()
-            return gate, norm
-        steps = [self.step_count + 1] * len(self.optimizer.param_groups)
-        rule.update(whole_parts(self.optimizer, rule.buffers, steps), local_norms(self.optimizer),
-                    clip if torch.is_tensor(clip) or clip != 1.0 else None, gate)
-        if rule.has_step:
-            advance_steps(self.optimizer, gate)
-        return gate, norm
-
-    def _step_unclipped(self) -> None:
-        """The optimizer's own step with its clip limit set aside (the engine applied it)."""
-        limit = self.optimizer.param_groups[0]["max_grad_norm"]
-        for group in self.optimizer.param_groups:
-            group["max_grad_norm"] = None
-        try:
-            self.optimizer.step()
-        finally:
-            for group in self.optimizer.param_groups:
-                group["max_grad_norm"] = limit
 
     def finish_step(self, result: DeviceStep | StepResult, sums: dict) -> tuple[StepResult, dict]:
         """A step's outcome and this rank's metric sums (``{name: tensor}``) read to the host in
@@ -400,14 +348,6 @@ class Engine:
     def _params(self) -> Iterator[torch.nn.Parameter]:
         for g in self.optimizer.param_groups:
             yield from g["params"]
-
-    def _global_grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """The norm of the gradients as a 0-d float64 tensor on their device (no host read; the
-        C kernel's sum on a CPU, where the data is host memory)."""
-        if fused_optim.usable(grads):  # one pass at memory speed on a CPU
-            return torch.tensor(fused_optim.sumsq(grads), dtype=torch.float64).sqrt()
-        norms = torch._foreach_norm(grads)
-        return torch.linalg.vector_norm(torch.stack([n.double() for n in norms]))
 
     # ------------------------------------------------------------------ cross-rank helpers
     def average(self, value: float, name: str = "metric") -> float:
