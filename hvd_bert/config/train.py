@@ -328,6 +328,13 @@ class TrainConfig:
                "one more forward pass of time): off; layers (every encoder layer keeps only its input); "
                "layers:K (every K-th layer); attention (each layer's attention block: its S x S scores). "
                "Gradients are those of off (dropout draws the same masks again); PyTorch only")
+    host_reads: Literal["step", "log"] = doc(
+        "step", "when the loop reads a step's outcome (applied or skipped, gradient norm, loss scale, "
+                "metrics) to the host: step (after every optimizer step: exact counts, LR and bias "
+                "corrections) or log (PyTorch: only when it logs, saves, evaluates, stops or may have "
+                "diverged, in one transfer, so the device's queue never drains between; a step skipped "
+                "inside such a window is counted at its end, and the steps after it in the window take "
+                "the LR and bias correction one step ahead)")
     seed: int = doc(0, "random seed (model init, data order, masking)")
     log_every: int = doc(10, "log every this many optimizer steps (rank 0)")
     checkpoint_every: int = doc(0, "checkpoint every this many optimizer steps (0 = at the end only)")

@@ -109,6 +109,7 @@ class Engine:
         self.step_count = 0      # optimizer steps applied (the schedule's t after the step)
         self.micro_step = 0      # micro-batches back-propagated over the whole run
         self.skipped_steps = 0
+        self.unread = 0          # steps decided on the device and not read yet (finish_steps)
         self.loss_fn, self.resume_resized = loss_fn, resume_resized
         self.plan = self.config = None  # (from_config sets both)
         self.target_global_batch = None  # set by an elastic run (train.elastic)
@@ -307,7 +308,10 @@ class Engine:
             raise RuntimeError(
                 f"step() called after {self.micro_step % self.k} of {self.k} micro-batches of the "
                 f"current accumulation window; call it when backward() returns True")
-        lr = float(self.schedule(self.step_count + 1))  # (the host's count: exact after each finish_step)
+        # the step this one is, as the host knows it: exact when every earlier step was read
+        # (train.host_reads=step); otherwise counting the unread ones as applied
+        t = self.step_count + self.unread + 1
+        lr = float(self.schedule(t))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         scale = loss_scale(self.scaler)
@@ -319,31 +323,42 @@ class Engine:
         else:
             # Horovod: wait for every allreduce; from here on all ranks hold the same gradients.
             self.optimizer.synchronize()
-            gate, grad_norm = plain_step(self.optimizer, inv_scale, self.max_grad_norm, self.step_count + 1)
+            gate, grad_norm = plain_step(self.optimizer, inv_scale, self.max_grad_norm, t)
         if self.zero is None or self.zero.stage < 2:
             self.optimizer.zero_grad()  # Horovod's zero_grad takes no set_to_none (torch default: True)
         if scale is not None:
             update_loss_scale(self.scaler, gate)
-        return DeviceStep(lr, gate, grad_norm, scale)
+        self.unread += 1
+        return DeviceStep(lr, gate, grad_norm, scale.clone() if scale is not None else None)
 
     def finish_step(self, result: DeviceStep | StepResult, sums: dict) -> tuple[StepResult, dict]:
         """A step's outcome and this rank's metric sums (``{name: tensor}``) read to the host in
         one transfer; the step counted (applied or skipped)."""
-        if isinstance(result, StepResult):
-            return result, {k: float(v) for k, v in sums.items()}
-        values = [result.gate, result.grad_norm, result.scale if result.scale is not None else result.gate,
-                  *sums.values()]
+        return self.finish_steps([(result, sums)])[0]
+
+    def finish_steps(self, steps: list) -> list[tuple[StepResult, dict]]:
+        """:meth:`finish_step` of several steps, in order, in one transfer."""
+        values = []
+        for result, sums in steps:
+            scale = result.scale if result.scale is not None else result.gate
+            values += [result.gate, result.grad_norm, scale, *sums.values()]
+        if not values:
+            return []
         host = torch.stack([torch.as_tensor(v, device=self.device).double().reshape(()) for v in values])
-        applied, grad_norm, scale, *means = host.tolist()  # the one host read of the step
-        if applied:
-            self.step_count += 1
-        else:
-            self.skipped_steps += 1
-            if self.zero is not None:
-                self.zero.skipped()
-        res = StepResult(self.step_count, result.lr, not applied, grad_norm if applied else float("inf"),
-                         scale if result.scale is not None else 1.0)
-        return res, dict(zip(sums, means))
+        flat, out = host.tolist(), []  # the one host read
+        for result, sums in steps:
+            (applied, grad_norm, scale, *means), flat = flat[:3 + len(sums)], flat[3 + len(sums):]
+            self.unread -= 1
+            if applied:
+                self.step_count += 1
+            else:
+                self.skipped_steps += 1
+                if self.zero is not None:
+                    self.zero.skipped()
+            out.append((StepResult(self.step_count, result.lr, not applied,
+                                   grad_norm if applied else float("inf"),
+                                   scale if result.scale is not None else 1.0), dict(zip(sums, means))))
+        return out
 
     def _params(self) -> Iterator[torch.nn.Parameter]:
         for g in self.optimizer.param_groups:

@@ -303,6 +303,9 @@ class Engine:
         """The step's result (already on the host here) and the metric sums as floats."""
         return result, {k: float(v) for k, v in sums.items()}
 
+    def finish_steps(self, steps: list) -> list[tuple[StepResult, dict[str, float]]]:
+        return [self.finish_step(result, sums) for result, sums in steps]
+
     def train_micro_batch(self, batch, defer: bool = False) -> StepResult | None:
         """Back-propagate one micro-batch; on the k-th, reduce and apply (returns the result,
         read to the host: ``defer`` changes nothing here). The micro-batch's loss and the

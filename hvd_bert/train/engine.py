@@ -94,6 +94,9 @@ class Engine(Protocol):
         """A step's outcome (what ``train_micro_batch(..., defer=True)`` returned) and this rank's
         metric sums (framework scalars) on the host, read in one transfer; the step counted."""
 
+    def finish_steps(self, steps: list) -> list[tuple[StepResult, dict[str, float]]]:
+        """``finish_step`` of several ``(result, sums)`` in order, in one transfer."""
+
     def average(self, value: float, name: str = "metric") -> float:
         """The mean of a scalar over ranks (a collective)."""
 

@@ -216,11 +216,15 @@ def train_steps(engine: Engine, batches: Iterator[Any], book: StepBook, total_st
                 hooks=PLAIN) -> None:
     """The loop itself: micro-batches until ``total_steps`` optimizer steps or a stop.
     ``hooks`` (an elastic run's) see each micro-batch and each step before and after its
-    bookkeeping (which may run collectives)."""
+    bookkeeping (which may run collectives). Each step's outcome stays on the device until the
+    loop reads it (``engine.finish_steps``: one transfer): after every step, or with
+    ``train.host_reads=log`` only where the bookkeeping needs it (:meth:`StepBook.must_read`);
+    between reads only the stop request is checked, every step."""
     window = MetricWindow(engine.k)
     dog = book.watchdog
+    unread: list = []  # (outcome, metric sums) of the steps not read yet
     with dog.running():  # (a rank that stalls in any phase ends the job with one line: train.watchdog)
-        while engine.step_count < total_steps:
+        while engine.step_count + len(unread) < total_steps:
             dog.enter("data")
             batch = next(batches)
             dog.enter("step")
@@ -229,11 +233,23 @@ def train_steps(engine: Engine, batches: Iterator[Any], book: StepBook, total_st
             hooks.after_micro_batch()
             if result is None:
                 continue
-            result, local = engine.finish_step(result, window.take())  # the step's one host read
+            unread.append((result, window.take()))
             dog.enter("bookkeeping")
-            hooks.before_bookkeeping(result, local)
-            stop = book.after_step(result, local)
-            hooks.after_bookkeeping()
+            stopping = None  # (a stop request seen between reads: read now)
+            if not book.must_read(engine.step_count + len(unread), len(unread), hooks is PLAIN):
+                stopping = engine.should_stop()  # SIGTERM on any rank (a collective)
+                if not stopping:
+                    continue
+            steps, unread = engine.finish_steps(unread), []  # the window's one host read
+            stop = False
+            for i, (result, local) in enumerate(steps):
+                hooks.before_bookkeeping(result, local)
+                # (the steps before the last were checked for a stop request as they ran)
+                checked = False if i < len(steps) - 1 else stopping
+                stop = book.after_step(result, local, stop_requested=checked)
+                hooks.after_bookkeeping()
+                if stop:
+                    break
             if stop:
                 break
 
@@ -280,9 +296,22 @@ class StepBook:
         self.logged_step = engine.step_count  # a resumed run logged this step already
         self.phases = MemoryPhases(lambda: engine.memory()["peak"] if hasattr(engine, "memory") else 0.0)
 
-    def after_step(self, result, local: dict) -> bool:
+    def must_read(self, step: int, unread: int, plain: bool) -> bool:
+        """Whether the loop reads its unread steps' outcomes now, at ``step`` as the host counts it
+        (the unread ones counted as applied): always with ``train.host_reads=step``, an elastic
+        run's hooks (``plain`` False) or an ``on_step`` hook; else where a log, a checkpoint or the
+        end is due, and before ``max_skipped_steps`` unread steps could all have been skipped."""
+        config = self.engine.config  # (None for an engine built by hand: read every step)
+        if config is None or config.host_reads == "step" or not plain or self.on_step is not None:
+            return True
+        return (step >= self.total or step % self.log_every == 0 or unread >= self.max_skipped
+                or bool(self.output_dir is not None and self.checkpoint_every
+                        and step % self.checkpoint_every == 0))
+
+    def after_step(self, result, local: dict, stop_requested: bool | None = None) -> bool:
         """Account for one optimizer step (``local``: this rank's metric means over its
-        micro-batches). Returns True when the run must stop (every rank returns the same)."""
+        micro-batches). Returns True when the run must stop (every rank returns the same).
+        ``stop_requested``: the stop request as the loop already checked it (None: check it)."""
         self.phases.mark("steps")
         e = self.engine
         self.steps_since_log += 1
@@ -313,7 +342,7 @@ class StepBook:
             self.save()
         if self.on_step is not None and not result.skipped and self.on_step(result, local):
             self.stopped = True  # (a skipped step applied nothing: no evaluation of it again)
-        elif e.should_stop():  # SIGTERM on any rank (e.g. SLURM's time limit)
+        elif e.should_stop() if stop_requested is None else stop_requested:  # SIGTERM on any rank
             self.stopped = self.by_signal = True
         return self.stopped
 

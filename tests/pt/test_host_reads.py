@@ -83,25 +83,56 @@ def test_a_step_reads_nothing_to_the_host_until_its_one_transfer(optimizer, stag
     assert set(host[0]) == {"loss", "abs_error"} and all(isinstance(v, float) for v in host[0].values())
 
 
-def test_the_loop_reads_each_step_once_through_finish_step(monkeypatch):
-    """``fit``'s loop hands each step's deferred outcome and its metric sums to ``finish_step``
-    (the engine's one transfer), once per optimizer step."""
+def fitted(host_reads: str, monkeypatch, total: int = 10, log_every: int = 5, bad_step: int | None = None):
+    """A small model trained by ``fit`` (fp16 loss scaling, NVLAMB, k=3), its reads counted:
+    the number of ``finish_steps`` calls and of steps each read, and the result."""
     from hvd_bert.train.loop import fit
 
     monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "0")
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
-    cfg = apply_overrides(TrainConfig(), ["optim.name=lamb", "optim.lr=0.01", "batch.local_batch_size=4",
-                                          "batch.backward_passes_per_step=3", "schedule.name=constant"])
+    cfg = apply_overrides(TrainConfig(), ["optim.name=nvlamb", "optim.lr=0.01", "batch.local_batch_size=4",
+                                          "batch.backward_passes_per_step=3", "schedule.name=constant",
+                                          "precision.mode=fp16", f"host_reads={host_reads}"])
     engine = Engine.from_config(model, cfg, loss_fn=loss_fn)
-    finished = []
-    original = engine.finish_step
+    reads = []
+    original = engine.finish_steps
 
-    def finish(result, sums):
-        finished.append(type(result).__name__)
-        return original(result, sums)
-    engine.finish_step = finish
+    def finish(steps):
+        reads.append([type(r).__name__ for r, _ in steps])
+        return original(steps)
+    engine.finish_steps = finish
     x, y = torch.randn(4, 8), torch.randn(4, 1)
-    res = fit(engine, lambda start: iter(lambda: (x, y), None), total_steps=4, output_dir=False,
-              progress=False, log_every=100)
-    assert res.steps == 4 and finished == ["DeviceStep"] * 4
+    n = iter(range(10 ** 6))
+
+    def batch():  # micro-batch number 3 * bad_step + 1 holds an inf: that step is skipped
+        i = next(n)
+        return (x * float("inf") if bad_step is not None and i == 3 * bad_step + 1 else x, y)
+    with counting() as seen:
+        res = fit(engine, lambda start: iter(batch, None), total_steps=total, output_dir=False,
+                  progress=False, log_every=log_every)
+    return res, reads, seen, [p.detach().clone() for p in model.parameters()]
+
+
+def test_the_loop_reads_every_step_or_only_where_it_logs(monkeypatch):
+    """``train.host_reads=step``: one read (``finish_steps``, one transfer) per optimizer step;
+    ``log``: one per log interval, of that interval's steps, with the same training (fp32
+    arithmetic of the same steps: equal weights). ``tolist`` is the only read of a training
+    tensor (the stop request and the logged means are host values already)."""
+    every, reads_every, seen_every, weights_every = fitted("step", monkeypatch)
+    windowed, reads_windowed, seen_windowed, weights_windowed = fitted("log", monkeypatch)
+    assert reads_every == [["DeviceStep"]] * 10 and seen_every.count("tolist") == 10
+    assert reads_windowed == [["DeviceStep"] * 5] * 2 and seen_windowed.count("tolist") == 2
+    assert every.steps == windowed.steps == 10
+    assert all(torch.equal(a, b) for a, b in zip(weights_every, weights_windowed))
+    assert [h["loss"] for h in every.history] == [h["loss"] for h in windowed.history]
+
+
+def test_a_step_skipped_inside_a_window_is_counted_when_it_is_read(monkeypatch):
+    """An overflow at the 3rd step, read at the log of the 5th: the run still ends after 10
+    applied steps, one skipped, and logs at steps 5 and 10 (the window after the skip reads
+    again at the 5th applied step)."""
+    res, reads, _, _ = fitted("log", monkeypatch, bad_step=2)
+    assert res.steps == 10 and res.skipped_steps == 1
+    assert [h["step"] for h in res.history] == [5, 10]
+    assert sum(len(r) for r in reads) == 11
