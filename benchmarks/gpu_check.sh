@@ -24,7 +24,11 @@
 #   6. packed attention at sequence 512, BERT-Large's heads: the same sequences padded, packed
 #      through the dense bias and packed through varlen attention (packed_attention=varlen:
 #      SDPA's flash or memory-efficient kernels on nested jagged tensors), time and peak device
-#      memory (benchmarks/packed_attention.py; under a minute).
+#      memory (benchmarks/packed_attention.py; under a minute);
+#   7. the step with no host synchronisation: BERT-Base steps through the engine (Horovod, 1
+#      rank, NVLAMB) in bf16 and fp16 at ZeRO 0 and 1 under torch.cuda.set_sync_debug_mode
+#      ("error"), then read after every step against read once at the end
+#      (benchmarks/step_sync.py; about a minute; it needs Horovod).
 # Results: $OUT (default benchmarks/results/gpu/; a temporary folder with --smoke): one JSON per
 # measurement and summary.txt.
 #
@@ -36,7 +40,7 @@
 #       # project's set-up, no network): benchmarks/gpu_horovod.sh builds a PyTorch-only
 #       # Horovod from the sdist while the BERT steps run, for the NCF run through hvd-bert
 #   --only LIST runs those parts only, comma-separated: bert (1), profile (2), job (3), ncf (4),
-#   ckpt (5; about 2 minutes), attn (6; under a minute);
+#   ckpt (5; about 2 minutes), attn (6; under a minute), sync (7; about a minute);
 #   all four take about 12-15 minutes on an H200, so a 15-minute lease runs them in two calls,
 #   e.g. `--only profile,job` then `--only bert,ncf` (each under 8 minutes).
 #   --ncf-only and --job-only are --only ncf and --only job.
@@ -45,7 +49,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-.venv/bin/python}
 [[ -x $PY ]] || command -v "$PY" >/dev/null || PY=python3
-SMOKE=0 SDIST= SDIST_GIVEN=0 PARTS=bert,profile,job,ncf,ckpt,attn
+SMOKE=0 SDIST= SDIST_GIVEN=0 PARTS=bert,profile,job,ncf,ckpt,attn,sync
 while (($#)); do
     case $1 in
         --smoke) SMOKE=1 ;;
@@ -60,11 +64,11 @@ while (($#)); do
     shift
 done
 for part in ${PARTS//,/ }; do
-    [[ $part =~ ^(bert|profile|job|ncf|ckpt|attn)$ ]] ||
-        { echo "gpu_check: --only takes bert, profile, job, ncf, ckpt and attn, comma-separated, not '$part'" >&2
+    [[ $part =~ ^(bert|profile|job|ncf|ckpt|attn|sync)$ ]] ||
+        { echo "gpu_check: --only takes bert, profile, job, ncf, ckpt, attn and sync, comma-separated, not '$part'" >&2
           exit 2; }
 done
-[[ -n ${PARTS//,/} ]] || { echo "gpu_check: --only needs a part: bert, profile, job, ncf, ckpt or attn" >&2; exit 2; }
+[[ -n ${PARTS//,/} ]] || { echo "gpu_check: --only needs a part: bert, profile, job, ncf, ckpt, attn or sync" >&2; exit 2; }
 want() { [[ ,$PARTS, == *",$1,"* ]]; }
 if ((SDIST_GIVEN)) && [[ ! -f $SDIST ]]; then
     echo "gpu_check: --horovod-sdist '$SDIST' is not a file: pass the Horovod 0.28.1 sdist" \
@@ -251,6 +255,25 @@ PYEOF
 )"
     else
         say "packed attention failed or timed out: see $OUT/packed-attention.log"
+    fi
+fi
+if want sync; then
+    say ""
+    say "The step with no host synchronisation (benchmarks/step_sync.py; CUDA's sync debug mode at error):"
+    if ! "$PY" -c "import horovod.torch" 2>/dev/null; then
+        say "  skipped: no Horovod here (give --horovod-sdist)"
+    elif timeout 240 "$PY" benchmarks/step_sync.py --device "$device" $( ((SMOKE)) && echo --smoke) \
+        --json "$OUT/step-sync.json" >"$OUT/step-sync.log" 2>&1; then
+        say "$("$PY" - "$OUT/step-sync.json" <<'PYEOF'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(f"  {r['precision']} ZeRO {r['zero_stage']}: {r['host_reads_in_3_steps']} host reads in 3 steps; "
+          f"{r['step_s_read_at_the_end'] * 1e3:.1f} ms/step read at the end, read every step "
+          f"{r['every_step_vs_end']:.3f}x")
+PYEOF
+)"
+    else
+        say "  a host read inside the step, or a failure: see $OUT/step-sync.log"
     fi
 fi
 want ncf || { say ""; say "results: $OUT"; exit 0; }

@@ -74,7 +74,7 @@ def test_setup_names_the_failed_step_and_the_fix(tmp_path):
     (["--bogus"], "unknown argument --bogus"),
     (["--horovod-sdist"], "--horovod-sdist '' is not a file"),
     (["--smoke", "--horovod-sdist", "/no/such/horovod.tar.gz"], "'/no/such/horovod.tar.gz' is not a file"),
-    (["--smoke", "--only", "bert,gpu"], "--only takes bert, profile, job, ncf, ckpt and attn, comma-"),
+    (["--smoke", "--only", "bert,gpu"], "--only takes bert, profile, job, ncf, ckpt, attn and sync, comma-"),
     (["--smoke", "--only"], "--only needs a part"),
 ])
 def test_gpu_check_refuses_bad_arguments_before_writing(tmp_path, args, says):
