@@ -22,13 +22,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from synthetic import emit, pretraining_batch  # noqa: E402
 
-READS = ("item", "__float__", "__bool__", "__int__", "__index__", "tolist", "numpy", "cpu")
-
-
 @contextlib.contextmanager
 def no_host_reads(device: str, seen: list):
     """CUDA's sync debug mode at "error"; on a CPU the reads counted into ``seen``."""
     import torch
+
+    from hvd_bert.pt.step import host_reads
 
     if device.startswith("cuda"):
         torch.cuda.set_sync_debug_mode("error")
@@ -37,20 +36,9 @@ def no_host_reads(device: str, seen: list):
         finally:
             torch.cuda.set_sync_debug_mode("default")
         return
-    originals = {name: torch.Tensor.__dict__.get(name) for name in READS}
-    for name in READS:
-        def read(self, *a, _name=name, _original=getattr(torch.Tensor, name), **k):
-            seen.append(_name)
-            return _original(self, *a, **k)
-        setattr(torch.Tensor, name, read)
-    try:
+    with host_reads() as reads:
         yield
-    finally:
-        for name, original in originals.items():
-            if original is None:
-                delattr(torch.Tensor, name)
-            else:
-                setattr(torch.Tensor, name, original)
+    seen += reads
 
 
 def run(a, precision: str, stage: int) -> dict:

@@ -11,6 +11,7 @@ with ``HVD_BERT_FUSED_OPTIM=0``, the optimizer's rule runs over the whole tensor
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +20,10 @@ from hvd_bert.pt.kernels import optim as fused_optim
 from hvd_bert.pt.optim import Lamb, Lars
 from hvd_bert.pt.optim_parts import advance_steps, local_norms, piece_rule, whole_parts
 
-__all__ = ["DeviceStep", "plain_step", "global_grad_norm"]
+__all__ = ["DeviceStep", "plain_step", "global_grad_norm", "host_reads", "READS"]
+
+# every way a tensor's value reaches the host from Python
+READS = ("item", "__float__", "__bool__", "__int__", "__index__", "tolist", "numpy", "cpu")
 
 
 @dataclass
@@ -86,3 +90,28 @@ def _step_unclipped(optimizer: torch.optim.Optimizer, clips: bool) -> None:
     finally:
         for group, limit in zip(optimizer.param_groups, limits):
             group["max_grad_norm"] = limit
+
+
+@contextlib.contextmanager
+def host_reads():
+    """Every host read of a tensor's value from Python while the block runs (:data:`READS`),
+    listed by name in the list it yields: a check of a step on a CPU, where CUDA's
+    ``torch.cuda.set_sync_debug_mode`` has nothing to see."""
+    seen: list[str] = []
+    originals = {name: torch.Tensor.__dict__.get(name) for name in READS}
+    def counted(name: str, original):
+        def read(self, *a, **k):
+            seen.append(name)
+            return original(self, *a, **k)
+        return read
+
+    for name in READS:
+        setattr(torch.Tensor, name, counted(name, getattr(torch.Tensor, name)))
+    try:
+        yield seen
+    finally:
+        for name, original in originals.items():
+            if original is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, original)

@@ -8,37 +8,12 @@ inf in its gradients is skipped on the device: nothing changes. The fused C kern
 (which read their coefficients from host memory, where the tensors are) are off here: this is
 the path a GPU runs (Horovod size 1, in this process)."""
 
-import contextlib
-
 import pytest
 import torch
 
 from hvd_bert.config import TrainConfig, apply_overrides
 from hvd_bert.pt.engine import Engine
-
-READS = ("item", "__float__", "__bool__", "__int__", "__index__", "tolist", "numpy", "cpu")
-
-
-@contextlib.contextmanager
-def counting():
-    """Counts every host read of a tensor while the block runs: ``seen`` lists them by name."""
-    seen: list[str] = []
-    originals = {name: torch.Tensor.__dict__.get(name) for name in READS}
-    for name in READS:
-        original = getattr(torch.Tensor, name)
-
-        def read(self, *a, _name=name, _original=original, **k):
-            seen.append(_name)
-            return _original(self, *a, **k)
-        setattr(torch.Tensor, name, read)
-    try:
-        yield seen
-    finally:
-        for name, original in originals.items():
-            if original is None:
-                delattr(torch.Tensor, name)
-            else:
-                setattr(torch.Tensor, name, original)
+from hvd_bert.pt.step import host_reads
 
 
 def loss_fn(model, batch):
@@ -62,14 +37,14 @@ def test_a_step_reads_nothing_to_the_host_until_its_one_transfer(optimizer, stag
     results, host = [], []
     for step in range(5):
         before = [p.detach().clone() for p in model.parameters()]
-        with counting() as seen:
+        with host_reads() as seen:
             for micro in range(2):
                 bad = step == 2 and micro == 1  # an inf in one micro-batch's input: the step skips
                 engine.last_metrics = {}
                 res = engine.train_micro_batch((x * float("inf") if bad else x, y), defer=True)
                 sums = {k: v / 2 for k, v in engine.last_metrics.items()}
         assert seen == [], f"host reads inside step {step}: {seen}"
-        with counting() as seen:
+        with host_reads() as seen:
             result, metrics = engine.finish_step(res, sums)
         assert seen == ["tolist"], seen  # the step's one transfer
         results.append(result)
@@ -108,7 +83,7 @@ def fitted(host_reads: str, monkeypatch, total: int = 10, log_every: int = 5, ba
     def batch():  # micro-batch number 3 * bad_step + 1 holds an inf: that step is skipped
         i = next(n)
         return (x * float("inf") if bad_step is not None and i == 3 * bad_step + 1 else x, y)
-    with counting() as seen:
+    with host_reads() as seen:
         res = fit(engine, lambda start: iter(batch, None), total_steps=total, output_dir=False,
                   progress=False, log_every=log_every)
     return res, reads, seen, [p.detach().clone() for p in model.parameters()]
