@@ -58,7 +58,7 @@ def test_a_step_reads_nothing_to_the_host_until_its_one_transfer(optimizer, stag
     assert set(host[0]) == {"loss", "abs_error"} and all(isinstance(v, float) for v in host[0].values())
 
 
-def fitted(host_reads: str, monkeypatch, total: int = 10, log_every: int = 5, bad_step: int | None = None):
+def fitted(reads: str, monkeypatch, total: int = 10, log_every: int = 5, bad_step: int | None = None):
     """A small model trained by ``fit`` (fp16 loss scaling, NVLAMB, k=3), its reads counted:
     the number of ``finish_steps`` calls and of steps each read, and the result."""
     from hvd_bert.train.loop import fit
@@ -68,7 +68,7 @@ def fitted(host_reads: str, monkeypatch, total: int = 10, log_every: int = 5, ba
     model = torch.nn.Linear(8, 1)
     cfg = apply_overrides(TrainConfig(), ["optim.name=nvlamb", "optim.lr=0.01", "batch.local_batch_size=4",
                                           "batch.backward_passes_per_step=3", "schedule.name=constant",
-                                          "precision.mode=fp16", f"host_reads={host_reads}"])
+                                          "precision.mode=fp16", f"host_reads={reads}"])
     engine = Engine.from_config(model, cfg, loss_fn=loss_fn)
     reads = []
     original = engine.finish_steps
