@@ -167,6 +167,9 @@ class ScheduleConfig:
         require(self.total_steps > 0, f"train.schedule.total_steps must be > 0, got {self.total_steps}")
         require(0 <= self.warmup < 1, f"train.schedule.warmup is a proportion in [0, 1), got {self.warmup}")
         require(self.warmup_steps >= 0, f"train.schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
+        require(self.power > 0, f"train.schedule.power must be > 0 (a decay: the LR never rises past its "
+                                f"peak), got {self.power}")
+        require(self.end_lr >= 0, f"train.schedule.end_lr must be >= 0, got {self.end_lr}")
         if self.name == "warmup_poly_decay":
             require(self.warmup_steps < self.total_steps,
                      f"train.schedule.warmup_steps ({self.warmup_steps}) must be < total_steps "

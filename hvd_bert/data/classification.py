@@ -14,7 +14,7 @@ from hvd_bert.data.sidecar import file_sha256, write_sidecar
 from hvd_bert.data.glue import TASKS, read_task
 from hvd_bert.data.masking import special_ids
 from hvd_bert.data.kinds import KIND_CLASSIFY
-from hvd_bert.data.output import prepare_output
+from hvd_bert.data.output import staged
 from hvd_bert.data.text_input import read_text
 from hvd_bert.data.vocab import load_tokenizer
 from hvd_bert.files import atomic_write
@@ -141,31 +141,31 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
         unknown = sorted(set(ys) - set(label_list))
         if unknown:
             raise DatasetError(f"{table}: labels {unknown} are not in the label list {label_list}")
-    prepare_output(out, overwrite)
-    vocab_path = out / "vocab.txt"
-    if vocab_path.is_symlink() or Path(vocab_file).resolve() != vocab_path.resolve():
-        words = Path(vocab_file).read_bytes()  # (a copy, never written through a link planted there)
+    words = Path(vocab_file).read_bytes()  # (read before anything is written: it may live in out)
+    with staged(out, overwrite) as tmp:  # (committed into out at the end; a failure leaves out as it was)
+        vocab_path = tmp / "vocab.txt"
         atomic_write(vocab_path, lambda t: t.write_bytes(words))
-    tok = load_tokenizer(vocab_path, do_lower_case)
-    feats = []
-    for n, (tokens, mask, segs) in enumerate(encode_pairs(tok, texts_a, texts_b, max_seq_length)):
-        y = ys[n]
-        feats.append({"input_ids": (tokens, "int"), "input_mask": (mask, "int"), "segment_ids": (segs, "int"),
-                      **({"label_values": ([values[n]], "float")} if regression else
-                         {"label_ids": ([label_list.index(y)], "int")})})
-    shards = []
-    num_shards = max(1, min(num_shards, len(feats)))  # (small data: no empty shard)
-    for s in range(num_shards):
-        name = shard_name(s, num_shards)
-        shards.append({"file": name, "records": write_examples(out / name, iter(feats[s::num_shards]))})
-    meta = {"kind": KIND_CLASSIFY, "format": 1, "vocab_file": "vocab.txt",
-            "vocab_sha256": file_sha256(vocab_path), "vocab_size": tok.get_vocab_size(),
-            "do_lower_case": do_lower_case, "max_seq_length": max_seq_length, "labels": label_list,
-            "text_a": text_a, "text_b": text_b, "label": label, "num_shards": num_shards,
-            "shards": shards, "total_records": len(feats), "source": Path(table).name, "task": task,
-            "regression": regression}
-    write_sidecar(out, meta)
-    return meta
+        tok = load_tokenizer(vocab_path, do_lower_case)
+        feats = []
+        for n, (tokens, mask, segs) in enumerate(encode_pairs(tok, texts_a, texts_b, max_seq_length)):
+            y = ys[n]
+            feats.append({"input_ids": (tokens, "int"), "input_mask": (mask, "int"),
+                          "segment_ids": (segs, "int"),
+                          **({"label_values": ([values[n]], "float")} if regression else
+                             {"label_ids": ([label_list.index(y)], "int")})})
+        shards = []
+        num_shards = max(1, min(num_shards, len(feats)))  # (small data: no empty shard)
+        for s in range(num_shards):
+            name = shard_name(s, num_shards)
+            shards.append({"file": name, "records": write_examples(tmp / name, iter(feats[s::num_shards]))})
+        meta = {"kind": KIND_CLASSIFY, "format": 1, "vocab_file": "vocab.txt",
+                "vocab_sha256": file_sha256(vocab_path), "vocab_size": tok.get_vocab_size(),
+                "do_lower_case": do_lower_case, "max_seq_length": max_seq_length, "labels": label_list,
+                "text_a": text_a, "text_b": text_b, "label": label, "num_shards": num_shards,
+                "shards": shards, "total_records": len(feats), "source": Path(table).name, "task": task,
+                "regression": regression}
+        write_sidecar(tmp, meta)
+        return meta
 
 
 def read_texts(path: str | Path, text_a: str = "", text_b: str = "", id_field: str = "", label: str = ""):

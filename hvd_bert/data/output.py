@@ -4,13 +4,16 @@ that a reader never sees new shards under an old sidecar."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
 from pathlib import Path
-
 
 from hvd_bert.data.records import DatasetError
 from hvd_bert.data.sidecar import SIDECAR
 
-__all__ = ["agree", "refuse_existing", "prepare_output", "bcast", "commit_shards"]
+__all__ = ["agree", "refuse_existing", "prepare_output", "bcast", "commit_shards", "staged", "stage_folder",
+           "commit_folder"]
 
 
 def agree(comm, err: str | None) -> None:
@@ -48,3 +51,37 @@ def commit_shards(tmp: Path, out: Path, names: list[str]) -> None:
         old.unlink()
     for name in [*names, "vocab.txt"]:
         (tmp / name).replace(out / name)
+
+
+def stage_folder(out: Path, overwrite: bool) -> Path:
+    """A new folder beside ``out`` (the same file system) to write a prepared data set into."""
+    refuse_existing(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.preparing-", dir=out.parent))
+
+
+def commit_folder(tmp: Path, out: Path) -> None:
+    """Move a staged data set into ``out``: the old sidecar goes first, then the old shards, then
+    every new file, the new sidecar last (a reader never sees shards under another sidecar)."""
+    out.mkdir(exist_ok=True)
+    (out / SIDECAR).unlink(missing_ok=True)
+    for old in out.glob("part-*-of-*.tfrecord"):
+        old.unlink()
+    for f in sorted(tmp.iterdir()):
+        if f.name != SIDECAR:
+            f.replace(out / f.name)
+    if (tmp / SIDECAR).exists():
+        (tmp / SIDECAR).replace(out / SIDECAR)
+
+
+@contextlib.contextmanager
+def staged(out: Path, overwrite: bool):
+    """The folder a single-process preparation writes into (``stage_folder``), committed into
+    ``out`` when the block ends (``commit_folder``) and removed whatever happens: a preparation
+    that fails (a full disk, bad input found late, a signal) leaves ``out`` as it was."""
+    tmp = stage_folder(out, overwrite)
+    try:
+        yield tmp
+        commit_folder(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

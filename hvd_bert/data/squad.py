@@ -24,6 +24,7 @@ for 1 or N processes.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -272,7 +273,7 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
     rank r converts shards r, r+P, ...; rank 0 writes the sidecar and the prediction files.
     Returns the sidecar on rank 0."""
 
-    from hvd_bert.data.output import agree, prepare_output
+    from hvd_bert.data.output import agree, stage_folder
 
     out, src = Path(output_dir), Path(input_file)
     examples, skipped, err = [], 0, None
@@ -287,21 +288,38 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
     except (DatasetError, KeyError, TypeError) as e:
         err = str(e) if isinstance(e, DatasetError) else f"{src} is not in SQuAD's format ({e!r} missing)"
     agree(comm, err)
+    tmp = None  # (the folder beside out the ranks write into, committed into out at the end)
     if rank == 0:
         try:
-            prepare_output(out, overwrite)
-            target = out / "vocab.txt"
-            if target.is_symlink() or Path(vocab_file).resolve() != target.resolve():
-                from hvd_bert.files import atomic_write
+            words = Path(vocab_file).read_bytes()  # (read first: it may live in out)
+            tmp = stage_folder(out, overwrite)
+            from hvd_bert.files import atomic_write
 
-                words = Path(vocab_file).read_bytes()  # (a copy, never written through a link planted there)
-                atomic_write(target, lambda t: t.write_bytes(words))
+            atomic_write(tmp / "vocab.txt", lambda t: t.write_bytes(words))
         except OSError as e:
             err = f"cannot write to {out}: {e.strerror}"
+        except DatasetError as e:
+            err = str(e)
     if comm is not None:
-        err = comm.bcast(err, root=0)
-    agree(None, err)
-    tok, tokenize_words = _wordpiece(out / "vocab.txt", do_lower_case)
+        err, tmp = comm.bcast((err, tmp), root=0)
+    try:
+        agree(None, err)
+        return _write_squad(tmp, out, rank, world_size, comm, examples, skipped, num_shards, data, src,
+                            vocab_settings=(do_lower_case, version_2, is_training, max_seq_length, doc_stride,
+                                            max_query_length), log=log)
+    finally:
+        if rank == 0 and tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_squad(tmp: Path, out: Path, rank: int, world_size: int, comm, examples, skipped: int,
+                 num_shards: int, data: dict, src: Path, vocab_settings: tuple, log) -> dict | None:
+    """The features of every shard written into ``tmp`` (each rank its own), then on rank 0 the
+    prediction files and the sidecar, and ``tmp`` committed into ``out``."""
+    from hvd_bert.data.output import agree, commit_folder
+
+    do_lower_case, version_2, is_training, max_seq_length, doc_stride, max_query_length = vocab_settings
+    tok, tokenize_words = _wordpiece(tmp / "vocab.txt", do_lower_case)
     vocab = tok.get_vocab()
     mine = {s: convert_examples([examples[e] for e in range(s, len(examples), num_shards)], tokenize_words,
                                 vocab, max_seq_length, doc_stride, max_query_length, is_training,
@@ -324,7 +342,7 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
             for f in feats:
                 f["unique_id"] = first[f["example_index"]] + f["doc_span_index"]
             name = shard_name(s, num_shards)
-            n = write_examples(out / name, (_record(f, is_training) for f in feats))
+            n = write_examples(tmp / name, (_record(f, is_training) for f in feats))
             shards.append({"file": name, "records": n})
             log(f"{rank_tag(rank)}{name}: {n} features")
     except OSError as e:
@@ -341,17 +359,18 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
     from hvd_bert.files import atomic_write
 
     side.sort(key=lambda f: f["unique_id"])
-    atomic_write(out / "features.jsonl", lambda t: t.write_text(
+    atomic_write(tmp / "features.jsonl", lambda t: t.write_text(
         "".join(json.dumps(f, sort_keys=True) + "\n" for f in side)))
-    atomic_write(out / "examples.jsonl", lambda t: t.write_text("".join(json.dumps(
+    atomic_write(tmp / "examples.jsonl", lambda t: t.write_text("".join(json.dumps(
         {"qas_id": e.qas_id, "doc_tokens": e.doc_tokens, "answers": e.answers}) + "\n" for e in examples)))
     shards.sort(key=lambda s: s["file"])
     meta = {"kind": KIND_SQUAD, "format": 1, "vocab_file": "vocab.txt",
-            "vocab_sha256": file_sha256(out / "vocab.txt"), "vocab_size": tok.get_vocab_size(),
+            "vocab_sha256": file_sha256(tmp / "vocab.txt"), "vocab_size": tok.get_vocab_size(),
             "do_lower_case": do_lower_case, "version_2_with_negative": version_2, "is_training": is_training,
             "max_seq_length": max_seq_length, "doc_stride": doc_stride,
             "max_query_length": max_query_length, "num_shards": num_shards, "shards": shards,
             "examples": len(examples), "skipped_examples": skipped, "total_records": sum(counts),
             "source": src.name, "source_version": data.get("version")}
-    write_sidecar(out, meta)
+    write_sidecar(tmp, meta)
+    commit_folder(tmp, out)
     return meta

@@ -21,7 +21,7 @@ from typing import Sequence
 from hvd_bert.data.finetune import label_fault, tag_fault
 from hvd_bert.data.kinds import KIND_TOKENS
 from hvd_bert.data.masking import special_ids
-from hvd_bert.data.output import prepare_output
+from hvd_bert.data.output import staged
 from hvd_bert.data.records import DatasetError, shard_name, write_examples
 from hvd_bert.data.sidecar import file_sha256, write_sidecar
 from hvd_bert.data.text_input import read_text
@@ -122,33 +122,32 @@ def prepare_token_classification(conll: str | Path, output_dir: str | Path, voca
             raise DatasetError(f"{conll}: tags {unknown} are not in the label list {labels}; give the "
                                f"training set's --labels with them, or prepare the training set with them")
     label_list = labels if labels is not None else seen
-    prepare_output(out, overwrite)
-    vocab_path = out / "vocab.txt"
-    if vocab_path.is_symlink() or Path(vocab_file).resolve() != vocab_path.resolve():
-        words = Path(vocab_file).read_bytes()  # (a copy, never written through a link planted there)
+    words = Path(vocab_file).read_bytes()  # (read before anything is written: it may live in out)
+    with staged(out, overwrite) as tmp:  # (committed into out at the end; a failure leaves out as it was)
+        vocab_path = tmp / "vocab.txt"
         atomic_write(vocab_path, lambda t: t.write_bytes(words))
-    tok = load_tokenizer(vocab_path, do_lower_case)
-    cls, sep = (special_ids(tok)[k] for k in ("[CLS]", "[SEP]"))
-    index = {t: i for i, t in enumerate(label_list)}
-    feats, windows = [], 0
-    for words, tags in sentences:
-        at = 0
-        for ids, firsts in word_windows(tok, words, max_seq_length):
-            f = encode_window(ids, firsts, [index[t] for t in tags[at:at + len(firsts)]], max_seq_length,
-                              cls, sep)
-            feats.append({k: (v, "int") for k, v in f.items()})
-            at += len(firsts)
-            windows += 1
-    shards = []
-    num_shards = max(1, min(num_shards, len(feats)))
-    for s in range(num_shards):
-        name = shard_name(s, num_shards)
-        shards.append({"file": name, "records": write_examples(out / name, iter(feats[s::num_shards]))})
-    meta = {"kind": KIND_TOKENS, "format": 1, "vocab_file": "vocab.txt",
-            "vocab_sha256": file_sha256(vocab_path), "vocab_size": tok.get_vocab_size(),
-            "do_lower_case": do_lower_case, "max_seq_length": max_seq_length, "labels": label_list,
-            "num_shards": num_shards, "shards": shards, "total_records": len(feats),
-            "sentences": len(sentences), "words": sum(len(w) for w, _ in sentences),
-            "source": Path(conll).name}
-    write_sidecar(out, meta)
-    return meta
+        tok = load_tokenizer(vocab_path, do_lower_case)
+        cls, sep = (special_ids(tok)[k] for k in ("[CLS]", "[SEP]"))
+        index = {t: i for i, t in enumerate(label_list)}
+        feats, windows = [], 0
+        for words, tags in sentences:
+            at = 0
+            for ids, firsts in word_windows(tok, words, max_seq_length):
+                f = encode_window(ids, firsts, [index[t] for t in tags[at:at + len(firsts)]], max_seq_length,
+                                  cls, sep)
+                feats.append({k: (v, "int") for k, v in f.items()})
+                at += len(firsts)
+                windows += 1
+        shards = []
+        num_shards = max(1, min(num_shards, len(feats)))
+        for s in range(num_shards):
+            name = shard_name(s, num_shards)
+            shards.append({"file": name, "records": write_examples(tmp / name, iter(feats[s::num_shards]))})
+        meta = {"kind": KIND_TOKENS, "format": 1, "vocab_file": "vocab.txt",
+                "vocab_sha256": file_sha256(vocab_path), "vocab_size": tok.get_vocab_size(),
+                "do_lower_case": do_lower_case, "max_seq_length": max_seq_length, "labels": label_list,
+                "num_shards": num_shards, "shards": shards, "total_records": len(feats),
+                "sentences": len(sentences), "words": sum(len(w) for w, _ in sentences),
+                "source": Path(conll).name}
+        write_sidecar(tmp, meta)
+        return meta

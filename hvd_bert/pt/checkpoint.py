@@ -14,7 +14,7 @@ from hvd_bert.train.checkpoint import checkpoint_path, prune
 from hvd_bert.train.engine import CheckpointError, host_rng_state, set_host_rng_state
 
 __all__ = ["CKPT_SUFFIX", "load_checkpoint_file", "state_digest", "write_checkpoint", "to_cpu", "rng_state",
-           "set_rng_state"]
+           "set_rng_state", "nonfinite"]
 
 CKPT_SUFFIX = "pt"
 
@@ -149,3 +149,13 @@ def set_rng_state(state: dict) -> None:
     set_host_rng_state(state)
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+def nonfinite(named: dict, loss_scale: float = 1.0) -> list[str]:
+    """The names of the floating-point tensors of ``named`` holding NaN or infinite values, and
+    the loss scale when it is not a positive number."""
+    import math
+
+    bad = [n for n, t in named.items() if torch.is_tensor(t) and t.is_floating_point()
+           and not bool(torch.isfinite(t).all())]
+    return bad + ([] if math.isfinite(loss_scale) and loss_scale > 0 else [f"the loss scale {loss_scale}"])

@@ -40,14 +40,14 @@ from hvd_bert.core.batch import is_sync_step
 from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, checkpoint_meta,
                                    engine_settings, peak_host_bytes, resume_on_rank0,
-                                   rng_for_rank)
+                                   refuse_nonfinite, restore_rng)
 from hvd_bert.train.elastic import launched_elastic
 from hvd_bert.train.loop import fit
 from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.pt import init_horovod
-from hvd_bert.pt.checkpoint import (CKPT_SUFFIX, load_checkpoint_file, rng_state, set_rng_state, state_digest,
-                                    to_cpu, write_checkpoint)
+from hvd_bert.pt.checkpoint import (CKPT_SUFFIX, load_checkpoint_file, nonfinite, rng_state, set_rng_state,
+                                    state_digest, to_cpu, write_checkpoint)
 from hvd_bert.pt.optim import build_optimizer, init_state
 from hvd_bert.pt.step import DeviceStep, plain_step
 from hvd_bert.pt import sharded
@@ -55,7 +55,6 @@ from hvd_bert.pt import tensor_parallel as TP
 from hvd_bert.pt.zero import ShardedOptimizer, loss_scale, state_bytes, update_loss_scale
 
 __all__ = ["Engine", "StepResult", "fit", "FitResult", "load_checkpoint_file"]
-
 
 
 def autocast(mode: str, device_type: str = "cpu"):
@@ -361,8 +360,7 @@ class Engine:
         return out
 
     def _params(self) -> Iterator[torch.nn.Parameter]:
-        for g in self.optimizer.param_groups:
-            yield from g["params"]
+        return (p for g in self.optimizer.param_groups for p in g["params"])
 
     # ------------------------------------------------------------------ cross-rank helpers
     def average(self, value: float, name: str = "metric") -> float:
@@ -445,10 +443,17 @@ class Engine:
             sharded.load_into(self, self.resumed_path)  # every rank reads its own share
         else:
             self._scatter_consolidated(loaded)
-        rng = rng_for_rank(meta, self.rank, self.world_size)
-        if rng is not None:
-            set_rng_state(rng)
+        restore_rng(self, meta, set_rng_state)
+        refuse_nonfinite(self, self._nonfinite())
         return meta["data"]
+
+    def _nonfinite(self) -> list[str]:
+        """This rank's weights, optimizer state and loss scale that are not finite (a resume's check)."""
+        state = self.zero.state if self.zero is not None else {
+            f"{n}/{k}": v for n, p in zip(self.param_names(), self._params())
+            for k, v in self.optimizer.state.get(p, {}).items()}
+        return nonfinite({**self.model.state_dict(), **{f"optimizer {k}": v for k, v in state.items()}},
+                         float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0)
 
     def _scatter_consolidated(self, loaded: dict) -> None:
         """What rank 0 read of a consolidated checkpoint, to every rank (a collective)."""

@@ -46,6 +46,7 @@ from hvd_bert.pt.optim_parts import SUPPORTED, Norms, Part, piece_rule
 __all__ = ["ShardedOptimizer", "state_bytes", "update_loss_scale", "loss_scale", "SUPPORTED"]
 
 IN_FLIGHT = 4  # buckets queued to Horovod at once (it fuses what is queued in one cycle)
+MAX_BUCKETS = 1 << 16  # buckets of a step at most (train.zero.bucket_mb: a smaller one is refused)
 
 
 class ShardedOptimizer:
@@ -78,6 +79,14 @@ class ShardedOptimizer:
         for p in self.params:
             self.starts.append(self.starts[-1] + p.numel())
         self.weights = list(norm_weights) if norm_weights is not None else [1.0] * len(self.params)
+        buckets = self.starts[-1] / max(1.0, bucket_mb * (1 << 20) / 4)
+        if stage and buckets > MAX_BUCKETS:  # (each a collective of every step)
+            from hvd_bert.config import ConfigError
+
+            least = self.starts[-1] * 4 / MAX_BUCKETS / (1 << 20)
+            raise ConfigError(f"train.zero.bucket_mb={bucket_mb:g} cuts this model's {self.starts[-1]:,} "
+                              f"parameters into {buckets:,.0f} buckets, each a collective of every step; "
+                              f"give at least {least:.2g} (the default is 32)")
         self.step_count = 0
         self.grad_shard: torch.Tensor | None = None
         self.repartition()

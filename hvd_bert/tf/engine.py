@@ -32,7 +32,8 @@ from hvd_bert.core.batch import is_sync_step
 from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args,
                                    checkpoint_meta, engine_settings, host_rng_state, peak_host_bytes,
-                                   resume_on_rank0, rng_for_rank, set_host_rng_state)
+                                   resume_on_rank0, refuse_nonfinite, restore_rng,
+                                   set_host_rng_state)
 from hvd_bert.train.loop import fit
 from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
@@ -411,10 +412,19 @@ class Engine:
             self.broadcast()
             if self.zero is not None:
                 self.zero.load_sharded(restored.pop("optimizer", None))
-        rng = rng_for_rank(meta, self.rank, self.world_size)
-        if rng is not None:
-            self._set_rng_state(rng)
+        restore_rng(self, meta, self._set_rng_state)
+        refuse_nonfinite(self, self._nonfinite())
         return meta["data"]
+
+    def _nonfinite(self) -> list[str]:
+        """The names of this rank's weights and optimizer state holding NaN or infinite values,
+        and the loss scale's when it is not a positive number (a resumed state's check)."""
+        state = [*self.model.variables, *self.optimizer.variables()]
+        if self.zero is not None:
+            state += list(self.zero.state.values())
+        bad = [v.name for v in state if v.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(v)))]
+        scale = float(self.loss_scale.numpy())
+        return bad + ([] if np.isfinite(scale) and scale > 0 else [f"the loss scale {scale}"])
 
     def _trackables(self) -> dict:
         return dict(model=self.model, optimizer=self.optimizer, loss_scale=self.loss_scale,

@@ -33,8 +33,8 @@ from hvd_bert.train.checkpoint import is_checkpoint_name, latest_checkpoint, rem
 
 __all__ = ["StepResult", "FitResult", "Engine", "checkpoint_meta", "check_resume", "ResumeError",
            "CheckpointError", "resume_on_rank0", "META_FORMAT", "host_rng_state", "set_host_rng_state",
-           "rng_for_rank", "check_engine_args", "engine_settings", "memory_line", "peak_host_bytes",
-           "MemoryPhases"]
+           "rng_for_rank", "restore_rng", "refuse_nonfinite", "check_engine_args", "engine_settings",
+           "memory_line", "peak_host_bytes", "MemoryPhases"]
 
 META_FORMAT = 1  # the version of the metadata schema below
 
@@ -239,11 +239,21 @@ def meta_fault(meta: dict, path: str | Path) -> str | None:
             return f"has {key}={meta.get(key)!r}, not a count"
     if "data" not in meta:
         return "has no data position"
+    # every optimizer step, applied or skipped, read at most a global batch's micro-batches (k
+    # of any layout the run had is at most its global batch): a resume reads up to here
+    k_most = max(meta.get("global_batch_size") or 1, meta["backward_passes_per_step"] * meta["world_size"])
+    most = (meta["step"] + meta["skipped_steps"] + 1) * k_most
+    if meta["micro_step"] > most:
+        return (f"has micro_step={meta['micro_step']}, more micro-batches than its "
+                f"{meta['step'] + meta['skipped_steps']} steps can have read")
     data = meta["data"]  # (the loop's {micro_step}, an elastic run's {micro_step, samples})
     if data is not None and not (isinstance(data, dict) and all(
             isinstance(data[k], int) and not isinstance(data[k], bool) and 0 <= data[k] < 2**62
             for k in ("micro_step", "samples") if k in data)):
         return f"has the data position {data!r}, not counts of micro-batches and samples"
+    if data is not None and data.get("micro_step", 0) > most:
+        return (f"has the data position micro_step={data['micro_step']}, more micro-batches than its "
+                f"{meta['step'] + meta['skipped_steps']} steps can have read")
     rng = meta.get("rng")  # (every checkpoint holds each rank's random state: a resume repeats them)
     if not (isinstance(rng, list) and len(rng) == meta["world_size"]):
         held = len(rng) if isinstance(rng, list) else "no list of"
@@ -357,6 +367,35 @@ def rng_for_rank(meta: dict, rank: int, world_size: int) -> Any:
     if meta.get("world_size") != world_size or not meta.get("rng"):
         return None
     return meta["rng"][rank]
+
+
+def refuse_nonfinite(engine, bad: list[str]) -> None:
+    """A resumed state whose weights, optimizer state or loss scale hold NaN or infinite values
+    (``bad``: their names on this rank) is a damaged checkpoint, said on every rank before a
+    step could blame the run for diverging (a collective)."""
+    if engine.any_rank(bool(bad), "hvd_bert.resume.finite"):
+        where = f"{', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}" if bad else "another rank's share"
+        raise CheckpointError(f"checkpoint {engine.resumed_path} holds NaN or infinite values ({where}); "
+                              f"delete it to resume from the one before, or start afresh in another "
+                              f"train.output_dir")
+
+
+def restore_rng(engine, meta: dict, set_state: Callable[[Any], None]) -> None:
+    """This rank's saved RNG state restored by ``set_state`` (the framework's), when the world
+    size is the checkpoint's; a state that does not restore is a damaged checkpoint, said on
+    every rank (a collective: ``engine.any_rank``)."""
+    rng = rng_for_rank(meta, engine.rank, engine.world_size)
+    fault = None
+    if rng is not None:
+        try:
+            set_state(rng)
+        except Exception as e:  # noqa: BLE001  (any damage: a wrong length, type or value)
+            fault = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    if engine.any_rank(fault is not None, "hvd_bert.resume.rng"):
+        raise CheckpointError(
+            f"checkpoint {engine.resumed_path} holds a random state that does not restore"
+            f"{' on rank ' + str(engine.rank) + ' (' + fault + ')' if fault else ' on another rank'}; "
+            f"delete it to resume from the one before, or start afresh in another train.output_dir")
 
 
 # ---------------------------------------------------------------------- memory

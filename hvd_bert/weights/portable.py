@@ -89,13 +89,21 @@ def backbone_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:
 def check_backbone(arrays: Mapping[str, np.ndarray], config: BertConfig, source: str,
                    config_file: str) -> None:
     """A published checkpoint's encoder against its own config: every parameter there, each of
-    the config's shape (a config that disagrees with the weights would build another model)."""
+    the config's shape (a config that disagrees with the weights would build another model), and
+    the pooler and pretraining heads of the config's shapes where the file has them."""
     layers = sorted({int(k.split(".")[1]) for k in arrays if k.startswith("layers.")})
     expected = backbone_shapes(config)
     missing = [k for k in expected if k not in arrays]
-    padded = {"embeddings.word_embeddings.weight": (config.padded_vocab_size, config.hidden_size)}
-    wrong = [f"{k}: {shape_of(arrays, k)}, config {s}" for k, s in expected.items()  # (a lazy mapping's
-             if k in arrays and shape_of(arrays, k) not in (s, padded.get(k))]   # shapes: nothing read)
+    h = config.hidden_size
+    padded = {"embeddings.word_embeddings.weight": (config.padded_vocab_size, h),
+              "mlm_bias": (config.padded_vocab_size,)}
+    # the pooler and the pretraining heads, where the file has them
+    heads = {"pooler.weight": (h, h), "pooler.bias": (h,), "mlm_transform.weight": (h, h),
+             "mlm_transform.bias": (h,), "mlm_LayerNorm.weight": (h,), "mlm_LayerNorm.bias": (h,),
+             "mlm_bias": (config.vocab_size,), "nsp.weight": (2, h), "nsp.bias": (2,)}
+    # (a lazy mapping's shapes: nothing read)
+    wrong = [f"{k}: {shape_of(arrays, k)}, config {s}" for k, s in {**expected, **heads}.items()
+             if k in arrays and shape_of(arrays, k) not in (s, padded.get(k))]
     if missing or wrong:
         have = f"layers 0..{layers[-1]}" if layers else "no layers"
         detail = (f"missing {missing[:3]}{' ...' if len(missing) > 3 else ''}" if missing else
@@ -171,7 +179,7 @@ def fit_weights(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[i
             continue
         a = check_values(name, arrays[name], source)  # (any checkpoint: a diverged run's is refused here)
         if tuple(a.shape) != tuple(shape):
-            grows = a.ndim == 2 and a.shape[1] == shape[1] and a.shape[0] <= shape[0]
+            grows = a.ndim == 2 == len(shape) and a.shape[1] == shape[1] and a.shape[0] <= shape[0]
             if name == POSITION_EMBEDDINGS and grows:
                 grown = np.zeros(shape, a.dtype)
                 grown[: a.shape[0]] = a

@@ -329,6 +329,8 @@ def test_overwrite_never_replaces_what_the_run_folder_resolves_to(finished_run, 
     (lambda m: m.pop("data"), "has no data position"),
     (lambda m: m.__setitem__("data", {"micro_step": -4}), "not counts of micro-batches"),
     (lambda m: m.__setitem__("rng", [[1], [2]]), "holds 2 random states for its 1 ranks"),
+    (lambda m: (m.__setitem__("micro_step", 2**61), m["data"].__setitem__("micro_step", 2**61)),
+     "micro_step=2305843009213693952, more micro-batches than its 2 steps can have read"),
 ])
 def test_a_checkpoints_metadata_is_checked_before_the_resume_counts_from_it(change, words, sharded_run,
                                                                              bert_data):
@@ -559,3 +561,96 @@ def test_convert_refuses_a_checkpoint_whose_name_says_another_step(sharded_run, 
     one_line(hvd("convert", sharded_run, "--output", tmp_path / "w.npz", timeout=120),
              "says step 2, its folder's name step 9")
     assert not (tmp_path / "w.npz").exists()
+
+
+def test_a_random_state_that_does_not_restore_is_a_damaged_checkpoint(sharded_run, bert_data):
+    """Each rank's saved random state goes back into its framework's generator: a state of the
+    wrong length is one line naming the checkpoint, not a traceback."""
+    edit(the_shards(sharded_run) / "index.json",
+         lambda i: i["meta"]["rng"][0].__setitem__("torch", [1, 2, 3]))
+    before = digests(sharded_run)
+    res = pretrain(bert_data, sharded_run, "--set", "train.checkpoint_format=sharded", steps=4, timeout=120)
+    one_line(res, str(the_shards(sharded_run)), "holds a random state that does not restore")
+    assert digests(sharded_run) == before
+
+
+def rewrite_piece(ckpt, name, change):
+    """Change one tensor of a sharded checkpoint's data and its CRCs alike (as an attacker with
+    write access would): the index, the manifest and the file agree."""
+    import crc32c
+    from safetensors.numpy import load_file, save_file
+
+    shard = ckpt / "rank-00000.safetensors"
+    tensors = load_file(shard)
+    index = json.loads((ckpt / "index.json").read_text())
+    key = next(k for k, e in index["files"][shard.name]["pieces"].items() if e["name"] == name)
+    tensors[key] = change(tensors[key].copy())
+    save_file(tensors, shard)
+    crc = f"{crc32c.crc32c(tensors[key].reshape(-1).view('uint8')):08x}"
+    edit(ckpt / "index.json", lambda i: i["files"][shard.name].update(
+        bytes=shard.stat().st_size, pieces={**i["files"][shard.name]["pieces"],
+                                            key: {**i["files"][shard.name]["pieces"][key], "crc32c": crc}}))
+    edit(ckpt / "rank-00000.json", lambda m: m["pieces"][key].update(crc32c=crc))
+
+
+def test_a_resume_refuses_weights_that_are_not_finite(sharded_run, bert_data):
+    """A checkpoint whose weights hold NaN (its CRCs made to agree) is named as damaged at the
+    resume, not blamed on the run diverging 50 steps later."""
+    import numpy as np
+
+    def poison(a):
+        a.reshape(-1)[0] = np.nan
+        return a
+    rewrite_piece(the_shards(sharded_run), "model/layers.0.query.weight", poison)
+    before = digests(sharded_run)
+    res = pretrain(bert_data, sharded_run, "--set", "train.checkpoint_format=sharded", steps=4, timeout=120)
+    one_line(res, "holds NaN or infinite values (layers.0.query.weight)", "delete it")
+    assert digests(sharded_run) == before
+
+
+def test_a_head_of_another_shape_is_refused_by_convert_and_init_checkpoint(sharded_run, bert_data, tmp_path):
+    """Every tensor the run's bert_config.json describes is checked, the pretraining heads too: a
+    masked-LM bias of another shape is not exported (it would not load in transformers), and an
+    .npz holding one is one line as init_checkpoint."""
+    import numpy as np
+
+    from hvd_bert.weights.portable import read_weights, save_weights
+
+    ckpt = the_shards(sharded_run)
+    assert hvd("convert", ckpt, "--output", tmp_path / "base.npz", timeout=120).returncode == 0
+    arrays, config = read_weights(tmp_path / "base.npz")
+    arrays["mlm_bias"] = arrays["mlm_bias"].reshape(-1, 2)
+    save_weights(tmp_path / "bad.npz", arrays, config)
+    one_line(pretrain(bert_data, tmp_path / "r", "--set", f"init_checkpoint={tmp_path / 'bad.npz'}",
+                      timeout=120), "mlm_bias")
+    rows = len(arrays["mlm_bias"])
+    rewrite_piece(ckpt, "model/mlm_bias", lambda a: a.reshape(-1, 2))
+    edit_with_manifest(ckpt, lambda p: next(e for e in p.values() if e["name"] == "model/mlm_bias").update(
+        shape=[rows, 2]))
+    for args in (("--output", tmp_path / "w.npz"), ("--to", "hf", "--output", tmp_path / "hf")):
+        one_line(hvd("convert", ckpt, *args, timeout=120), "does not match its run's bert_config.json",
+                 "mlm_bias")
+    assert not (tmp_path / "w.npz").exists() and not (tmp_path / "hf").exists()
+    base = read_weights(tmp_path / "base.npz")[0]["mlm_bias"]
+    assert np.array_equal(base.reshape(-1, 2), arrays["mlm_bias"])  # (the inputs were left as they were)
+
+
+def test_a_zero_bucket_too_small_for_the_model_is_refused(bert_data, tmp_path):
+    """train.zero.bucket_mb cuts the model into buckets, each a collective of every step: a size
+    that makes a step of millions is one line with the least that works, not a stall."""
+    one_line(pretrain(bert_data, tmp_path / "r", "--set", "train.zero.stage=2", "--set",
+                      "train.zero.bucket_mb=1e-300", timeout=120),
+             "train.zero.bucket_mb=1e-300", "give at least")
+
+
+def test_a_preparation_that_fails_leaves_its_output_as_it_was(mount_point, tmp_path):
+    """A full disk halfway through prepare-classification writes nothing into --output (the
+    vocabulary included): the data set is staged beside it and moved in whole."""
+    disk = mount_point("-t", "tmpfs", "-o", "size=1m", "tmpfs")
+    table = tmp_path / "t.tsv"
+    table.write_text("sentence\tlabel\n" + "".join(f"sentence number {i} with a few words\tpos\n"
+                                                    for i in range(20000)))
+    res = hvd("prepare-classification", table, "--output", disk / "cls", "--vocab", VOCAB, "--text-a",
+              "sentence", "--label", "label", timeout=120)
+    one_line(res, "no space left")
+    assert list(disk.iterdir()) == []
