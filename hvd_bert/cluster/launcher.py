@@ -193,6 +193,11 @@ def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err,
     the launch exits with it; the ranks the launcher then ended are not "lost"."""
     if state.killed:  # (ranks that had said their checkpoint was complete: stopped with it, status 3)
         return _fail(err, state.killed, EXIT_STOPPED if state.saved else EXIT_INTERRUPTED)
+    said = own_status or {}  # (a status a script gave itself, as 137, is not a signal)
+    if said and not state.signalled:  # (a user's script's status is its own, whatever the toolkit's 2-5 mean)
+        rank = min(said, key=lambda r: int(r) if r.isdigit() else 0)
+        return _fail(err, f"rank {rank} exited with status {said[rank]} (its own output above says why), so "
+                          f"the job stopped; the launch exits with the same status", said[rank])
     if EXIT_STALLED in codes or rc == EXIT_STALLED or _stall(errors_seen):
         return EXIT_STALLED
     if EXIT_INTERRUPTED in codes or rc == EXIT_INTERRUPTED:
@@ -204,7 +209,6 @@ def _status(rc: int, codes: list[int], lost: list, errors_seen: set, state, err,
             _fail(err, "stopped by a signal during start-up, before training began: nothing to save; run the "
                        "same command again to start (exit status 3)")
         return EXIT_STOPPED
-    said = own_status or {}  # (a status a script gave itself, as 137, is not a signal)
     own = [(r, c) for r, c in exits if 0 < c < 256 and (_signal_of(c) is None or said.get(r) == c)
            and c not in (EXIT_USER, EXIT_STOPPED)]
     if own and not state.signalled:

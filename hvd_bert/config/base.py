@@ -113,6 +113,8 @@ def _coerce(value: Any, tp, key: str) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+        if value is None:  # (``--set key=`` reads as null: an empty text is written key='')
+            raise ConfigError(f"{key}: expected text, got nothing; for an empty value write {key}=''")
     else:
         raise TypeError(f"{key}: unsupported annotation {tp!r} in a config class")
     raise ConfigError(f"{key}: expected {_type_name(tp)}, got {shown(value)} ({type(value).__name__})")

@@ -266,3 +266,19 @@ def test_a_recipes_job_names_are_the_job_configs():
     from hvd_bert.config.base import RECIPE_JOBS
 
     assert set(RECIPE_JOBS) == {c.JOB for c in JOB_CONFIGS.values() if hasattr(c, "JOB")}
+
+
+def test_an_empty_text_setting_says_how_to_write_one():
+    """``--set eval_data=`` reads as null (YAML): the line says to write ``eval_data=''``."""
+    from hvd_bert.config.jobs import PretrainConfig
+    with pytest.raises(ConfigError, match=r"eval_data: expected text, got nothing; for an empty value write "
+                                          r"eval_data=''"):
+        apply_overrides(PretrainConfig(), ["eval_data="])
+    assert apply_overrides(PretrainConfig(), ["eval_data=''"]).eval_data == ""
+
+
+@pytest.mark.parametrize("setting, words", [("schedule.power=-1", "power must be > 0"),
+                                            ("schedule.end_lr=-1", "end_lr must be >= 0")])
+def test_a_schedule_that_would_rise_past_its_peak_or_below_zero_is_refused(setting, words):
+    with pytest.raises(ConfigError, match=words):
+        apply_overrides(TrainConfig(), [setting])

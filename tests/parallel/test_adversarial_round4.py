@@ -346,7 +346,7 @@ def test_a_checkpoints_metadata_is_checked_before_the_resume_counts_from_it(chan
 @pytest.mark.parametrize("launcher", ["--gloo", "--mpi"])
 def test_a_scripts_status_is_its_own_whatever_it_prints(launcher, tmp_path):
     """exit 255 is a status, not a signal; a script that prints the toolkit's error prefix or a
-    stall line still exits with its own status."""
+    stall line still exits with its own status, named with its rank (a script's 5 is not a stall)."""
     script = tmp_path / "s.py"
     script.write_text("import sys\nerr = sys.stderr\n"
                       "print('hvd-bert: looks like a toolkit error', file=err, flush=True)\n"
@@ -354,7 +354,8 @@ def test_a_scripts_status_is_its_own_whatever_it_prints(launcher, tmp_path):
                       "sys.stdout.buffer.write(b'not UTF-8: \\xff\\xfe\\n')\nsys.stdout.flush()\n"
                       "print('after the bytes', flush=True)\n"
                       "sys.exit(int(sys.argv[1]))\n")
-    for status in (255, 137, 7):  # (137 is 128 + SIGKILL: a status of its own all the same)
+    # (137 is 128 + SIGKILL, 5 and 2 the toolkit's stall and error: statuses of its own all the same)
+    for status in (255, 137, 7, 5, 2):
         res = hvd("launch", "-np", "2", launcher, "--", "python", script, str(status), timeout=180)
         assert res.returncode == status, (status, res.stderr[-2000:])
         assert "killed by" not in res.stderr and f"exited with status {status}" in res.stderr, res.stderr
