@@ -178,6 +178,12 @@ class MlflowWriter:
             os.environ.setdefault(name, value)
         self.mlflow, self.out = mlflow, Path(out)
         given = os.environ.get("MLFLOW_TRACKING_URI")
+        if given is not None and _in_memory(given):
+            from hvd_bert.config import ConfigError
+            raise ConfigError(f"MLFLOW_TRACKING_URI={given} keeps the runs in this process's memory: every "
+                              f"metric would be lost when the job ends; give sqlite:///PATH (a file), a "
+                              f"server, or unset it for sqlite:///<run folder>/mlflow.db, or leave mlflow "
+                              f"out of train.report_to")
         self.uri = given or f"sqlite:///{self.out.resolve() / 'mlflow.db'}"
         self.where = f" at {self.uri}"  # (named in a line about a failure)
         try:
@@ -290,6 +296,16 @@ class WandbWriter:
 
     def close(self) -> None:
         self.run.finish()
+
+
+def _in_memory(uri: str) -> bool:
+    """An SQLite URI without a file (``sqlite://``, ``sqlite:///:memory:``): a store in memory."""
+    from urllib.parse import unquote
+
+    if not uri.startswith("sqlite:"):
+        return False
+    path = unquote(uri[len("sqlite:"):].split("?")[0]).lstrip("/")
+    return path in ("", ":memory:")
 
 
 def _check_sqlite(uri: str) -> None:

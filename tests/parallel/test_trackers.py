@@ -79,7 +79,8 @@ def test_a_tracking_server_that_never_answers_is_named_within_seconds(bert_data,
     assert took < 75, (took, line)  # (the start of the process, and 2 x 5 s)
 
 
-@pytest.mark.parametrize("uri", ["htp://127.0.0.1:5000", "127.0.0.1:5000", "http://[::1"])
+@pytest.mark.parametrize("uri", ["htp://127.0.0.1:5000", "127.0.0.1:5000", "http://[::1", "sqlite://",
+                                 "sqlite:///:memory:"])
 def test_a_malformed_tracking_uri_is_refused_in_one_line(uri, bert_data, finished_run):
     line, _ = refused(bert_data, finished_run, uri, "MLFLOW_TRACKING_URI")
     assert uri in line and "or leave mlflow out of train.report_to" in line, line
