@@ -1,7 +1,7 @@
 """Packed attention: the attention of one packed batch through the dense bias and through
 varlen attention (``packed_attention``), against the same sequences padded, side by side.
 
-    .venv/bin/python benchmarks/packed_attention.py --seq 512 --batch 16 --threads 2 --repeats 3
+    .venv/bin/python benchmarks/packed_attention.py --seq 512 --batch 16 --threads 2 --repeats 3 --rounds 3
 
 The batch: ``--batch`` sequences of ``--seq`` with Wikipedia's fill at 512 (half full, the others
 of a uniform length: about 78% real tokens), packed as the loader packs them
@@ -9,7 +9,8 @@ of a uniform length: about 78% real tokens), packed as the loader packs them
 own) with BERT-Base's heads (12 x 64): the forward and backward of
 ``hvd_bert.pt.models.bert``'s attention on random q, k, v that need gradients, timed after one
 warm-up, the best of ``--repeats``; its peak memory is the process's (``VmHWM``; CUDA's
-allocations on a GPU) over its baseline before the first call. Prints one JSON object.
+allocations on a GPU) over its baseline before the first call; ``--rounds`` alternate the
+variants, and each reports its median round. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--head-size", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
@@ -103,15 +105,20 @@ def main() -> None:
         torch.set_num_threads(a.threads)
         print(json.dumps(one(a.one, a.seq, a.batch, a.heads, a.head_size, a.repeats, a.device, a.precision)))
         return
+    rounds: dict[str, list[dict]] = {v: [] for v in a.variants}
+    for _ in range(a.rounds):  # (the variants alternate: a drift in the machine's speed hits each)
+        for variant in a.variants:
+            out = subprocess.run([sys.executable, __file__, "--one", variant, "--seq", str(a.seq), "--batch",
+                                  str(a.batch), "--heads", str(a.heads), "--head-size", str(a.head_size),
+                                  "--repeats", str(a.repeats), "--threads", str(a.threads), "--device",
+                                  a.device, "--precision", a.precision], capture_output=True, text=True,
+                                 check=True, env={**os.environ, "OMP_NUM_THREADS": str(a.threads)})
+            rounds[variant].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(json.dumps(rounds[variant][-1]), file=sys.stderr, flush=True)
     runs = []
-    for variant in a.variants:
-        out = subprocess.run([sys.executable, __file__, "--one", variant, "--seq", str(a.seq), "--batch",
-                              str(a.batch), "--heads", str(a.heads), "--head-size", str(a.head_size),
-                              "--repeats", str(a.repeats), "--threads", str(a.threads), "--device", a.device,
-                              "--precision", a.precision], capture_output=True, text=True, check=True,
-                             env={**os.environ, "OMP_NUM_THREADS": str(a.threads)})
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+    for got in rounds.values():  # the median round of each
+        got.sort(key=lambda r: r["seconds"])
+        runs.append({**got[len(got) // 2], "seconds_by_round": [r["seconds"] for r in got]})
     ref = runs[0]
     for r in runs:
         r["time_vs_first"] = r["seconds"] / ref["seconds"]

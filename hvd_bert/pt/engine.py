@@ -449,8 +449,9 @@ class Engine:
 
     def _nonfinite(self) -> list[str]:
         """This rank's weights, optimizer state and loss scale that are not finite (a resume's check)."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
         state = self.zero.state if self.zero is not None else {
-            f"{n}/{k}": v for n, p in zip(self.param_names(), self._params())
+            f"{names.get(id(p), '?')}/{k}": v for p in self._params()
             for k, v in self.optimizer.state.get(p, {}).items()}
         return nonfinite({**self.model.state_dict(), **{f"optimizer {k}": v for k, v in state.items()}},
                          float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0)

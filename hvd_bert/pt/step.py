@@ -67,7 +67,8 @@ def plain_step(optimizer: torch.optim.Optimizer, inv_scale, max_grad_norm: float
                         else torch.where(norm > limit, limit / norm, torch.ones_like(norm)))
     if fused_optim.usable(grads) and isinstance(optimizer, (Lamb, Lars)):
         if bool(gate):  # (a CPU: host memory, no device to wait for)
-            torch._foreach_mul_(grads, clip.to(grads[0].dtype) if torch.is_tensor(clip) else clip)
+            if torch.is_tensor(clip) or clip != 1.0:
+                torch._foreach_mul_(grads, clip.to(grads[0].dtype) if torch.is_tensor(clip) else clip)
             _step_unclipped(optimizer, own is not None)
         return gate, norm
     steps = [t] * len(optimizer.param_groups)
