@@ -112,12 +112,13 @@ class Engine:
         self.loss_fn, self.resume_resized = loss_fn, resume_resized
         self.plan = self.config = None  # (from_config sets both)
         self.target_global_batch = None  # set by an elastic run (train.elastic)
+        self.total_steps = self.resumed_meta = self.resumed_path = None  # (fit and resume set them)
         # a resume under a new layout keeps its checkpoint's global batch (train.engine.kept_global_batch);
         # a job whose horizon is counted in epochs of its configured batch turns it off
         self.keep_checkpoint_batch = True
         self.last_metrics: dict = {}
 
-        self.zero, self.tp = None, tp_groups
+        self.zero, self.tp, self.tp_size = None, tp_groups, tp_groups.size if tp_groups else 1
         self._zero_commit = None  # ZeRO under elastic: the last commit's shards (own and a neighbour's)
         # the data this rank reads: its data-parallel replica's (a tensor-parallel group reads one)
         self.data_rank, self.data_size = (tp_groups.dp_rank, tp_groups.dp_size) if tp_groups else \
@@ -369,8 +370,7 @@ class Engine:
 
     def any_rank(self, flag: bool, name: str) -> bool:
         """True on every rank when ``flag`` is true on any rank (a collective)."""
-        t = torch.tensor([1.0 if flag else 0.0])
-        return bool(hvd.allreduce(t, op=hvd.Max, name=name).item() > 0)  # Horovod:
+        return bool(hvd.allreduce(torch.tensor([float(bool(flag))]), op=hvd.Max, name=name).item() > 0)
 
     def install_stop_handler(self, signals=STOP_SIGNALS) -> None:
         """On SIGTERM (what SLURM sends before a time limit) or Ctrl-C, finish the current step, save a

@@ -98,11 +98,13 @@ class Engine:
         self.predivide = float(gradient_predivide_factor)
         self.rank, self.world_size = hvd.rank(), hvd.size()
         self.data_rank, self.data_size = self.rank, self.world_size  # (the data this rank reads)
+        self.tp_size = 1  # (no tensor parallelism in TensorFlow)
         self.stop_signal = STOP  # (the process's one request: a signal during start-up counts)
         self.last_metrics: dict = {}
         self.plan, self.config = None, None  # (from_config sets both)
         self.resume_resized = resume_resized
         self.target_global_batch = None  # set by an elastic run (train.elastic)
+        self.total_steps = self.resumed_meta = self.resumed_path = None  # (fit and resume set them)
         # a resume under a new layout keeps its checkpoint's global batch (train.engine.kept_global_batch);
         # a job whose horizon is counted in epochs of its configured batch turns it off
         self.keep_checkpoint_batch = True

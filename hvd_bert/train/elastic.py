@@ -196,7 +196,7 @@ class ElasticHook:
             book.logged_step = min(book.logged_step, engine.step_count - unposted)
             log.print(f"elastic: {layout.describe(engine.world_size, self.cfg.uneven)}; "
                       f"from step {engine.step_count}")
-            if getattr(engine, "zero", None) is not None:  # (the shards are this world's)
+            if engine.zero is not None:  # (the shards are this world's)
                 from hvd_bert.train.engine import memory_line
                 log.print(memory_line(engine.memory()))
             self.on_world()

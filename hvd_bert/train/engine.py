@@ -87,6 +87,14 @@ class Engine(Protocol):
     #                                  its plan may be the nearest one), kept in checkpoints
     config: Any                # its TrainConfig (``from_config``), or None for an engine built by hand
     keep_checkpoint_batch: bool  # a resume under a new layout keeps the checkpoint's global batch
+    data_rank: int             # this rank's data-parallel replica (the rank without tensor parallelism)
+    data_size: int             # the data-parallel replicas (world size / tensor-parallel degree)
+    tp_size: int               # the tensor-parallel degree (1: none)
+    schedule: Callable[[int], float]  # step -> LR
+    total_steps: int | None    # the run's horizon (``fit`` sets it; checkpoints record it)
+    zero: Any                  # the ZeRO shards' keeper (None at stage 0 without tensor parallelism)
+    resumed_meta: dict | None  # the metadata of the checkpoint resumed from (None: a fresh start)
+    resumed_path: Path | None  # and its path
 
     def train_micro_batch(self, batch: Any, defer: bool = False) -> Any: ...
 
@@ -108,6 +116,12 @@ class Engine(Protocol):
     def should_stop(self) -> bool: ...
 
     def save(self, folder: str | Path, data_state: Any = None, keep: int = 3) -> Path | None: ...
+
+    def wait_for_save(self) -> None:
+        """A background save on disk, or its error raised on every rank (a collective)."""
+
+    def memory(self) -> dict:
+        """What this rank holds, in bytes, and its peak so far (``memory_line``)."""
 
     def resume(self, folder: str | Path | None) -> Any: ...
 
@@ -151,22 +165,21 @@ def checkpoint_meta(engine: Engine, data_state: Any, rng_of_ranks: list) -> dict
     return {"format": META_FORMAT, "step": engine.step_count, "micro_step": engine.micro_step,
             "skipped_steps": engine.skipped_steps, "data": data_state, "world_size": engine.world_size,
             # the data-parallel replicas (world size / train.tensor_parallel): what reads the data
-            "data_parallel_size": getattr(engine, "data_size", engine.world_size),
+            "data_parallel_size": engine.data_size,
             "backward_passes_per_step": engine.k,
             "local_batch_size": plan.local_batch_size if plan else None,
             "global_batch_size": plan.global_batch_size if plan else None,
             # an elastic run's configured global batch (its plan may be the nearest one)
             "target_global_batch_size": engine.target_global_batch,
             # the run's horizon, so that a resume can say what changed (fit sets it)
-            "total_steps": getattr(engine, "total_steps", None),
+            "total_steps": engine.total_steps,
             # the optimizer whose state the file holds (another cannot take it over)
             "optimizer": _optimizer_name(engine),
             "rng": rng_of_ranks}
 
 
 def _optimizer_name(engine) -> str | None:
-    config = getattr(engine, "config", None)
-    return config.optim.name if config is not None else None
+    return engine.config.optim.name if engine.config is not None else None
 
 
 def check_resume(meta: dict, path: str | Path, *, world_size: int, plan: BatchPlan | None,
@@ -303,7 +316,7 @@ def resume_on_rank0(engine: Engine, folder: str | Path | None, suffix: str | tup
             try:
                 meta = read_meta(path)
                 kept = kept_global_batch(meta, engine)
-                check_resume(meta, path, world_size=getattr(engine, "data_size", engine.world_size),
+                check_resume(meta, path, world_size=engine.data_size,
                              plan=kept or engine.plan, allow_resized=allow_resized,
                              target=engine.target_global_batch, optimizer=_optimizer_name(engine))
                 load(path)

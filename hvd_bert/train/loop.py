@@ -56,23 +56,23 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
     rank and writes nothing. ``elastic``: a ``train.elastic.ElasticHook`` under Horovod elastic.
     """
     total_steps, output_dir, checkpoint_every, keep_checkpoints, log_every, max_skipped_steps = _settings(
-        getattr(engine, "config", None), total_steps, output_dir, checkpoint_every, keep_checkpoints,
+        engine.config, total_steps, output_dir, checkpoint_every, keep_checkpoints,
         log_every, max_skipped_steps)
     own_log, claim = log is None, None
     if own_log:  # a script's own run: its run folder gets what a job's does (metrics, TensorBoard, config)
         writer = write_config = None
         if output_dir is not None:
-            claim, write_config = _claim(engine, Path(output_dir), getattr(engine, "config", None))
+            claim, write_config = _claim(engine, Path(output_dir), engine.config)
             writer = ScalarWriter(Path(output_dir) / "tensorboard") if engine.rank == 0 else None
         log = RunLog(output_dir, engine.rank, total_steps=total_steps, initial_step=engine.step_count,
                      progress=progress, line_keys=("loss", "lr", f"{unit}_per_s", "grad_norm"), writer=writer)
         if write_config is not None:
             log.after_resume.append(write_config)
-    book = StepBook(engine, log, plan=plan or getattr(engine, "plan", None), total_steps=total_steps,
+    book = StepBook(engine, log, plan=plan or engine.plan, total_steps=total_steps,
                     log_every=log_every, unit=unit, output_dir=output_dir, checkpoint_every=checkpoint_every,
                     keep_checkpoints=keep_checkpoints, on_step=on_step, max_skipped_steps=max_skipped_steps,
                     data_state=elastic.data_state if elastic is not None else None,
-                    stall_timeout_s=getattr(getattr(engine, "config", None), "stall_timeout_s", 0.0))
+                    stall_timeout_s=engine.config.stall_timeout_s if engine.config is not None else 0.0)
     engine.install_stop_handler()
     end_start()  # (the job's start-up watch: from here on this loop's own watchdog)
     engine.total_steps = total_steps  # (recorded in checkpoints: a resume says when it changed)
@@ -87,10 +87,8 @@ def fit(engine: Engine, batches_from: Callable[[int], Iterator[Any]], *, total_s
                 # (given, or a resume's: the checkpoint's global batch, whatever the layout)
                 given = engine.step_count > 0 or (engine.config is not None
                                                   and engine.config.batch.global_batch_size is not None)
-                tp = getattr(getattr(engine, "tp", None), "size", 1)
-                log.print(batch_line(book.plan, tp, given))  # once
-            if hasattr(engine, "memory"):
-                log.print(memory_line(engine.memory()))
+                log.print(batch_line(book.plan, engine.tp_size, given))  # once
+            log.print(memory_line(engine.memory()))
             train_steps(engine, iter(batches_from(engine.micro_step)), book, total_steps)
             book.finish()
         if own_log and book.phases.line():  # (a job prints it last: jobs.run_folder.finish_line)
@@ -183,10 +181,9 @@ def resume_line(engine: Engine, output_dir, total_steps: int) -> str:
     when it changed since the checkpoint was written."""
     step = engine.step_count
     line = f"resumed from step {step} in {output_dir}: {max(0, total_steps - step)} steps to go"
-    schedule = getattr(engine, "schedule", None)
-    if schedule is not None and step < total_steps:
-        line += f", lr now {schedule(step + 1):.4g}"
-    meta = getattr(engine, "resumed_meta", None) or {}
+    if step < total_steps:
+        line += f", lr now {engine.schedule(step + 1):.4g}"
+    meta = engine.resumed_meta or {}
     old = meta.get("total_steps")
     if old is not None and old != total_steps:
         line += f"; the horizon changed from {old} to {total_steps} steps"
@@ -294,7 +291,7 @@ class StepBook:
         self.stopped = self.by_signal = False
         self.max_skipped, self.skipped_in_a_row = max_skipped_steps, 0
         self.logged_step = engine.step_count  # a resumed run logged this step already
-        self.phases = MemoryPhases(lambda: engine.memory()["peak"] if hasattr(engine, "memory") else 0.0)
+        self.phases = MemoryPhases(lambda: engine.memory()["peak"])
 
     def must_read(self, step: int, unread: int, plain: bool) -> bool:
         """Whether the loop reads its unread steps' outcomes now, at ``step`` as the host counts it
@@ -356,7 +353,5 @@ class StepBook:
         """The final checkpoint, unless this step's is already written."""
         if self.output_dir is not None and self.saved_step != self.engine.step_count:
             self.save()
-        wait = getattr(self.engine, "wait_for_save", None)
-        if wait is not None:  # (a background save: on disk before the run returns, or its error)
-            wait()
-            self.phases.mark("save")
+        self.engine.wait_for_save()  # (a background save: on disk before the run returns, or its error)
+        self.phases.mark("save")

@@ -133,3 +133,15 @@ def test_every_package_says_what_it_holds(package):
 def test_no_module_outside_the_models_is_long():
     long = {n: len(path_of(n).read_text().splitlines()) for n in MODULES if ".models" not in n}
     assert not {n: k for n, k in long.items() if k > LONGEST}, sorted(long.items(), key=lambda x: -x[1])[:3]
+
+
+def test_train_and_the_jobs_use_only_what_the_engine_protocol_declares():
+    """train/ and jobs/ reach an engine through ``train.engine.Engine``'s declared members: no
+    getattr or hasattr probing of an engine (a member one framework lacks is declared and set)."""
+    import re
+
+    probe = re.compile(r"\b(getattr|hasattr)\((self\.)?engine\b")
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for folder in ("train", "jobs")
+             for p in sorted((ROOT / folder).glob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1) if probe.search(line)]
+    assert not found, found

@@ -16,9 +16,12 @@ def small_model():
 
 
 def test_construction_takes_no_step_and_creates_state():
+    from hvd_bert.train.engine import Engine as Declared
+
     model = small_model()
     before = [p.detach().clone() for p in model.parameters()]
     engine = Engine(model, Lamb(model.parameters(), lr=0.1, weight_decay=0.1), schedule=Constant(0.1))
+    assert isinstance(engine, Declared)  # (every member train/ uses is there)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     states = list(engine.optimizer.state.values())
     assert len(states) == 4 and all(s["step"].item() == 0 for s in states)

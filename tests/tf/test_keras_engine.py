@@ -68,6 +68,8 @@ def test_engine_trains_with_and_without_xla(jit):
     model, x, y = model_and_data()
     engine = Engine(model, Lamb(0.05), mse, schedule=Constant(0.05), backward_passes_per_step=2,
                     jit_compile=jit)
+    from hvd_bert.train.engine import Engine as Declared
+    assert isinstance(engine, Declared)  # (every member train/ uses is there)
     losses = []
     for i in range(40):
         res = engine.train_micro_batch((x[i % 4 * 8:][:8], y[i % 4 * 8:][:8]))
