@@ -292,6 +292,9 @@ def os_error_line(e: OSError, output: str = "train.output_dir (--output)") -> st
         mb = getattr(e, "written", 0) / 2**20
         need = f"free at least {mb:.0f} MB" if mb >= 1 else "free space"
         kept = "; the checkpoints already there are intact" if output.startswith("train.") else ""
+        if not e.filename:  # (a writer that did not name its file: no mount to name either)
+            return (f"no space left on the device {output} writes to (the writer named no file); {need} "
+                    f"there or give another {output}{kept}")
         return (f"no space left on {_mount_of(where)} while writing {where}; {need} there or give another "
                 f"{output}{kept}")
     what = {errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system"}

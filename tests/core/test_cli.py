@@ -176,3 +176,16 @@ def test_output_cut_short_by_its_reader_is_not_an_error():
     p = subprocess.run(f"{sys.executable} -m hvd_bert config --job pretrain --explain | head -n 1",
                        shell=True, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "Traceback" not in p.stderr and p.stdout.count("\n") == 1, p.stderr
+
+
+def test_a_full_disk_names_its_mount_only_where_the_writer_named_its_file():
+    """A writer that named no file (a library's own error) is not placed on / by guesswork: the
+    line says which output setting's device is full."""
+    import errno
+
+    from hvd_bert.files import os_error_line
+
+    line = os_error_line(OSError(errno.ENOSPC, "No space left on device"), "--output")
+    assert line.startswith("no space left on the device --output writes to") and " on /" not in line
+    named = os_error_line(OSError(errno.ENOSPC, "No space left on device", "/proc/x"), "--output")
+    assert named.startswith("no space left on /proc while writing /proc/x"), named
