@@ -83,6 +83,8 @@ def _piece_fault(e) -> str | None:
     name, shape, split, flat = e.get("name"), e.get("shape"), e.get("split"), e.get("flat")
     if not isinstance(name, str) or not name:
         return "has no tensor name"
+    if not name.isprintable() or len(name) > 1024:  # (no control or format character: U+202E, NUL)
+        return f"has the tensor name {name[:80]!r}, not a name a checkpoint of this toolkit writes"
     bad = _shape_fault(shape)
     if bad:
         return f"({name}) has the shape {shape!r}, {bad}"
