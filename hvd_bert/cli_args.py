@@ -248,9 +248,10 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--version-2-with-negative", action="store_true",
                    help="SQuAD v2.0: questions may have no answer (is_impossible)")
     _add_case_args(p)
-    p.add_argument("--max-seq-length", type=int64, default=384)
-    p.add_argument("--doc-stride", type=int64, default=128)
-    p.add_argument("--max-query-length", type=int64, default=64)
+    p.add_argument("--max-seq-length", type=count(1 << 20), default=384)
+    p.add_argument("--doc-stride", type=count(1 << 20), default=128,
+                   help="tokens between two windows' starts")
+    p.add_argument("--max-query-length", type=count(1 << 20), default=64)
     p.add_argument("--num-shards", type=int64, default=8)
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=commands["prepare_squad"])

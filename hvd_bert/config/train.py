@@ -170,6 +170,9 @@ class ScheduleConfig:
         require(self.power > 0, f"train.schedule.power must be > 0 (a decay: the LR never rises past its "
                                 f"peak), got {self.power}")
         require(self.end_lr >= 0, f"train.schedule.end_lr must be >= 0, got {self.end_lr}")
+        b = list(self.boundaries)
+        require(all(x >= 1 for x in b) and all(x < y for x, y in zip(b, b[1:])),
+                f"train.schedule.boundaries must be steps from 1 up, strictly increasing, got {b}")
         if self.name == "warmup_poly_decay":
             require(self.warmup_steps < self.total_steps,
                      f"train.schedule.warmup_steps ({self.warmup_steps}) must be < total_steps "

@@ -299,14 +299,16 @@ def prepare_ncf(output_dir: str | Path, *, movielens: str | Path | None = None, 
         source = str(Path(movielens).name)
     tu, ti, test, n_users, n_items, user_ids, item_ids = leave_one_out(users, items, ts, ids=True)
     neg = sample_test_negatives(tu, ti, test, n_items, eval_negatives, seed)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "ncf.npz", lambda t: np.savez(open(t, "wb"), train_users=tu, train_items=ti,
-                                                     test_items=test, test_negatives=neg,
-                                                     user_ids=user_ids, item_ids=item_ids))
-    meta = {"kind": KIND, "format": 1, "source": source, "seed": seed, "n_users": n_users,
-            "n_items": n_items, "train_interactions": int(len(tu)), "test_negatives": eval_negatives,
-            "shards": [{"file": "ncf.npz", "records": int(len(tu))}]}
-    write_sidecar(out, meta)
+    from hvd_bert.data.output import staged
+
+    with staged(out, overwrite) as tmp:  # (committed into out at the end; a failure leaves out as it was)
+        atomic_write(tmp / "ncf.npz", lambda t: np.savez(open(t, "wb"), train_users=tu, train_items=ti,
+                                                         test_items=test, test_negatives=neg,
+                                                         user_ids=user_ids, item_ids=item_ids))
+        meta = {"kind": KIND, "format": 1, "source": source, "seed": seed, "n_users": n_users,
+                "n_items": n_items, "train_interactions": int(len(tu)), "test_negatives": eval_negatives,
+                "shards": [{"file": "ncf.npz", "records": int(len(tu))}]}
+        write_sidecar(tmp, meta)
     return meta
 
 

@@ -284,6 +284,14 @@ def prepare_squad(input_file: str | Path, output_dir: str | Path, vocab_file: st
             raise DatasetError(f"{src} holds no usable questions")
         if num_shards < 1:
             raise DatasetError(f"num_shards must be >= 1, got {num_shards}")
+        if doc_stride < 1 or max_query_length < 1:
+            raise DatasetError(f"--doc-stride and --max-query-length must be at least 1 (got {doc_stride} "
+                               f"and {max_query_length}): the windows must move on, and a question needs "
+                               f"a token")
+        if max_seq_length - max_query_length - 3 < 1:
+            raise DatasetError(f"--max-seq-length {max_seq_length} leaves no room for the context after a "
+                               f"question of --max-query-length {max_query_length} and 3 special tokens; "
+                               f"raise it or lower --max-query-length")
         num_shards = min(num_shards, len(examples))  # (small data: no empty shard)
     except (DatasetError, KeyError, TypeError) as e:
         err = str(e) if isinstance(e, DatasetError) else f"{src} is not in SQuAD's format ({e!r} missing)"

@@ -84,6 +84,8 @@ def read_json(path: str | Path, what: str):
         return json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DatasetError(f"{what} {p} does not exist: check the path") from None
+    except IsADirectoryError:
+        raise DatasetError(f"{what} {p} is a folder: give the file itself") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         hint = (": give SQuAD's .json file, or .jsonl lines of question and context (a table of texts is for "
                 "a classification model)" if what.startswith("SQuAD") else "")

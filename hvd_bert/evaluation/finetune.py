@@ -208,11 +208,23 @@ _SHOWN = (("eval_exact_match", "EM", 2), ("eval_exact", "EM", 2), ("eval_accurac
           ("eval_spearman", "Spearman", 4), ("eval_best_f1", "best F1", 2))
 
 
+# every score a fine-tuning evaluation gives, of any task (SQuAD v2.0 adds its HasAns_, NoAns_ and
+# best_ scores): a best_metric outside them is a misspelling, refused before training
+SCORES = ("eval_accuracy", "eval_loss", "eval_f1", "eval_mcc", "eval_pearson", "eval_spearman",
+          "eval_precision", "eval_recall", "eval_exact_match", "eval_exact")
+SQUAD_V2_PREFIXES = ("eval_HasAns_", "eval_NoAns_", "eval_best_")
+
+
 def best_metric_of(cfg: FinetuneConfig, task: str, glue_task: str | None) -> str:
     """The score that decides the best model: ``cfg.best_metric``, else the task's own (GLUE's
     first metric, SQuAD's and token classification's F1, regression's Pearson, classification's
-    accuracy)."""
+    accuracy). A name no evaluation gives is a ConfigError naming the ones there are (whether
+    this task gives it is known at its first evaluation)."""
     if cfg.best_metric:
+        if cfg.best_metric not in SCORES and not cfg.best_metric.startswith(SQUAD_V2_PREFIXES):
+            from hvd_bert.config import ConfigError
+            raise ConfigError(f"best_metric {cfg.best_metric!r} is no score of an evaluation; give one of "
+                              f"{', '.join(SCORES)} (SQuAD v2.0 also eval_HasAns_f1, eval_best_f1, ...)")
         return cfg.best_metric
     if glue_task:
         from hvd_bert.data.glue import TASKS

@@ -52,6 +52,19 @@ def user_errors() -> tuple[type, ...]:
             RunFolderBusy, ShardingError, LaunchError)
 
 
+def refuse_horovod_files_over_inputs(cfg) -> None:
+    """The files Horovod writes (``train.horovod.timeline``, ``autotune_log``) never over what the
+    job reads (``run_folder.job_reads``): refused (``files.OutputClash``, one line) before Horovod
+    starts, on every rank alike."""
+    from hvd_bert.files import refuse_clash
+    from hvd_bert.jobs.run_folder import job_reads
+
+    hcfg, reads = cfg.train.horovod, job_reads(cfg)
+    for key, path in (("timeline", hcfg.timeline), ("autotune_log", hcfg.autotune_log)):
+        if path:
+            refuse_clash(path, reads, what=f"train.horovod.{key}")
+
+
 def run_job(name: str, cfg, on_data_error=None) -> int:
     """Job ``name`` on ``cfg`` (the built-in data filled in where the job has one) with the
     backend of ``cfg.framework``; the exit status: 0, or ``EXIT_STOPPED`` when a signal stopped
@@ -70,6 +83,7 @@ def run_job(name: str, cfg, on_data_error=None) -> int:
     from hvd_bert.stop import STOP
     from hvd_bert.train.watchdog import end_start, watch_start
 
+    refuse_horovod_files_over_inputs(cfg)
     watch_start(STOP.command, getattr(getattr(cfg, "train", None), "stall_timeout_s", 0.0))
     try:  # (the start-up is watched: train.watchdog; the loop or an evaluation ends it)
         result = importlib.import_module(module).run(cfg, get_backend(cfg.framework))

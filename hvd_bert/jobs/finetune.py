@@ -55,6 +55,7 @@ def run(cfg: FinetuneConfig, backend) -> dict:
     ranks_agree(cfg, backend)  # the same settings and data everywhere, or one line on every rank
     out = Path(cfg.train.output_dir)
     meta, eval_meta = check_finetune_data(cfg)
+    metric = best_metric_of(cfg, task_of(meta), meta.get("task"))  # (a misspelt one: before anything runs)
     if not cfg.do_train and not cfg.eval_data:
         raise ConfigError("do_train=false only evaluates: give eval_data=DIR (and init_checkpoint, e.g. a "
                           "fine-tuned run folder)")
@@ -127,7 +128,6 @@ def run(cfg: FinetuneConfig, backend) -> dict:
 
     share = (lambda res: backend.broadcast_object(res, "hvd_bert.eval.result")) if task == SQUAD else None
     labels = meta.get("labels") or []
-    metric = best_metric_of(cfg, task, meta.get("task"))
 
     def save_best(step: int, res: dict) -> None:  # rank 0: the best evaluated weights so far
         if rank == 0 and cfg.keep_best and cfg.do_train:

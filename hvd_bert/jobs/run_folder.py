@@ -53,7 +53,7 @@ def with_run_folder(cfg, job: str):
     return replace(cfg, train=replace(cfg.train, output_dir=str(Path("runs") / name)))
 
 
-def _reads(cfg) -> dict:
+def job_reads(cfg) -> dict:
     """What a job reads, which its ``train.output_dir`` must not be nor lie inside: its data,
     held-out data and initial checkpoint (and that checkpoint's run folder)."""
     reads = {}
@@ -79,7 +79,7 @@ def open_run(cfg, backend, rank: int, *, total_steps: int, line_keys: tuple[str,
     # One job per run folder: rank 0 claims it (train.run_folder: the checks and the lock) before
     # anything is written; every rank learns the outcome.
     new = not out.exists()  # (a folder this job makes is removed again if its trackers refuse to start)
-    claim = claim_run_folder(out, to_dict(cfg), reads=_reads(cfg),
+    claim = claim_run_folder(out, to_dict(cfg), reads=job_reads(cfg),
                              defaults=to_dict(type(cfg)())) if rank == 0 else None
     problem = claim.problem if claim is not None else None
     writer = None

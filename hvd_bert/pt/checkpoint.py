@@ -14,7 +14,7 @@ from hvd_bert.train.checkpoint import checkpoint_path, prune
 from hvd_bert.train.engine import CheckpointError, host_rng_state, set_host_rng_state
 
 __all__ = ["CKPT_SUFFIX", "load_checkpoint_file", "state_digest", "write_checkpoint", "to_cpu", "rng_state",
-           "set_rng_state", "nonfinite"]
+           "set_rng_state", "nonfinite", "optimizer_state_fault", "check_optimizer_state"]
 
 CKPT_SUFFIX = "pt"
 
@@ -159,3 +159,47 @@ def nonfinite(named: dict, loss_scale: float = 1.0) -> list[str]:
     bad = [n for n, t in named.items() if torch.is_tensor(t) and t.is_floating_point()
            and not bool(torch.isfinite(t).all())]
     return bad + ([] if math.isfinite(loss_scale) and loss_scale > 0 else [f"the loss scale {loss_scale}"])
+
+
+def optimizer_state_fault(state_dict: dict, shapes: list | None, step: int) -> str | None:
+    """What is wrong with an optimizer ``state_dict`` read from a checkpoint, or None: every
+    parameter of its groups with state of its own (once any has), each buffer of the parameter's
+    shape (``shapes``, in the optimizer's order; None: not checked), and each step counter a
+    whole number from 0 to the checkpoint's ``step`` (a negative or larger count would drive the
+    bias corrections)."""
+    import math
+
+    if not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list):
+        return "it is not an optimizer's state (no parameter groups)"
+    index = [i for g in state_dict["param_groups"] for i in g.get("params", [])]
+    state = state_dict.get("state") or {}
+    if shapes is not None and len(index) != len(shapes):
+        return f"its groups hold {len(index)} parameters, the model's optimizer {len(shapes)}"
+    missing = [i for i in index if i not in state]
+    if state and missing:
+        return f"parameter {missing[0]} has no state ({len(missing)} of {len(index)})"
+    for n, i in enumerate(index):
+        for name, v in (state.get(i) or {}).items():
+            if not torch.is_tensor(v):
+                continue
+            if v.dim() == 0:
+                t = float(v)
+                if name == "step" and not (math.isfinite(t) and t == int(t) and 0 <= t <= step):
+                    return f"parameter {i}'s step count is {t}, not a count from 0 to its step {step}"
+            elif shapes is not None and tuple(v.shape) != tuple(shapes[n]):
+                return f"parameter {i}'s {name} has the shape {tuple(v.shape)}, its own {tuple(shapes[n])}"
+    return None
+
+
+def check_optimizer_state(ckpt: dict, path, shapes: list | None) -> None:
+    """A consolidated checkpoint's optimizer state checked before it is used or broadcast
+    (:func:`optimizer_state_fault`): a CheckpointError naming the file otherwise."""
+    import json
+
+    from hvd_bert.train.engine import CheckpointError
+
+    fault = optimizer_state_fault(ckpt["optimizer"], shapes, json.loads(ckpt["meta"])["step"])
+    if fault:
+        raise CheckpointError(f"checkpoint {path} holds an optimizer state that does not fit: {fault}; "
+                              f"delete it to resume from the one before, or start afresh in another "
+                              f"train.output_dir")

@@ -46,8 +46,8 @@ from hvd_bert.train.loop import fit
 from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.pt import init_horovod
-from hvd_bert.pt.checkpoint import (CKPT_SUFFIX, load_checkpoint_file, nonfinite, rng_state, set_rng_state,
-                                    state_digest, to_cpu, write_checkpoint)
+from hvd_bert.pt.checkpoint import (CKPT_SUFFIX, check_optimizer_state, load_checkpoint_file, nonfinite,
+                                    rng_state, set_rng_state, state_digest, to_cpu, write_checkpoint)
 from hvd_bert.pt.optim import build_optimizer, init_state
 from hvd_bert.pt.step import DeviceStep, plain_step
 from hvd_bert.pt import sharded
@@ -106,8 +106,7 @@ class Engine:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.rank, self.world_size = hvd.rank(), hvd.size()
         self.step_count = 0      # optimizer steps applied (the schedule's t after the step)
-        self.micro_step = 0      # micro-batches back-propagated over the whole run
-        self.skipped_steps = 0
+        self.micro_step = self.skipped_steps = 0  # micro-batches back-propagated over the run; skipped steps
         self.unread = 0          # steps decided on the device and not read yet (finish_steps)
         self.loss_fn, self.resume_resized = loss_fn, resume_resized
         self.plan = self.config = None  # (from_config sets both)
@@ -423,6 +422,7 @@ class Engine:
             if "ckpt" not in loaded:
                 return
             ckpt = loaded.pop("ckpt")
+            check_optimizer_state(ckpt, path, None if self.tp else [p.shape for p in self._params()])
             if self.tp is not None:  # (whole tensors: every rank gets its share below)
                 loaded["whole"] = ckpt
                 return

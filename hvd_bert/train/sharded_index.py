@@ -113,6 +113,9 @@ def _meta_fault(meta) -> str | None:
         return "its meta is not a JSON object"
     if "optimizer_step" in meta and not _count(meta["optimizer_step"]):
         return f"its meta's optimizer_step is {meta['optimizer_step']!r}, not a count of steps"
+    if "optimizer_step" in meta and _count(meta.get("step")) and meta["optimizer_step"] > meta["step"]:
+        return (f"its meta's optimizer_step {meta['optimizer_step']} is more updates than its {meta['step']} "
+                f"steps applied")
     scaler = meta.get("scaler", {})
     if not isinstance(scaler, dict) or not all(
             isinstance(v, (int, float, bool)) and (not isinstance(v, float) or math.isfinite(v))

@@ -282,3 +282,9 @@ def test_an_empty_text_setting_says_how_to_write_one():
 def test_a_schedule_that_would_rise_past_its_peak_or_below_zero_is_refused(setting, words):
     with pytest.raises(ConfigError, match=words):
         apply_overrides(TrainConfig(), [setting])
+
+
+@pytest.mark.parametrize("boundaries", ["[5,2]", "[0,3]", "[2,-1]", "[3,3]"])
+def test_step_boundaries_must_be_steps_in_increasing_order(boundaries):
+    with pytest.raises(ConfigError, match="train.schedule.boundaries must be steps from 1 up, strictly"):
+        apply_overrides(TrainConfig(), ["schedule.name=step", f"schedule.boundaries={boundaries}"])

@@ -111,3 +111,20 @@ def test_a_loss_is_better_smaller_and_the_best_model_is_the_smallest_loss():
     ev = Evaluation(cfg, 100, _Log(), lambda: {"eval_mine": 1.0, "eval_examples": 8}, metric="eval_mine")
     with pytest.raises(ConfigError, match="set greater_is_better=true or false"):
         ev(_Step(10))
+
+
+def test_a_best_metric_no_evaluation_gives_is_refused_before_training():
+    """A misspelt best_metric is refused when the job starts (not after training), naming the
+    scores there are; SQuAD v2.0's split scores pass."""
+    import pytest
+
+    from hvd_bert.config import ConfigError, FinetuneConfig, load_config
+    from hvd_bert.evaluation.finetune import best_metric_of
+
+    cfg = load_config(FinetuneConfig, None, ["eval_data=dev", "best_metric=eval_nonexistent"])
+    with pytest.raises(ConfigError, match=r"best_metric 'eval_nonexistent' is no score of an evaluation; "
+                                          r"give one of eval_accuracy"):
+        best_metric_of(cfg, "classification", None)
+    for name in ("eval_mcc", "eval_HasAns_f1", "eval_best_f1"):
+        cfg = load_config(FinetuneConfig, None, ["eval_data=dev", f"best_metric={name}"])
+        assert best_metric_of(cfg, "squad", None) == name

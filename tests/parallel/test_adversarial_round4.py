@@ -657,3 +657,69 @@ def test_a_preparation_that_fails_leaves_its_output_as_it_was(mount_point, tmp_p
               "sentence", "--label", "label", timeout=120)
     one_line(res, "no space left")
     assert list(disk.iterdir()) == []
+
+
+# ---------------------------------------------------------------- the second fresh round's cases
+
+@pytest.mark.parametrize("key, target", [("timeline", "dataset.json"), ("autotune_log", "vocab.txt")])
+def test_horovods_own_files_never_over_the_jobs_inputs(key, target, bert_data, tmp_path):
+    """train.horovod.timeline and autotune_log are outputs: over a file of the data they are
+    refused before Horovod starts, the data byte-identical and no run folder made."""
+    before = digests(bert_data)
+    extra = ("--set", "train.horovod.autotune=true") if key == "autotune_log" else ()
+    one_line(pretrain(bert_data, tmp_path / "r", *extra, "--set", f"train.horovod.{key}={bert_data / target}",
+                      timeout=120), f"train.horovod.{key}", "which this command reads")
+    assert digests(bert_data) == before and not (tmp_path / "r").exists()
+
+
+def resigned(ckpt_file, change):
+    """A consolidated checkpoint changed and signed again (its digest recomputed), as an attacker
+    with write access would."""
+    import torch
+
+    from hvd_bert.pt.checkpoint import state_digest
+
+    ckpt = torch.load(ckpt_file, weights_only=True)
+    change(ckpt)
+    meta = json.loads(ckpt["meta"])
+    meta["digest"] = state_digest({k: ckpt[k] for k in ("model", "optimizer", "scaler")})
+    ckpt["meta"] = json.dumps(meta)
+    torch.save(ckpt, ckpt_file)
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda c: [st.__setitem__("step", st["step"] * 0 - 5) for st in c["optimizer"]["state"].values()],
+     "step count is -5.0, not a count from 0 to its step 2"),
+    (lambda c: c["optimizer"]["state"].pop(next(iter(c["optimizer"]["state"]))), "has no state"),
+])
+def test_a_consolidated_checkpoints_optimizer_state_is_checked_before_use(change, words, finished_run,
+                                                                           bert_data):
+    """The optimizer state of a .pt checkpoint whose digest was made to agree: step counts and a
+    state for every parameter, checked before anything is broadcast (one line, not Horovod's
+    shape mismatch or a math domain error)."""
+    (ckpt,) = sorted(finished_run.glob("ckpt-*.pt"))
+    resigned(ckpt, change)
+    before = digests(finished_run)
+    one_line(pretrain(bert_data, finished_run, steps=4, timeout=120), str(ckpt),
+             "holds an optimizer state that does not fit", words)
+    assert digests(finished_run) == before
+
+
+def test_an_index_claiming_more_updates_than_steps_is_refused(sharded_run, tmp_path):
+    edit(the_shards(sharded_run) / "index.json", lambda i: i["meta"].__setitem__("optimizer_step", 10**6))
+    one_line(hvd("convert", the_shards(sharded_run), "--output", tmp_path / "w.npz", timeout=120),
+             "optimizer_step 1000000 is more updates than its 2 steps applied")
+
+
+def test_evaluate_squad_given_a_folder_and_prepare_squad_with_no_stride(tmp_path):
+    one_line(hvd("evaluate-squad", tmp_path, tmp_path, timeout=60), f"{tmp_path} is a folder")
+    for option in ("--doc-stride", "--max-query-length"):
+        one_line(hvd("prepare-squad", "--input", tmp_path / "x.json", "--output", tmp_path / "o", "--vocab",
+                     VOCAB, option, "0", timeout=60), f"argument {option}: 0 is not a count")
+    assert not (tmp_path / "o").exists()
+
+
+def test_prepare_ncf_on_a_full_disk_leaves_nothing(mount_point):
+    disk = mount_point("-t", "tmpfs", "-o", "size=1m", "tmpfs")
+    one_line(hvd("prepare-ncf", "--output", disk / "ncf", timeout=120), "no space left")
+    assert list(disk.iterdir()) == []
