@@ -125,8 +125,8 @@ def _meta_fault(meta) -> str | None:
     ranks = ("world_size", "tensor_parallel")
     if layout is not None and not (isinstance(layout, dict) and all(_count(v) for v in layout.values())
                                    and all(_count(layout.get(k, 1), 1) for k in ranks)
-                                   and layout.get("zero_stage", 0) in (0, 1, 2, 3)):
-        return f"its meta's layout is {layout!r}, not counts of ranks (at least 1) and a ZeRO stage (0 to 3)"
+                                   and layout.get("zero_stage", 0) in (0, 1, 2)):
+        return f"its meta's layout is {layout!r}, not counts of ranks (at least 1) and a ZeRO stage (0 to 2)"
     return None
 
 

@@ -93,6 +93,8 @@ DAMAGES = {
     "mistyped meta": (lambda i: i["meta"].__setitem__("scaler", "x"), "scaler"),
     "a claimed huge tensor": (lambda i: first(i).__setitem__("shape", [2**31, 512]), "cover"),
     "a shape no array takes": (lambda i: first(i).__setitem__("shape", [2**62, 2**62, 0]), "more than the"),
+    "a ZeRO stage there is not": (
+        lambda i: i["meta"].__setitem__("layout", {"world_size": 1, "zero_stage": 3}), "ZeRO stage (0 to 2)"),
     "a name with a direction override": (
         lambda i: first(i).__setitem__("name", "model/\u00e9vil\u202e.weight"), "not a name a checkpoint"),
     "a layout of no ranks": (lambda i: i["meta"].__setitem__("layout", {"world_size": 1,
