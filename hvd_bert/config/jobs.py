@@ -13,6 +13,13 @@ from hvd_bert.config.train import BatchConfig, OptimConfig, ScheduleConfig, Trai
 __all__ = ["PretrainConfig", "FinetuneConfig", "NCFConfig", "ModelConfig", "PredictConfig"]
 
 
+def refuse_pytorch_only_train(train, framework: str) -> None:
+    """The ``train`` settings only the PyTorch engine has, refused in one line under TensorFlow."""
+    require(not (train.host_reads == "log" and framework == "tf"),
+            "train.host_reads=log is PyTorch's (the Keras engine reads each step's outcome as it "
+            "applies it): use framework=pt or train.host_reads=step")
+
+
 @dataclass(frozen=True)
 class PretrainConfig:
     """BERT pretraining: the engine settings plus model and data. Defaults: a tiny BERT on the
@@ -55,6 +62,7 @@ class PretrainConfig:
     framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
 
     def __post_init__(self) -> None:
+        refuse_pytorch_only_train(self.train, self.framework)
         require(not (self.train.activation_checkpointing != "off" and self.framework == "tf"),
                 f"train.activation_checkpointing={self.train.activation_checkpointing} is PyTorch's (the "
                 f"Keras BERT keeps its activations): use framework=pt or train.activation_checkpointing=off")
@@ -129,6 +137,7 @@ class FinetuneConfig:
     framework: Literal["pt", "tf"] = doc("pt", "pt (PyTorch) or tf (TensorFlow); also --framework")
 
     def __post_init__(self) -> None:
+        refuse_pytorch_only_train(self.train, self.framework)
         require(not (self.train.activation_checkpointing != "off" and self.framework == "tf"),
                 f"train.activation_checkpointing={self.train.activation_checkpointing} is PyTorch's (the "
                 f"Keras BERT keeps its activations): use framework=pt or train.activation_checkpointing=off")
@@ -203,6 +212,7 @@ class NCFConfig:
                              "each user's top_k items it has not rated, to <file>.recommendations.jsonl")
 
     def __post_init__(self) -> None:
+        refuse_pytorch_only_train(self.train, self.framework)
         require(self.epochs > 0, f"epochs must be > 0, got {self.epochs}")
         require(self.num_negatives > 0, f"num_negatives must be > 0, got {self.num_negatives}")
         require(0 <= self.target_hr <= 1, f"target_hr must be in [0, 1], got {self.target_hr}")

@@ -288,3 +288,12 @@ def test_a_schedule_that_would_rise_past_its_peak_or_below_zero_is_refused(setti
 def test_step_boundaries_must_be_steps_in_increasing_order(boundaries):
     with pytest.raises(ConfigError, match="train.schedule.boundaries must be steps from 1 up, strictly"):
         apply_overrides(TrainConfig(), ["schedule.name=step", f"schedule.boundaries={boundaries}"])
+
+
+@pytest.mark.parametrize("job", ["pretrain", "finetune", "ncf"])
+def test_deferred_host_reads_are_pytorch_s_only(job):
+    from hvd_bert.config import JOB_CONFIGS
+    cls = JOB_CONFIGS[job]
+    assert apply_overrides(cls(), ["train.host_reads=log"]).train.host_reads == "log"
+    with pytest.raises(ConfigError, match=r"train.host_reads=log is PyTorch's .*train.host_reads=step"):
+        apply_overrides(cls(), ["train.host_reads=log", "framework=tf"])
