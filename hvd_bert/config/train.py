@@ -273,6 +273,12 @@ class HorovodConfig:
         require(not self.autotune_log or self.autotune,
                  "train.horovod.autotune_log is set but train.horovod.autotune is false: set "
                  "train.horovod.autotune=true")
+        require(self.fusion_threshold_mb is None or 0 <= self.fusion_threshold_mb <= 1 << 20,
+                f"train.horovod.fusion_threshold_mb must be from 0 (no fusion) to 1048576 MiB, got "
+                f"{self.fusion_threshold_mb}")
+        require(self.cycle_time_ms is None or 0 < self.cycle_time_ms <= 60_000,
+                f"train.horovod.cycle_time_ms must be more than 0 and at most 60000, got "
+                f"{self.cycle_time_ms}")
 
 
 @dataclass(frozen=True)

@@ -297,3 +297,10 @@ def test_deferred_host_reads_are_pytorch_s_only(job):
     assert apply_overrides(cls(), ["train.host_reads=log"]).train.host_reads == "log"
     with pytest.raises(ConfigError, match=r"train.host_reads=log is PyTorch's .*train.host_reads=step"):
         apply_overrides(cls(), ["train.host_reads=log", "framework=tf"])
+
+
+@pytest.mark.parametrize("setting", ["horovod.cycle_time_ms=-5", "horovod.cycle_time_ms=0",
+                                     "horovod.fusion_threshold_mb=-1"])
+def test_horovods_cycle_and_fusion_out_of_range_are_refused(setting):
+    with pytest.raises(ConfigError, match=setting.split("=")[0]):
+        apply_overrides(TrainConfig(), [setting])
