@@ -386,7 +386,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         require(0 <= self.seed <= SEED_MAX, f"train.seed must be in [0, {SEED_MAX}], got {self.seed}: numpy "
                 f"and TensorFlow take seeds below 2**32, and each rank adds its rank to it")
-        require(self.stall_timeout_s >= 0, f"stall_timeout_s must be >= 0, got {self.stall_timeout_s}")
+        require(self.stall_timeout_s == 0 or self.stall_timeout_s >= 1,
+                f"stall_timeout_s must be 0 (never) or at least 1 second, got {self.stall_timeout_s}")
         require(self.tensor_parallel >= 1, f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
         activation_policy(self.activation_checkpointing)  # (a ConfigError naming the choices)
         require(self.max_skipped_steps > 0, f"max_skipped_steps must be > 0, got {self.max_skipped_steps}")

@@ -304,3 +304,10 @@ def test_deferred_host_reads_are_pytorch_s_only(job):
 def test_horovods_cycle_and_fusion_out_of_range_are_refused(setting):
     with pytest.raises(ConfigError, match=setting.split("=")[0]):
         apply_overrides(TrainConfig(), [setting])
+
+
+def test_a_stall_timeout_below_a_second_is_refused():
+    """A watchdog limit of a nanosecond ends a healthy job at its first phase: 0 or >= 1 s."""
+    with pytest.raises(ConfigError, match=r"stall_timeout_s must be 0 \(never\) or at least 1 second"):
+        apply_overrides(TrainConfig(), ["stall_timeout_s=1e-9"])
+    assert apply_overrides(TrainConfig(), ["stall_timeout_s=0"]).stall_timeout_s == 0
