@@ -60,6 +60,9 @@ def refuse_horovod_files_over_inputs(cfg) -> None:
     from hvd_bert.jobs.run_folder import job_reads
 
     hcfg, reads = cfg.train.horovod, job_reads(cfg)
+    for key in ("input", "checkpoint", "recommend"):  # (predict's and NCF's other inputs)
+        if str(getattr(cfg, key, "") or ""):
+            reads[key] = getattr(cfg, key)
     for key, path in (("timeline", hcfg.timeline), ("autotune_log", hcfg.autotune_log)):
         if path:
             refuse_clash(path, reads, what=f"train.horovod.{key}")
