@@ -250,6 +250,9 @@ def meta_fault(meta: dict, path: str | Path) -> str | None:
                 "total_steps"):
         if meta.get(key) is not None and not count(key, 1):
             return f"has {key}={meta.get(key)!r}, not a count"
+    dp = meta.get("data_parallel_size")
+    if dp is not None and meta["world_size"] % dp:  # (the replicas: world size / tensor-parallel degree)
+        return f"has data_parallel_size={dp}, which does not divide its world_size={meta['world_size']}"
     if "data" not in meta:
         return "has no data position"
     # every optimizer step, applied or skipped, read at most a global batch's micro-batches (k

@@ -333,6 +333,7 @@ def test_overwrite_never_replaces_what_the_run_folder_resolves_to(finished_run, 
     (lambda m: m.pop("data"), "has no data position"),
     (lambda m: m.__setitem__("data", {"micro_step": -4}), "not counts of micro-batches"),
     (lambda m: m.__setitem__("rng", [[1], [2]]), "holds 2 random states for its 1 ranks"),
+    (lambda m: m.__setitem__("data_parallel_size", 7), "data_parallel_size=7, which does not divide its"),
     (lambda m: (m.__setitem__("micro_step", 2**61), m["data"].__setitem__("micro_step", 2**61)),
      "micro_step=2305843009213693952, more micro-batches than its 2 steps can have read"),
 ])
