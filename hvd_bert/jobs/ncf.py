@@ -144,6 +144,10 @@ def run(cfg: NCFConfig, backend) -> dict:
         raise ConfigError(f"top_k={cfg.top_k}, but each user's held-out item is ranked among {candidates} "
                           f"candidates (it and {candidates - 1} negatives), so HR@{cfg.top_k} would be 1.0: "
                           f"use top_k <= {candidates} (MLPerf: 10)")
+    if cfg.num_negatives >= data.n_items:
+        raise ConfigError(f"num_negatives={cfg.num_negatives} negatives per positive, but the data has "
+                          f"{data.n_items} items: an epoch would repeat every item for every positive; use "
+                          f"fewer than {data.n_items} (MLPerf: 4)")
     plan = cfg.train.batch.plan(size)
     epochs = EpochData(data, rank, size, plan.local_batch_size, plan.backward_passes_per_step,
                        cfg.num_negatives, cfg.train.seed)

@@ -68,11 +68,13 @@ def test_training_stops_at_the_target_hit_rate(ncf_data, tmp_path):
     assert "target HR@10 0.55 reached at epoch" in stdout
 
 
-def test_a_top_k_above_the_candidate_count_is_refused_on_every_rank(ncf_data, tmp_path):
+@pytest.mark.parametrize("setting, words", [
+    ("top_k=500", "top_k=500, but each user's held-out item is ranked among 101 candidates"),
+    ("num_negatives=1000000", "num_negatives=1000000 negatives per positive, but the data has")])
+def test_settings_the_data_cannot_serve_are_refused_on_every_rank(setting, words, ncf_data, tmp_path):
     res = launch.run(["-m", "hvd_bert", "ncf", "--set", f"data={ncf_data}", "--set",
-                      f"train.output_dir={tmp_path / 'run'}", "--set", "top_k=500"], np=2, timeout=300)
+                      f"train.output_dir={tmp_path / 'run'}", "--set", setting], np=2, timeout=300)
     lines = [ln for ln in res.stderr.splitlines() if "hvd-bert ncf:" in ln]
     assert not res.ok and len(lines) == 2, res.explain()
-    assert all("top_k=500, but each user's held-out item is ranked among 101 candidates" in ln
-               for ln in lines)
+    assert all(words in ln for ln in lines)
     assert not (tmp_path / "run").exists()
