@@ -107,7 +107,8 @@ def run(cfg: FinetuneConfig, backend) -> dict:
     origin = "from " + cfg.init_checkpoint if arrays is not None else "from scratch"
     if cfg.do_train:
         log.print(f"fine-tuning BERT ({origin}, {backend.label}, {what}) on {cfg.data}: {about}, "
-                  f"{plural(cfg.epochs, 'epoch')} = {plural(steps, 'step')}")
+                  + (f"{plural(cfg.epochs, 'epoch')} = " if cfg.epochs else "train.schedule.total_steps: ")
+                  + plural(steps, 'step'))
     else:
         log.print(f"evaluating BERT ({origin}, {backend.label}, {what}) on {cfg.eval_data}: {about}")
 
