@@ -9,12 +9,12 @@ from typing import Sequence
 
 import numpy as np
 
-from hvd_bert.data.records import DatasetError, shard_name, write_examples
+from hvd_bert.data.records import DatasetError
 from hvd_bert.data.sidecar import file_sha256, write_sidecar
 from hvd_bert.data.glue import TASKS, read_task
 from hvd_bert.data.masking import special_ids
 from hvd_bert.data.kinds import KIND_CLASSIFY
-from hvd_bert.data.output import staged
+from hvd_bert.data.output import staged, write_feature_shards
 from hvd_bert.data.text_input import read_text
 from hvd_bert.data.vocab import load_tokenizer
 from hvd_bert.files import atomic_write
@@ -153,11 +153,7 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
                           "segment_ids": (segs, "int"),
                           **({"label_values": ([values[n]], "float")} if regression else
                              {"label_ids": ([label_list.index(y)], "int")})})
-        shards = []
-        num_shards = max(1, min(num_shards, len(feats)))  # (small data: no empty shard)
-        for s in range(num_shards):
-            name = shard_name(s, num_shards)
-            shards.append({"file": name, "records": write_examples(tmp / name, iter(feats[s::num_shards]))})
+        shards, num_shards = write_feature_shards(tmp, feats, num_shards)
         meta = {"kind": KIND_CLASSIFY, "format": 1, "vocab_file": "vocab.txt",
                 "vocab_sha256": file_sha256(vocab_path), "vocab_size": tok.get_vocab_size(),
                 "do_lower_case": do_lower_case, "max_seq_length": max_seq_length, "labels": label_list,

@@ -9,11 +9,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from hvd_bert.data.records import DatasetError
+from hvd_bert.data.records import DatasetError, shard_name, write_examples
 from hvd_bert.data.sidecar import SIDECAR
 
-__all__ = ["agree", "refuse_existing", "prepare_output", "bcast", "commit_shards", "staged", "stage_folder",
-           "commit_folder"]
+__all__ = ["agree", "refuse_existing", "bcast", "commit_shards", "staged", "stage_folder",
+           "commit_folder",
+           "write_feature_shards"]
 
 
 def agree(comm, err: str | None) -> None:
@@ -31,9 +32,6 @@ def refuse_existing(out: Path, overwrite: bool) -> None:
                            f"choose another output folder")
 
 
-def prepare_output(out: Path, overwrite: bool) -> None:
-    refuse_existing(out, overwrite)
-    out.mkdir(parents=True, exist_ok=True)
 
 
 
@@ -85,3 +83,14 @@ def staged(out: Path, overwrite: bool):
         commit_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_feature_shards(folder: Path, feats: list, num_shards: int) -> tuple[list[dict], int]:
+    """``feats`` (encoded records) dealt round-robin into ``num_shards`` TFRecord shards in
+    ``folder`` (fewer for small data: no empty shard); ``(sidecar shard entries, shard count)``."""
+    num_shards = max(1, min(num_shards, len(feats)))
+    shards = []
+    for s in range(num_shards):
+        name = shard_name(s, num_shards)
+        shards.append({"file": name, "records": write_examples(folder / name, iter(feats[s::num_shards]))})
+    return shards, num_shards

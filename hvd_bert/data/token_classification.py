@@ -21,8 +21,8 @@ from typing import Sequence
 from hvd_bert.data.finetune import label_fault, tag_fault
 from hvd_bert.data.kinds import KIND_TOKENS
 from hvd_bert.data.masking import special_ids
-from hvd_bert.data.output import staged
-from hvd_bert.data.records import DatasetError, shard_name, write_examples
+from hvd_bert.data.output import staged, write_feature_shards
+from hvd_bert.data.records import DatasetError
 from hvd_bert.data.sidecar import file_sha256, write_sidecar
 from hvd_bert.data.text_input import read_text
 from hvd_bert.data.vocab import load_tokenizer
@@ -138,11 +138,7 @@ def prepare_token_classification(conll: str | Path, output_dir: str | Path, voca
                 feats.append({k: (v, "int") for k, v in f.items()})
                 at += len(firsts)
                 windows += 1
-        shards = []
-        num_shards = max(1, min(num_shards, len(feats)))
-        for s in range(num_shards):
-            name = shard_name(s, num_shards)
-            shards.append({"file": name, "records": write_examples(tmp / name, iter(feats[s::num_shards]))})
+        shards, num_shards = write_feature_shards(tmp, feats, num_shards)
         meta = {"kind": KIND_TOKENS, "format": 1, "vocab_file": "vocab.txt",
                 "vocab_sha256": file_sha256(vocab_path), "vocab_size": tok.get_vocab_size(),
                 "do_lower_case": do_lower_case, "max_seq_length": max_seq_length, "labels": label_list,
