@@ -356,7 +356,8 @@ def test_fused_kernels_fall_back_with_one_warning_without_a_compiler(monkeypatch
 def test_a_gated_update_applies_at_1_and_leaves_every_tensor_as_it_was_at_0(name, monkeypatch):
     """The rule of a step decided on the device (``optim_parts.coef``): gate 1 is the plain
     update (within float rounding: tensor coefficients instead of numbers), gate 0 with inf and
-    NaN in the gradients changes no weight and no state, bit for bit."""
+    NaN in the gradients changes no weight and no state, bit for bit. The gate-1 bound over 8 seed
+    shifts (tests/bounds/measure.py, AMD EPYC): worst 0.067 of it (SGD; 15x margin), LAMB 0.0023."""
     from hvd_bert.pt.optim_parts import local_norms, piece_rule, whole_parts
 
     monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "0")
