@@ -26,9 +26,10 @@
 #      SDPA's flash or memory-efficient kernels on nested jagged tensors), time and peak device
 #      memory (benchmarks/packed_attention.py; under a minute);
 #   7. the step with no host synchronisation: BERT-Base steps through the engine (Horovod, 1
-#      rank, NVLAMB) in bf16 and fp16 at ZeRO 0 and 1 under torch.cuda.set_sync_debug_mode
-#      ("error"), then read after every step against read once at the end
-#      (benchmarks/step_sync.py; about a minute; it needs Horovod).
+#      rank, NVLAMB) in bf16, in bf16 weights over fp32 masters (train.precision.weights=bf16)
+#      and in fp16 at ZeRO 0 and 1 under torch.cuda.set_sync_debug_mode("error"), then read
+#      after every step against read once at the end, with each one's peak device memory
+#      (benchmarks/step_sync.py; about 2 minutes; it needs Horovod).
 # Results: $OUT (default benchmarks/results/gpu/; a temporary folder with --smoke): one JSON per
 # measurement and summary.txt.
 #
@@ -40,7 +41,7 @@
 #       # project's set-up, no network): benchmarks/gpu_horovod.sh builds a PyTorch-only
 #       # Horovod from the sdist while the BERT steps run, for the NCF run through hvd-bert
 #   --only LIST runs those parts only, comma-separated: bert (1), profile (2), job (3), ncf (4),
-#   ckpt (5; about 2 minutes), attn (6; under a minute), sync (7; about a minute);
+#   ckpt (5; about 2 minutes), attn (6; under a minute), sync (7; about 2 minutes);
 #   all four take about 12-15 minutes on an H200, so a 15-minute lease runs them in two calls,
 #   e.g. `--only profile,job` then `--only bert,ncf` (each under 8 minutes).
 #   --ncf-only and --job-only are --only ncf and --only job.
@@ -267,9 +268,10 @@ if want sync; then
         say "$("$PY" - "$OUT/step-sync.json" <<'PYEOF'
 import json, sys
 for r in json.load(open(sys.argv[1]))["rows"]:
+    peak = f"; peak {r['peak_bytes'] / 2**30:.2f} GiB" if r.get("peak_bytes") else ""
     print(f"  {r['precision']} ZeRO {r['zero_stage']}: {r['host_reads_in_3_steps']} host reads in 3 steps; "
           f"{r['step_s_read_at_the_end'] * 1e3:.1f} ms/step read at the end, read every step "
-          f"{r['every_step_vs_end']:.3f}x")
+          f"{r['every_step_vs_end']:.3f}x{peak}")
 PYEOF
 )"
     else

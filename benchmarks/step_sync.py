@@ -1,6 +1,8 @@
 """The PyTorch step with no host synchronisation, checked and timed on a device: BERT
-pretraining steps through the engine (1 rank, Horovod) with NVLAMB and bf16, and fp16 loss
-scaling, at ZeRO stage 0 and 1, each step decided on the device (``Engine.step_on_device``).
+pretraining steps through the engine (1 rank, Horovod) with NVLAMB in bf16, in bf16 with bf16
+weights over fp32 masters (``train.precision.weights=bf16``: "bf16w") and in fp16 with loss
+scaling, at ZeRO stage 0 and 1, each step decided on the device (``Engine.step_on_device``); the
+peak memory of each (CUDA's allocations) beside its time.
 
     .venv/bin/python benchmarks/step_sync.py --device cuda --preset base --seq 128 --batch 32
 
@@ -52,12 +54,15 @@ def run(a, precision: str, stage: int) -> dict:
     torch.manual_seed(0)
     model = BertForPreTraining(bert_preset(a.preset, vocab_size=30522)).to(a.device)
     cfg = apply_overrides(TrainConfig(), [
-        "optim.name=nvlamb", "optim.lr=1e-4", f"zero.stage={stage}", f"precision.mode={precision}",
+        "optim.name=nvlamb", "optim.lr=1e-4", f"zero.stage={stage}", f"precision.mode={precision[:4]}",
+        f"precision.weights={'bf16' if precision == 'bf16w' else 'fp32'}",
         f"batch.local_batch_size={a.batch}", "batch.backward_passes_per_step=1", "schedule.name=constant"])
     engine = Engine.from_config(model, cfg, loss_fn=pretraining_loss, device=a.device)
     predictions = max(1, a.seq * 15 // 100)
     batch = {k: v.to(a.device) for k, v in pretraining_batch(30522, a.batch, a.seq, predictions).items()}
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
+    if a.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
     for _ in range(2):  # warm-up (allocations, kernels chosen)
         engine.finish_step(engine.train_micro_batch(batch, defer=True), {})
     seen: list = []
@@ -79,7 +84,8 @@ def run(a, precision: str, stage: int) -> dict:
         times[reads] = min(times.get(reads, float("inf")), (time.perf_counter() - t0) / a.steps)
     return {"precision": precision, "zero_stage": stage, "host_reads_in_3_steps": len(seen),
             "reads_seen": sorted(set(seen)), "step_s_read_every_step": times["step"],
-            "step_s_read_at_the_end": times["log"], "every_step_vs_end": times["step"] / times["log"]}
+            "step_s_read_at_the_end": times["log"], "every_step_vs_end": times["step"] / times["log"],
+            "peak_bytes": torch.cuda.max_memory_allocated() if a.device.startswith("cuda") else None}
 
 
 def main() -> None:
@@ -100,7 +106,7 @@ def main() -> None:
         # the device's path: the CPU's C kernels (optimizer, dropout) read host memory, which is
         # no synchronisation on a CPU but would count here
         os.environ["HVD_BERT_FUSED_OPTIM"] = os.environ["HVD_BERT_FAST_DROPOUT"] = "0"
-    precisions = ("bf16", "fp16")
+    precisions = ("bf16", "bf16w", "fp16")
     rows = [run(a, p, stage) for p in precisions for stage in (0, 1)]
     ok = all(r["host_reads_in_3_steps"] == 0 for r in rows)
     emit({"device": a.device, "preset": a.preset, "seq": a.seq, "batch": a.batch, "steps": a.steps,

@@ -7,6 +7,10 @@ group (one data-parallel replica: half the global batch).
 
     .venv/bin/python benchmarks/zero_memory.py [--steps 3] [--k 2] [--layers 24] [--tp 2] [--json out.json]
     .venv/bin/python benchmarks/zero_memory.py --collectives     # Horovod's CPU collectives, 100 MB
+    .venv/bin/python benchmarks/zero_memory.py --bf16-weights --np 4 --stages 2 --layers 6
+
+``--bf16-weights``: each stage under bf16 autocast twice, with fp32 weights (the peer) and with
+bf16 weights over fp32 masters (``train.precision.weights=bf16``), on ``--np`` ranks.
 
 Per rank: the optimizer state the engine holds (its own count of the state tensors' bytes),
 the peak resident memory of the process (``ru_maxrss``, after the steps) and the median time
@@ -23,7 +27,8 @@ import time
 HIDDEN, HEADS, INTER, LOCAL_B, SEQ = 1024, 16, 4096, 2, 32
 
 
-def worker(stage: int, k: int, steps: int, layers: int, tp: int = 1) -> None:
+def worker(stage: int, k: int, steps: int, layers: int, tp: int = 1, precision: int = 0) -> None:
+    """``precision``: 0 fp32, 1 bf16 autocast with fp32 weights, 2 bf16 weights over fp32 masters."""
     import resource
 
     import torch
@@ -50,7 +55,9 @@ def worker(stage: int, k: int, steps: int, layers: int, tp: int = 1) -> None:
 
     cfg = apply_overrides(TrainConfig(), [
         "optim.name=lamb", "optim.lr=1e-4", "schedule.name=constant", f"batch.local_batch_size={LOCAL_B}",
-        f"batch.backward_passes_per_step={k}", f"zero.stage={stage}", f"tensor_parallel={tp}"])
+        f"batch.backward_passes_per_step={k}", f"zero.stage={stage}", f"tensor_parallel={tp}",
+        *(["precision.mode=bf16"] if precision else []),
+        *(["precision.weights=bf16"] if precision == 2 else [])])
     engine = Engine.from_config(model, cfg, loss_fn=loss_fn)
     times = []
     for i in range(steps + 1):
@@ -62,7 +69,8 @@ def worker(stage: int, k: int, steps: int, layers: int, tp: int = 1) -> None:
             times.append(time.perf_counter() - t0)
     mem = engine.memory()
     print("RESULT " + json.dumps(dict(
-        stage=stage, tp=tp, rank=engine.rank, params=sum(p.numel() for p in model.parameters()),
+        stage=stage, tp=tp, rank=engine.rank, precision=["fp32", "bf16", "bf16 weights"][precision],
+        weight_bytes=mem["parameters"], params=sum(p.numel() for p in model.parameters()),
         state_bytes=mem["optimizer_state"], grad_bytes=mem["gradients"],
         peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         median_s=statistics.median(times))), flush=True)
@@ -102,7 +110,10 @@ def main():
     ap.add_argument("--collectives", action="store_true", help="time Horovod's CPU collectives instead")
     ap.add_argument("--tp", type=int, nargs="+", default=[1],
                     help="tensor-parallel group sizes to run at stage 0 besides (2: both ranks in one group)")
-    ap.add_argument("--worker", nargs=5, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--bf16-weights", action="store_true",
+                    help="bf16 weights over fp32 masters against fp32 weights, both under bf16 autocast")
+    ap.add_argument("--np", type=int, default=2, help="ranks (--bf16-weights)")
+    ap.add_argument("--worker", nargs=6, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--collectives-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -123,10 +134,13 @@ def main():
             print(f"| {launcher} | {t['allreduce']:.3f} | {t['reducescatter']:.3f} | "
                   f"{t['reducescatter'] / t['allreduce']:.2f}x | {t['allgather']:.3f} |")
         return
+    if args.bf16_weights:
+        return compare_weights(args, launch)
     rows = []
     runs = [(stage, 1) for stage in args.stages] + [(0, t) for t in args.tp if t > 1]
     for stage, tp in runs:
-        res = launch.run([__file__, "--worker", str(stage), str(args.k), str(args.steps), str(args.layers), str(tp)],
+        res = launch.run([__file__, "--worker", str(stage), str(args.k), str(args.steps), str(args.layers),
+                          str(tp), "0"],
                          np=2, launcher="gloo", timeout=1500, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if not res.ok:
             sys.exit(res.explain())
@@ -145,6 +159,38 @@ def main():
               f"{r['state_bytes'] / gib:.3f} | {rel('state_bytes')} | "
               f"{r['grad_bytes'] / gib:.3f} | {r['peak_rss'] / gib:.2f} | {rel('peak_rss')} | "
               f"{r['median_s']:.2f} | {rel('median_s')} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def compare_weights(args, launch) -> None:
+    """Each stage with fp32 and with bf16 weights under bf16 autocast, on ``args.np`` ranks."""
+    rows = []
+    for stage in args.stages:
+        for precision in (1, 2):
+            res = launch.run([__file__, "--worker", str(stage), str(args.k), str(args.steps),
+                              str(args.layers), "1", str(precision)], np=args.np, launcher="gloo",
+                             timeout=1500, env=dict(os.environ, OMP_NUM_THREADS="1"))
+            if not res.ok:
+                sys.exit(res.explain())
+            got = [json.loads(ln.split("RESULT ", 1)[1]) for ln in res.stdout.splitlines() if "RESULT " in ln]
+            rows += sorted(got, key=lambda r: r["rank"])
+    gib = 2 ** 30
+    print(f"{rows[0]['params'] / 1e6:.1f}M parameters, {args.np} ranks, k={args.k}, LAMB, bf16 autocast")
+    print("| stage | weights | rank | weights GiB | gradients GiB | optimizer state GiB | state of a rank "
+          "GiB | vs fp32 weights | peak RSS GiB | vs fp32 weights | step s | vs fp32 weights |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    peer = {(r["stage"], r["rank"]): r for r in rows if r["precision"] == "bf16"}
+    for r in rows:
+        b = peer[r["stage"], r["rank"]]
+        held = r["weight_bytes"] + r["grad_bytes"] + r["state_bytes"]
+        base = b["weight_bytes"] + b["grad_bytes"] + b["state_bytes"]
+        print(f"| {r['stage']} | {'bf16' if r['precision'] == 'bf16 weights' else 'fp32'} | {r['rank']} | "
+              f"{r['weight_bytes'] / gib:.3f} | {r['grad_bytes'] / gib:.3f} | {r['state_bytes'] / gib:.3f} | "
+              f"{held / gib:.3f} | {held / base:.2f}x | {r['peak_rss'] / gib:.2f} | "
+              f"{r['peak_rss'] / b['peak_rss']:.2f}x | {r['median_s']:.2f} | "
+              f"{r['median_s'] / b['median_s']:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

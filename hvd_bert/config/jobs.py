@@ -18,6 +18,9 @@ def refuse_pytorch_only_train(train, framework: str) -> None:
     require(not (train.host_reads == "log" and framework == "tf"),
             "train.host_reads=log is PyTorch's (the Keras engine reads each step's outcome as it "
             "applies it): use framework=pt or train.host_reads=step")
+    require(not (train.precision.weights == "bf16" and framework == "tf"),
+            "train.precision.weights=bf16 is PyTorch's (Keras keeps its variables in fp32 under the "
+            "mixed_bfloat16 policy): use framework=pt or train.precision.weights=fp32")
 
 
 @dataclass(frozen=True)

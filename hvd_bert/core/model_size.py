@@ -248,13 +248,20 @@ class RankMemory:
 
 
 def rank_memory(split: int, whole: int, *, buffers: int, zero_stage: int, tensor_parallel: int,
-                data_parallel: int, bytes_per_value: int = 4) -> RankMemory:
+                data_parallel: int, bytes_per_value: int = 4, masters: bool = False) -> RankMemory:
     """One rank's share: ``split`` parameters over the tensor-parallel group, ``whole`` on every
-    rank; gradients over the data-parallel ranks at stage 2, the optimizer's ``buffers`` at 1."""
+    rank; gradients over the data-parallel ranks at stage 2, the optimizer's ``buffers`` at 1.
+    ``masters`` (``train.precision.weights=bf16``): 2-byte weights and gradients, and fp32
+    masters counted with the optimizer state (DeepSpeed's 2 + 2 + (4 + 4 buffers) / N at stage
+    2; its gradient shard is fp32)."""
     params = split / tensor_parallel + whole
+    state_split = data_parallel if zero_stage >= 1 else 1
+    if masters:
+        g = params * 4 / data_parallel if zero_stage >= 2 else params * 2
+        return RankMemory(params * 2, g, params * 4 * (buffers + 1) / state_split)
     w = params * bytes_per_value
     g = w / data_parallel if zero_stage >= 2 else w
-    o = w * buffers / (data_parallel if zero_stage >= 1 else 1)
+    o = w * buffers / state_split
     return RankMemory(w, g, o)
 
 

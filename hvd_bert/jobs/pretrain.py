@@ -174,7 +174,8 @@ def plan_memory(train, bert, backend, world_size: int, seq: int, predictions: in
     def need(t, b: int) -> tuple[str, bool]:
         tp = t.tensor_parallel
         m = rank_memory(split, whole, buffers=state_buffers(t.optim.name), zero_stage=t.zero.stage,
-                        tensor_parallel=tp, data_parallel=max(1, world_size // tp))
+                        tensor_parallel=tp, data_parallel=max(1, world_size // tp),
+                        masters=t.precision.weights == "bf16")
         x = ActivationShape(bert.hidden_size, bert.num_layers, bert.num_heads, bert.intermediate_size, seq, b,
                             predictions, bert.padded_vocab_size)
         act = step_peak_bytes(x, t.precision.mode, *activation_policy(t.activation_checkpointing), tp,

@@ -20,6 +20,9 @@ What it does, in Horovod's order:
     sees the same buffer and makes the same decision: an overflow on any rank skips the step
     on every rank, and a skipped step does not advance the LR schedule.
   * The LR of every group is set from the schedule on every optimizer step.
+  * ``train.precision.weights=bf16``: bf16 weights and gradients over fp32 masters that live with
+    the optimizer state (:mod:`hvd_bert.pt.zero`, split with it under ZeRO); checkpoints hold the
+    masters as fp32 weights (:meth:`Engine.model_state`).
   * Rank-0 atomic checkpoints of model, optimizer, scaler, step, data position and every
     rank's RNG state; resume broadcasts them so the run continues the same trajectory.
 """
@@ -28,8 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -38,21 +39,19 @@ import horovod.torch as hvd
 from hvd_bert.core import zero as Z
 from hvd_bert.core.batch import is_sync_step
 from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
-from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, checkpoint_meta,
-                                   engine_settings, peak_host_bytes, resume_on_rank0,
-                                   refuse_nonfinite, restore_rng)
+from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, engine_settings, peak_host_bytes)
 from hvd_bert.train.elastic import launched_elastic
 from hvd_bert.train.loop import fit
 from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.pt import init_horovod
-from hvd_bert.pt.checkpoint import (CKPT_SUFFIX, check_optimizer_state, load_checkpoint_file, nonfinite,
-                                    rng_state, set_rng_state, state_digest, to_cpu, write_checkpoint)
+from hvd_bert.pt.checkpoint import load_checkpoint_file, to_cpu
+from hvd_bert.pt.engine_checkpoints import Checkpoints
 from hvd_bert.pt.optim import build_optimizer, init_state
 from hvd_bert.pt.step import DeviceStep, plain_step
 from hvd_bert.pt import sharded
 from hvd_bert.pt import tensor_parallel as TP
-from hvd_bert.pt.zero import ShardedOptimizer, loss_scale, state_bytes, update_loss_scale
+from hvd_bert.pt.zero import Fp32Wire, ShardedOptimizer, loss_scale, state_bytes, update_loss_scale
 
 __all__ = ["Engine", "StepResult", "fit", "FitResult", "load_checkpoint_file"]
 
@@ -64,7 +63,7 @@ def autocast(mode: str, device_type: str = "cpu"):
     return torch.autocast(device_type, dtype=torch.float16 if mode == "fp16" else torch.bfloat16)
 
 
-class Engine:
+class Engine(Checkpoints):
     """Distributed training state for one model and optimizer (see the module docstring).
 
     Args:
@@ -127,6 +126,8 @@ class Engine:
                               "worker breaks its group's layers): set it to 1, or launch without "
                               "--min-np/--max-np")
         dp_set = tp_groups.dp_set if tp_groups else hvd.global_process_set
+        masters = pcfg.weights == "bf16"  # (the parameters cast before Horovod hooks their gradients)
+        fp32 = self._to_bf16(optimizer, sync) if masters else None
         if zero_stage == 2:
             # ZeRO stage 2: the gradients are reduce-scattered by pt.zero, not by Horovod's hooks
             self.optimizer = optimizer
@@ -136,15 +137,18 @@ class Engine:
             # (ZeRO stage 1 keeps its allreduce, overlapped with the backward pass and fused.)
             self.optimizer = hvd.DistributedOptimizer(
                 optimizer, named_parameters=model.named_parameters(),
-                compression=hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none,
+                compression=hvd.Compression.fp16 if compression == "fp16" else Fp32Wire if masters
+                else hvd.Compression.none,
                 backward_passes_per_step=self.k, op=hvd.Average,
                 gradient_predivide_factor=gradient_predivide_factor, process_set=dp_set)
-        if zero_stage or tp_groups:  # the optimizer keeps the hyperparameters; its state lives in shards
+        if zero_stage or tp_groups or masters:  # the optimizer keeps the hyperparameters; its state: shards
             self.zero = ShardedOptimizer(
                 self.optimizer, stage=zero_stage, compression=compression, bucket_mb=zero_bucket_mb,
                 process_set=dp_set, norm_set=hvd.global_process_set if tp_groups else None,
                 norm_weights=TP.norm_weights(self.param_names(), tp_groups, zero_stage > 0) if tp_groups
-                else None)
+                else None, masters=masters)
+            if masters:
+                self.zero.hold_masters(fp32)
         else:
             # Create the optimizer state before the broadcast: Horovod would otherwise create it
             # by taking a step with zero gradients (shifting LAMB's bias correction, one decay).
@@ -153,7 +157,7 @@ class Engine:
             self.device.type, enabled=pcfg.mode == "fp16", init_scale=pcfg.init_scale,
             growth_factor=pcfg.growth_factor, backoff_factor=pcfg.backoff_factor,
             growth_interval=pcfg.growth_interval)
-        if sync:  # (an elastic run syncs inside hvd.elastic.run instead)
+        if sync and not masters:  # (an elastic run syncs inside hvd.elastic.run instead)
             self.broadcast()
         self.stop_signal = STOP  # (the process's one request: a signal during start-up counts)
         self.checkpoint_format = "consolidated"  # (from_config: train.checkpoint_format)
@@ -181,6 +185,38 @@ class Engine:
     def param_names(self) -> list[str]:
         """The parameters' names in the optimizer's order (what its state is indexed by)."""
         return [n for g in self.optimizer.param_groups for n in g["names"]]
+
+    def _to_bf16(self, optimizer: torch.optim.Optimizer, sync: bool) -> list[torch.Tensor]:
+        """bf16 weights (``train.precision.weights``): the model broadcast in fp32 (Horovod 0.28.1
+        refuses bfloat16), then the optimizer's parameters cast; returns their fp32 values."""
+        if launched_elastic() or self.tp is not None:  # (the config refuses tensor parallelism first)
+            raise ConfigError("train.precision.weights=bf16 does not run under Horovod elastic or "
+                              "train.tensor_parallel > 1 yet: set train.precision.weights=fp32, or launch "
+                              "without --min-np/--max-np")
+        if sync:
+            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)  # Horovod:
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        fp32 = [p.detach().clone() for p in params]
+        for p in params:
+            p.data = p.data.to(torch.bfloat16)
+        return fp32
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The model's ``state_dict`` as a checkpoint holds it: with bf16 weights, the whole fp32
+        masters in place of the parameters (a collective: ZeRO's allgather of the masters)."""
+        state = self.model.state_dict()
+        if self.zero is None or self.zero.master is None:
+            return state
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return {**state, **{names[id(p)]: t for p, t in zip(self.zero.params, self.zero.full_masters())}}
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        """A checkpoint's model state (whole, on this rank): with bf16 weights, the masters take the
+        fp32 values and the parameters their bf16 rounding."""
+        self.model.load_state_dict(state)
+        if self.zero is not None and self.zero.master is not None:
+            names = {id(p): n for n, p in self.model.named_parameters()}
+            self.zero.load_masters([state[names[id(p)]].to(self.device) for p in self.zero.params])
 
     def broadcast(self) -> None:
         """Make every rank hold rank 0's parameters and optimizer state (tensor parallelism: its
@@ -379,92 +415,3 @@ class Engine:
     def should_stop(self) -> bool:
         """Whether any rank received a stop signal (a collective: every rank must call it)."""
         return self.any_rank(self.stop_signal.requested, "hvd_bert.stop")
-
-    # ------------------------------------------------------------------ checkpoints
-    def save(self, folder: str | Path, data_state: Any = None, keep: int = 3) -> Path | None:
-        """Write ``folder/ckpt-<step>.pt`` atomically from rank 0 and keep the newest ``keep``
-        (a collective: every rank must call it). The file holds tensors and plain types only
-        (it loads with ``weights_only=True``); the metadata, every rank's RNG included, is
-        ``train.engine.checkpoint_meta`` as JSON. Returns the path on rank 0."""
-        rng = hvd.allgather_object(rng_state(), name="hvd_bert.rng")  # Horovod:
-        if self.checkpoint_format == "sharded":  # every rank its share, written in the background
-            return sharded.save(self, self.writer, folder, checkpoint_meta(self, data_state, rng), keep)
-        optimizer = (self.zero.consolidated_state_dict() if self.zero is not None
-                     else self.optimizer.state_dict() if self.rank == 0 else None)
-        model = self.model.state_dict()
-        if self.tp is not None and self.tp.dp_rank == 0:  # the first group makes every tensor whole
-            model = TP.gather_state_dict(self.model, self.tp)
-            optimizer = TP.gather_optimizer_state(optimizer, self.param_names(), self.tp)
-        path = None
-        if self.rank == 0:
-            state = {"model": model, "optimizer": optimizer, "scaler": self.scaler.state_dict()}
-            meta = {**checkpoint_meta(self, data_state, rng), "digest": state_digest(state)}
-            path = write_checkpoint(folder, self.step_count, state, meta, keep)
-        hvd.barrier()  # Horovod: the file exists before anyone goes on (e.g. to exit)
-        return path
-
-    def wait_for_save(self) -> None:
-        """Wait for a background save to be on disk; its error raised on every rank (a collective)."""
-        self.writer.wait()
-
-    def resume(self, folder_or_file: str | Path | None) -> Any:
-        """Load the newest checkpoint in a folder (or a given file) on rank 0 and broadcast it.
-        Returns the saved data state, or None when there is no checkpoint (a collective)."""
-        loaded = {}
-
-        def read_meta(path):
-            if sharded.S.is_sharded(path):  # (every rank reads its share below)
-                return sharded.S.Reader(path).meta
-            loaded["ckpt"] = load_checkpoint_file(path, self.device)
-            return json.loads(loaded["ckpt"]["meta"])
-
-        def load(path):
-            if "ckpt" not in loaded:
-                return
-            ckpt = loaded.pop("ckpt")
-            check_optimizer_state(ckpt, path, None if self.tp else [p.shape for p in self._params()])
-            if self.tp is not None:  # (whole tensors: every rank gets its share below)
-                loaded["whole"] = ckpt
-                return
-            self.model.load_state_dict(ckpt["model"])
-            if self.zero is not None:  # (rank 0 holds it until the shards are sent)
-                loaded["optimizer"] = ckpt["optimizer"]
-            else:
-                self.optimizer.load_state_dict(ckpt["optimizer"])
-            loaded["scaler"] = ckpt["scaler"]
-
-        meta = resume_on_rank0(self, folder_or_file, (CKPT_SUFFIX, sharded.S.SUFFIX), read_meta=read_meta,
-                               load=load,
-                               broadcast_object=lambda o, n: hvd.broadcast_object(o, root_rank=0, name=n),
-                               allow_resized=self.resume_resized)
-        if meta is None:
-            return None
-        if sharded.S.is_sharded(self.resumed_path):
-            sharded.load_into(self, self.resumed_path)  # every rank reads its own share
-        else:
-            self._scatter_consolidated(loaded)
-        restore_rng(self, meta, set_rng_state)
-        refuse_nonfinite(self, self._nonfinite())
-        return meta["data"]
-
-    def _nonfinite(self) -> list[str]:
-        """This rank's weights, optimizer state and loss scale that are not finite (a resume's check)."""
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        state = self.zero.state if self.zero is not None else {
-            f"{names.get(id(p), '?')}/{k}": v for p in self._params()
-            for k, v in self.optimizer.state.get(p, {}).items()}
-        return nonfinite({**self.model.state_dict(), **{f"optimizer {k}": v for k, v in state.items()}},
-                         float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0)
-
-    def _scatter_consolidated(self, loaded: dict) -> None:
-        """What rank 0 read of a consolidated checkpoint, to every rank (a collective)."""
-        if self.tp is not None:
-            whole = loaded.pop("whole", None)
-            self.zero.load_local(TP.scatter_from_rank0(whole, self.model, self.param_names(), self.tp))
-            loaded["scaler"] = whole["scaler"] if whole is not None else None
-        else:
-            self.broadcast()  # Horovod: parameters and optimizer state from rank 0
-        if self.zero is not None and self.tp is None:
-            self.zero.load_sharded(loaded.pop("optimizer", None))
-        scaler = hvd.broadcast_object(loaded.get("scaler"), root_rank=0, name="hvd_bert.resume.scaler")
-        self.scaler.load_state_dict(scaler)

@@ -37,13 +37,14 @@ def writer() -> S.Writer:
     return S.Writer(lambda obj, name: hvd.allgather_object(obj, name=name))  # Horovod:
 
 
-def _local_tensors(engine) -> tuple[list, list]:
-    """``([(name, whole shape, split)], [tensor])`` of the model's state on this rank."""
+def _local_tensors(engine, state: dict | None = None) -> tuple[list, list]:
+    """``([(name, whole shape, split)], [tensor])`` of the model's state on this rank (``state``:
+    the engine's ``model_state()`` to save; by default the model's tensors)."""
     from hvd_bert.pt import tensor_parallel as TP
 
     tp = engine.tp
     specs, tensors = [], []
-    for name, t in engine.model.state_dict().items():
+    for name, t in (state if state is not None else engine.model.state_dict()).items():
         dim = TP.split_dim(name) if tp is not None else None
         whole = TP.whole_shape(name, t.shape, tp) if tp is not None else list(t.shape)
         specs.append((f"model/{name}", tuple(whole), (dim, tp.size, tp.rank) if dim is not None else None))
@@ -75,7 +76,7 @@ def pieces_of(engine) -> list[tuple[S.Piece, np.ndarray]]:
     """This rank's pieces of the model and optimizer state, copied to host memory."""
     d, di = engine.data_size, engine.data_rank
     first = engine.tp is None or engine.tp.rank == 0  # (writes the tensors whole on its group)
-    specs, tensors = _local_tensors(engine)
+    specs, tensors = _local_tensors(engine, engine.model_state())
     out = [(p, _host(tensors[i].reshape(-1)[slice(*p.flat)])) for i, p in S.rank_pieces(specs, d, di, first)]
     _, bufs, params = _optimizer_tensors(engine)
     z = engine.zero
@@ -130,9 +131,12 @@ def load_into(engine, folder: str | Path) -> dict:
 def _load(engine, reader: S.Reader) -> dict:
     meta = reader.meta
     specs, tensors = _local_tensors(engine)
+    state = {}
     for (name, whole, split), t in zip(specs, tensors):
-        data = reader.read(name, split, dtype=t.detach().cpu().numpy().dtype, shape=whole)
-        t.copy_(torch.from_numpy(data).view(t.shape))
+        dtype = np.float32 if t.dtype == torch.bfloat16 else t.detach().cpu().numpy().dtype  # (masters)
+        data = reader.read(name, split, dtype=dtype, shape=whole)
+        state[name.removeprefix("model/")] = torch.from_numpy(data).view(t.shape)
+    engine.load_model_state(state)
     _, bufs, params = _optimizer_tensors(engine)
     step = int(meta.get("optimizer_step", 0))
     z = engine.zero

@@ -26,6 +26,15 @@ multiple of N, rank r owning elements ``[r S, (r + 1) S)``):
   a resume sends each rank its shard of whatever the file holds. Sharded ones
   (``hvd_bert.pt.sharded``) are written and read by every rank, its own shard only. Either
   resumes at any stage and on any world size.
+* bf16 weights over fp32 masters (``train.precision.weights=bf16``, ``masters=True``): the model
+  holds bf16 weights and gradients; this rank's fp32 master copy of its shard lives here with the
+  optimizer state (split with it at stages 1 and 2, whole at 0), the rule updates the masters and
+  the step writes their bf16 rounding into the weights before the allgather (sent as 16-bit
+  integers: Horovod 0.28.1's collectives refuse bfloat16). Gradients travel and accumulate in fp32
+  at stage 2 (the buckets and the shard accumulator); at stages 0 and 1 Horovod reduces the bf16
+  ``.grad`` on an fp32 wire (:class:`Fp32Wire`). Checkpoints hold the masters as the model's
+  fp32 weights (:meth:`ShardedOptimizer.full_masters`), so a checkpoint is the same file at
+  either precision and resumes at the other.
 * Elastic commits keep a rank's shard and its ring neighbour's (:meth:`ShardedOptimizer.commit`):
   2/N of the state per rank; after the loss of one rank the survivors rebuild every shard of the
   new world from them (:meth:`ShardedOptimizer.recover`).
@@ -42,14 +51,33 @@ import horovod.torch as hvd
 from hvd_bert.core import zero as Z
 from hvd_bert.pt.kernels import optim as fused_optim
 from hvd_bert.pt.optim_parts import SUPPORTED, Norms, Part, piece_rule
+from hvd_bert.pt.zero_state import ShardStates
 
-__all__ = ["ShardedOptimizer", "state_bytes", "update_loss_scale", "loss_scale", "SUPPORTED"]
+__all__ = ["ShardedOptimizer", "Fp32Wire", "state_bytes", "update_loss_scale", "loss_scale", "SUPPORTED"]
 
 IN_FLIGHT = 4  # buckets queued to Horovod at once (it fuses what is queued in one cycle)
 MAX_BUCKETS = 1 << 16  # buckets of a step at most (train.zero.bucket_mb: a smaller one is refused)
 
 
-class ShardedOptimizer:
+class Fp32Wire(hvd.Compression.none):
+    """Horovod's wire format for bf16 gradients: fp32 (Horovod 0.28.1 refuses bfloat16 tensors),
+    cast back on arrival; other tensors as they are."""
+
+    @staticmethod
+    def compress(tensor):
+        return (tensor.float(), tensor.dtype) if tensor.dtype == torch.bfloat16 else (tensor, None)
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tensor.to(ctx)
+
+
+def _wire_view(t: torch.Tensor) -> torch.Tensor:
+    """A bf16 tensor's bits as int16 for Horovod's collectives (the same 2 bytes; exact)."""
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+class ShardedOptimizer(ShardStates):
     """The optimizer state of this rank's shard, and the collectives of a ZeRO step.
 
     ``optimizer`` is the unsharded optimizer over the model's parameters: its parameter groups
@@ -57,9 +85,13 @@ class ShardedOptimizer:
     resume, on rank 0, for as long as the shards take to go out."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, stage: int, compression: str = "none",
-                 bucket_mb: float = 32.0, process_set=None, norm_set=None, norm_weights=None):
+                 bucket_mb: float = 32.0, process_set=None, norm_set=None, norm_weights=None,
+                 masters: bool = False):
         self.optimizer = optimizer
         self.stage = stage
+        # masters: the parameters become bf16 at hold_masters(); the fp32 copy of this rank's shard
+        # lives here. The gradients' reductions and the state are fp32 either way.
+        self.masters, self.dtype, self.master = masters, torch.float32, None
         # the optimizer's own rule over this shard's pieces (hvd_bert.pt.optim_parts.piece_rule)
         self.rule = piece_rule(optimizer)
         self.buffers, self.has_step = tuple(self.rule.buffers), self.rule.has_step
@@ -102,14 +134,47 @@ class ShardedOptimizer:
         self.pieces = self.part.pieces(self.rank)
         self.bucket = max(1, int(self.bucket_mb * (1 << 20)) // 4 // self.size)  # columns of N x S
         like = self.params[0]
-        self.state = {n: torch.zeros(self.part.shard, dtype=like.dtype, device=like.device)
+        self.state = {n: torch.zeros(self.part.shard, dtype=self.dtype, device=like.device)
                       for n in self.buffers}
         self.grad_shard = None
 
+    # ------------------------------------------------------------------ bf16 weights, fp32 masters
+    @torch.no_grad()
+    def hold_masters(self, fp32: list[torch.Tensor]) -> None:
+        """This rank's fp32 masters from the parameters' fp32 values (``fp32``, in the optimizer's
+        order, the same on every rank), the parameters being bf16 already (``masters``)."""
+        self.master = torch.zeros(self.part.shard, dtype=self.dtype, device=self.params[0].device)
+        self._read(fp32, *self.part.bounds(self.rank), self.master)
+
+    @torch.no_grad()
+    def full_masters(self) -> list[torch.Tensor]:
+        """The whole fp32 masters of every parameter, on every rank (an allgather of the shards:
+        a collective), for a checkpoint: what the bf16 weights round."""
+        whole = [torch.zeros(p.shape, dtype=self.dtype, device=p.device) for p in self.params]
+        self._write(whole, *self.part.bounds(self.rank), self.master)
+        if self.size > 1:
+            self.allgather_params(whole)
+        return whole
+
+    @torch.no_grad()
+    def load_masters(self, fp32: list[torch.Tensor]) -> None:
+        """A checkpoint's fp32 weights (whole, on every rank) into the masters and, rounded, into
+        the bf16 parameters."""
+        self.hold_masters(fp32)
+        for p, t in zip(self.params, fp32):
+            p.copy_(t)
+
+    def _publish(self) -> None:
+        """The updated masters' bf16 rounding into this rank's pieces of the parameters."""
+        for i, off, pos, n in self.pieces:
+            self.params[i].detach().view(-1)[off:off + n].copy_(self.master[pos:pos + n])
+
     # ------------------------------------------------------------------ sizes
     def state_bytes(self) -> int:
-        """The bytes of this rank's optimizer state (its shard of every buffer)."""
-        return sum(t.numel() * t.element_size() for t in self.state.values())
+        """The bytes of this rank's optimizer state (its shard of every buffer, and of the fp32
+        masters where the weights are bf16)."""
+        held = list(self.state.values()) + ([self.master] if self.master is not None else [])
+        return sum(t.numel() * t.element_size() for t in held)
 
     # ------------------------------------------------------------------ flat ranges
     def _spans(self, lo: int, hi: int):
@@ -174,7 +239,7 @@ class ShardedOptimizer:
 
     def _launch(self, j: int) -> None:
         lo, hi = self.buckets[j]
-        buf = torch.empty(hi - lo, dtype=self.params[0].dtype, device=self.params[0].device)
+        buf = torch.empty(hi - lo, dtype=self.dtype, device=self.params[0].device)
         self._read([p.grad for p in self.params], lo, hi, buf)
         wire, ctx = self.compression.compress(buf)
         handle = hvd.allreduce_async_(wire, name=f"hvd_bert.zero.grad.{j}", op=hvd.Average,
@@ -190,7 +255,7 @@ class ShardedOptimizer:
         """Add this rank's part of each reduced bucket (in order; ``wait``: all of them) to the
         shard accumulator and let the bucket go."""
         if self.grad_shard is None:
-            self.grad_shard = torch.zeros(self.part.shard, dtype=self.params[0].dtype,
+            self.grad_shard = torch.zeros(self.part.shard, dtype=self.dtype,
                                           device=self.params[0].device)
         mine_lo, mine_hi = self.part.bounds(self.rank)
         while self.in_flight and (wait or hvd.poll(self.in_flight[0][3])):
@@ -219,27 +284,30 @@ class ShardedOptimizer:
         shard, length)``: views into the parameters, so that the step updates them in place, and
         into ``.grad`` (stage 1: Horovod's allreduce left it whole) or the gradient shard (2)."""
         for i, off, pos, n in self.pieces:
-            w = self.params[i].detach().view(-1)[off:off + n]
-            if self.stage < 2:
+            w = self.params[i].detach().view(-1)[off:off + n] if self.master is None else \
+                self.master[pos:pos + n]
+            if self.grad_shard is None:
                 yield i, w, self.params[i].grad.view(-1)[off:off + n], pos, n
             else:
                 yield i, w, self.grad_shard[pos:pos + n], pos, n
 
-    def allgather_params(self) -> None:
-        """Every rank's updated piece of the parameters into every rank's (a collective)."""
+    def allgather_params(self, targets: list[torch.Tensor] | None = None) -> None:
+        """Every rank's updated piece of the parameters (or of ``targets``, tensors of their shapes)
+        into every rank's (a collective)."""
         s = self.part.shard
         lo = self.rank * s
-        targets = [p.detach() for p in self.params]
+        targets = targets if targets is not None else [p.detach() for p in self.params]
 
         def submit(cols):
             a, b = cols
             mine = torch.empty(1, b - a, dtype=targets[0].dtype, device=targets[0].device)
             self._read(targets, lo + a, lo + b, mine[0])
-            return hvd.allgather_async(mine, name=f"hvd_bert.zero.ag.{a}", process_set=self.process_set)
+            return hvd.allgather_async(_wire_view(mine), name=f"hvd_bert.zero.ag.{a}",
+                                       process_set=self.process_set)
 
         def finish(cols, handle):
             a, b = cols
-            full = hvd.synchronize(handle)
+            full = hvd.synchronize(handle).view(targets[0].dtype)
             for r in range(self.size):
                 start, stop = r * s + a, min(r * s + b, self.part.total)
                 if start < stop and r != self.rank:
@@ -284,6 +352,9 @@ class ShardedOptimizer:
         it back."""
         if self.stage == 2 and self.grad_shard is None:
             raise RuntimeError("ZeRO stage 2: step() with no gradients reduced")
+        if self.stage < 2 and self.master is not None:  # this rank's part of the bf16 .grad, in fp32
+            self.grad_shard = torch.zeros(self.part.shard, dtype=self.dtype, device=self.params[0].device)
+            self._read([p.grad for p in self.params], *self.part.bounds(self.rank), self.grad_shard)
         gsq = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
         for i, _, gp, _, _ in self._pieces():
             if torch.is_tensor(inv_scale) or inv_scale != 1.0:
@@ -297,6 +368,8 @@ class ShardedOptimizer:
         self.step_count += 1
         # the optimizer's rule on this rank's pieces, the whole tensors' norms by an allreduce
         self.rule.update(self._parts(), Norms(len(self.params), self._complete), clip, gate)
+        if self.master is not None:
+            self._publish()
         self.grad_shard = None
         if self.size > 1:
             self.allgather_params()
@@ -305,114 +378,6 @@ class ShardedOptimizer:
     def skipped(self) -> None:
         """The last :meth:`step` did not apply (its gate was 0): its count taken back."""
         self.step_count -= 1
-
-    # ------------------------------------------------------------------ checkpoints
-    def consolidated_state_dict(self) -> dict | None:
-        """The unsharded optimizer's ``state_dict`` on rank 0 (None elsewhere), received buffer
-        by buffer, shard by shard (a collective)."""
-        full = {}
-        for name in self.buffers:
-            flat = None
-            if self.rank == 0:
-                flat = torch.empty(self.part.shard * self.size, dtype=self.state[name].dtype)
-            for r in range(self.size):
-                shard = self.state[name] if r == self.rank else torch.empty_like(self.state[name])
-                got = shard if self.size == 1 else hvd.broadcast(
-                    shard, root_rank=self.roots[r], name=f"hvd_bert.zero.save.{name}.{r}",
-                    process_set=self.process_set)
-                if flat is not None:
-                    lo, hi = self.part.bounds(r)
-                    flat[lo:hi].copy_(got.cpu())
-            full[name] = flat
-        if self.rank != 0:
-            return None
-        sd = self.optimizer.state_dict()
-        state = {}
-        for i, p in enumerate(self.params):
-            entry = {}
-            if self.has_step:
-                entry["step"] = torch.tensor(float(self.step_count), dtype=torch.float32)
-            for name in self.buffers:
-                entry[name] = full[name][self.starts[i]:self.starts[i + 1]].view(p.shape)
-            state[i] = entry
-        sd["state"] = state
-        return sd
-
-    def load_sharded(self, state_dict: dict | None) -> None:
-        """This rank's shard of a stage-0-format optimizer state that rank 0 holds (a
-        collective; ``state_dict`` is read on rank 0 only)."""
-        step = None
-        if self.rank == 0:
-            states = [state_dict["state"].get(i, {}) for i in range(len(self.params))]
-            step = int(float(states[0]["step"])) if self.has_step and states and "step" in states[0] else 0
-        self.step_count = hvd.broadcast_object(step, root_rank=self.roots[0], name="hvd_bert.zero.load.step",
-                                               process_set=self.process_set)
-        for name in self.buffers:
-            for r in range(self.size):
-                shard = torch.zeros_like(self.state[name])
-                if self.rank == 0:
-                    lo, hi = self.part.bounds(r)
-                    self._read([s.get(name) for s in states], lo, hi, shard)
-                got = hvd.broadcast(shard, root_rank=self.roots[0], name=f"hvd_bert.zero.load.{name}.{r}",
-                                    process_set=self.process_set)
-                if r == self.rank:
-                    self.state[name].copy_(got)
-
-    def load_local(self, state_dict: dict) -> None:
-        """This rank's shard of a stage-0-format optimizer state that every rank holds (no
-        collective: under tensor parallelism each rank was sent its share whole)."""
-        states = [state_dict["state"].get(i, {}) for i in range(len(self.params))]
-        first = states[0] if states else {}
-        self.step_count = int(float(first["step"])) if self.has_step and "step" in first else 0
-        lo, hi = self.part.bounds(self.rank)
-        for name in self.buffers:
-            self._read([st.get(name) for st in states], lo, hi, self.state[name])
-
-    # ------------------------------------------------------------------ elastic
-    def commit(self) -> dict:
-        """What an elastic commit keeps of the optimizer state (a collective): this rank's shard and
-        a copy of its ring neighbour's (rank r + 1's, sent by an alltoall), in host memory: 2/N of
-        the state per rank, from which the loss of any one rank is recovered (:meth:`recover`)."""
-        shards = {self.rank: {n: self.state[n].to("cpu", copy=True) for n in self.buffers}}
-        if self.size > 1 and self.buffers:  # (Z.committed_shards: this one and rank + 1's)
-            mine = torch.stack([self.state[n] for n in self.buffers]).reshape(1, -1)
-            splits = torch.zeros(self.size, dtype=torch.int32)
-            splits[(self.rank - 1) % self.size] = 1  # Horovod: to the ring neighbour before this rank
-            got, _ = hvd.alltoall(mine, splits=splits, name="hvd_bert.zero.commit",
-                                  process_set=self.process_set)
-            got = got.reshape(len(self.buffers), -1).cpu()
-            shards[(self.rank + 1) % self.size] = {n: got[i].clone() for i, n in enumerate(self.buffers)}
-        return {"world_size": self.size, "step": self.step_count, "shards": shards}
-
-    @staticmethod
-    def commit_bytes(commit: dict) -> int:
-        return sum(t.numel() * t.element_size() for s in commit["shards"].values() for t in s.values())
-
-    def recover(self, commit: dict | None) -> dict | None:
-        """This world's shards (after :meth:`repartition`) from the commits the ranks hold now (a
-        collective; a worker that joined holds none): each old shard is broadcast once by a rank
-        that holds it, and every rank keeps what falls in its new shard. Returns this rank's
-        commit in the new world (None when no rank had committed: the state stays fresh).
-        Raises ``core.zero.LostShards`` when a shard was held by ranks that are all gone (two
-        neighbours)."""
-        plan = Z.recovery(hvd.allgather(torch.tensor([Z.commit_row(commit)], dtype=torch.int64),
-                                        name="hvd_bert.zero.recover", process_set=self.process_set).tolist())
-        if plan is None:
-            return None
-        old_size, step, holder = plan
-        old = Z.partition(self.part.sizes, old_size)
-        self.step_count = step
-        for name in self.buffers:
-            self.state[name].zero_()
-            for j in range(old_size):
-                src = commit["shards"][j][name] if holder[j] == self.rank else \
-                    torch.empty(old.shard, dtype=self.state[name].dtype)
-                got = hvd.broadcast(src, root_rank=self.roots[holder[j]],
-                                    name=f"hvd_bert.zero.recover.{name}.{j}", process_set=self.process_set)
-                cut = Z.overlap(old, j, self.part, self.rank)
-                if cut is not None:
-                    self.state[name][cut[2]:cut[3]].copy_(got[cut[0]:cut[1]])
-        return self.commit()
 
     def drop_gradients(self) -> None:
         """Forget every gradient and reduction in flight without waiting for it (after Horovod

@@ -91,6 +91,9 @@ class Engine:
                  sync: bool = True, zero_stage: int = 0, zero_bucket_mb: float = 32.0):
         init_horovod()  # the one path (hvd_bert.cluster.horovod.init_horovod); once per process
         pcfg = check_engine_args(backward_passes_per_step, compression, precision)
+        if pcfg.weights == "bf16":
+            raise ConfigError("train.precision.weights=bf16 is PyTorch's (Keras keeps its variables in fp32 "
+                              "under the mixed_bfloat16 policy): set train.precision.weights=fp32")
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.schedule, self.k, self.precision = schedule, backward_passes_per_step, pcfg
         self.max_grad_norm = max_grad_norm

@@ -21,7 +21,7 @@ PER_NODE_PATHS = ("data", "eval_data", "init_checkpoint", "checkpoint", "input")
 # Settings a resumed run may change (dotted prefixes).
 FREE = ("train.log_every", "train.checkpoint_every", "train.keep_checkpoints", "train.output_dir",
         "train.resume_resized", "train.resume_unchecked", "train.max_skipped_steps", "train.stall_timeout_s",
-        "train.checkpoint_format",
+        "train.checkpoint_format", "train.precision.weights",
         "train.report_to",
         "train.horovod", "train.elastic", "train.zero", "train.tensor_parallel", "train.schedule.total_steps",
         "progress", "epochs", "eval_every", "eval_batch_size", "eval_batch_users", "target_hr", "eval_data",

@@ -16,6 +16,15 @@ def test_one_rank_holds_its_share(stage, tp, dp, want):
     assert (m.weights / GIB, m.gradients / GIB, m.optimizer_state / GIB) == want
 
 
+@pytest.mark.parametrize("stage,dp,want", [
+    (0, 4, (2, 2, 12)), (1, 4, (2, 2, 3)), (2, 4, (2, 1, 3))])
+def test_bf16_weights_hold_2_bytes_and_the_fp32_masters_go_with_the_state(stage, dp, want):
+    """DeepSpeed's mixed-precision ZeRO: 2 + 2 bytes a parameter plus (4 masters + 8 LAMB) / N;
+    at stage 2 the gradient shard is fp32 (4 / N)."""
+    m = rank_memory(GIB, 0, buffers=2, zero_stage=stage, tensor_parallel=1, data_parallel=dp, masters=True)
+    assert (m.weights / GIB, m.gradients / GIB, m.optimizer_state / GIB) == want
+
+
 def test_parameters_held_whole_are_not_split():
     m = rank_memory(100, 50, buffers=1, zero_stage=0, tensor_parallel=2, data_parallel=1)
     assert m.weights == (50 + 50) * 4

@@ -111,3 +111,37 @@ def test_a_step_skipped_inside_a_window_is_counted_when_it_is_read(monkeypatch):
     assert res.steps == 10 and res.skipped_steps == 1
     assert [h["step"] for h in res.history] == [5, 10]
     assert sum(len(r) for r in reads) == 11
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_bf16_weights_over_fp32_masters_step_on_the_device_too(stage, monkeypatch):
+    """``train.precision.weights=bf16``: the parameters and gradients are bf16, the step reads
+    nothing to the host, a step with an inf changes neither the weights nor the masters, and the
+    masters are what the weights round (LAMB with clipping, k=2)."""
+    monkeypatch.setenv("HVD_BERT_FUSED_OPTIM", "0")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+    cfg = apply_overrides(TrainConfig(), [
+        "optim.name=lamb", "optim.lr=0.01", f"zero.stage={stage}", "precision.mode=bf16",
+        "precision.weights=bf16", "batch.local_batch_size=4", "batch.backward_passes_per_step=2",
+        "schedule.name=constant", "schedule.total_steps=10", "optim.max_grad_norm=0.5"])
+    engine = Engine.from_config(model, cfg, loss_fn=loss_fn)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    for step in range(4):
+        before = [p.detach().clone() for p in model.parameters()]
+        masters = engine.model_state()
+        with host_reads() as seen:
+            for micro in range(2):
+                bad = step == 2 and micro == 1
+                res = engine.train_micro_batch((x * float("inf") if bad else x, y), defer=True)
+        assert seen == [], f"host reads inside step {step}: {seen}"
+        result, _ = engine.finish_step(res, {})
+        assert result.skipped == (step == 2)
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        assert unchanged == (step == 2)
+        after = engine.model_state()
+        assert all(torch.equal(masters[k], after[k]) for k in after) == (step == 2)
+        for name, p in model.named_parameters():
+            assert after[name].dtype == torch.float32 and torch.equal(after[name].bfloat16(), p.detach())
+    assert engine.memory()["parameters"] == sum(p.numel() for p in model.parameters()) * 2
