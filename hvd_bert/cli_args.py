@@ -10,6 +10,10 @@ from typing import Callable
 __all__ = ["build_parser", "EXAMPLES", "without_launch_flags", "int64", "real", "count"]
 
 
+SHARDS_MAX = 1 << 20  # output shards of a preparation at most
+SEQ_MAX = 1 << 16  # a prepared sequence's tokens at most
+
+
 def int64(text: str) -> int:
     """An integer option: what a 64-bit signed integer holds (the range of every integer setting,
     ``config.base``), so that a seed or a count past it is refused here, not deep in a framework."""
@@ -37,13 +41,14 @@ def real(low: float, high: float = float("inf"), *, above: bool = False) -> Call
     return parse
 
 
-def count(high: int) -> Callable[[str], int]:
-    """A count option: an integer from 1 to ``high`` (a simulation's GPUs, tensors, samples,
-    accumulation), refused here in one line otherwise."""
+def count(high: int, low: int = 1) -> Callable[[str], int]:
+    """A count option: an integer from ``low`` (1) to ``high`` (a simulation's GPUs, tensors,
+    samples, accumulation; a preparation's shards and sequence length), refused here in one line
+    otherwise."""
     def parse(text: str) -> int:
         value = int(text)
-        if not 1 <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text} is not a count from 1 to {high}")
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not a count from {low} to {high}")
         return value
     parse.__name__ = "count"
     return parse
@@ -190,13 +195,13 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
                    help="phase 2: the text, vocab and case of this phase-1 data folder (or of a run "
                         "folder's data); --input, --vocab, --cased/--uncased still override")
     _add_case_args(p)
-    p.add_argument("--num-shards", type=int64, default=None,
+    p.add_argument("--num-shards", type=count(SHARDS_MAX), default=None,
                    help="output shards (default: 8, or about one per 32 MiB of input text)")
-    p.add_argument("--max-seq-length", type=int64, default=128)
-    p.add_argument("--max-predictions-per-seq", type=int64, default=20)
+    p.add_argument("--max-seq-length", type=count(SEQ_MAX, 8), default=128)
+    p.add_argument("--max-predictions-per-seq", type=count(SEQ_MAX), default=20)
     p.add_argument("--masked-lm-prob", type=real(0, 1), default=0.15)
     p.add_argument("--short-seq-prob", type=real(0, 1), default=0.1)
-    p.add_argument("--dupe-factor", type=int64, default=5)
+    p.add_argument("--dupe-factor", type=count(1 << 10), default=5)
     p.add_argument("--seed", type=seed, default=12345)
     p.add_argument("--overwrite", action="store_true", help="replace prepared data in --output")
     p.set_defaults(func=commands["prepare_bert"])
@@ -218,8 +223,9 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--regression", action="store_true",
                    help="the label column is a number (fine-tuned with a 1-output head and MSE, as STS-B)")
     _add_case_args(p)
-    p.add_argument("--num-shards", type=int64, default=2)
-    p.add_argument("--max-seq-length", type=int64, default=128)
+    p.add_argument("--num-shards", type=count(SHARDS_MAX), default=2)
+    p.add_argument("--max-seq-length", type=count(SEQ_MAX, 3), default=128,
+                   help="tokens a sequence holds, [CLS] and [SEP] included (3 to 65536)")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=commands["prepare_classification"])
 
@@ -232,8 +238,9 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
                                                   "tokenizer.json, or the checkpoint folder itself")
     p.add_argument("--labels", nargs="*", help="tag order (pass the training set's to a dev set)")
     _add_case_args(p)
-    p.add_argument("--num-shards", type=int64, default=2)
-    p.add_argument("--max-seq-length", type=int64, default=128)
+    p.add_argument("--num-shards", type=count(SHARDS_MAX), default=2)
+    p.add_argument("--max-seq-length", type=count(SEQ_MAX, 3), default=128,
+                   help="tokens a sequence holds, [CLS] and [SEP] included (3 to 65536)")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=commands["prepare_token_classification"])
 
@@ -252,7 +259,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--doc-stride", type=count(1 << 20), default=128,
                    help="tokens between two windows' starts")
     p.add_argument("--max-query-length", type=count(1 << 20), default=64)
-    p.add_argument("--num-shards", type=int64, default=8)
+    p.add_argument("--num-shards", type=count(SHARDS_MAX), default=8)
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=commands["prepare_squad"])
 
@@ -375,7 +382,8 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
                    help="with --model-size: fp32 training (4+4+8 bytes per parameter, not 2+2+12)")
     p.add_argument("--calibrate", action="store_true",
                    help="fit alpha and bandwidth from allreduces measured here (flat network)")
-    p.add_argument("--calibrate-np", type=int64, help="ranks to measure with (2; with --calibrate-hosts: "
+    p.add_argument("--calibrate-np", type=count(1 << 16),
+                   help="ranks to measure with (2; with --calibrate-hosts: "
                                                     "every slot)")
     p.add_argument("--calibrate-hosts", help="measure across these hosts (horovodrun -H syntax, e.g. "
                                              "node1:2,node2:2; run it on the first of them)")

@@ -204,11 +204,42 @@ def safe_yaml(text: str, source: str) -> Any:
             if node is None:
                 return None
             _expanded_size(node, source)
+            _refuse_ambiguous(node, source)
             return loader.construct_document(node)
         finally:
             loader.dispose()
     except yaml.YAMLError as e:
         raise ConfigError(f"{source} is not valid YAML: {_first_line(e)}") from None
+
+
+def _refuse_ambiguous(root, source: str) -> None:
+    """A key written twice in one mapping (YAML keeps the last silently: a whole block dropped) and
+    a base-60 number (YAML 1.1 reads ``1:30`` as 90) are ConfigErrors naming the line."""
+    import yaml
+
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: dict = {}
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value != "<<":
+                    if k.value in keys:
+                        raise ConfigError(f"{source} line {k.start_mark.line + 1}: the key {k.value!r} is "
+                                          f"written twice in one mapping (also line {keys[k.value] + 1}); "
+                                          f"YAML would keep only the last: write each key once")
+                    keys[k.value] = k.start_mark.line
+                stack += [k, v]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
+        elif isinstance(node, yaml.ScalarNode) and node.tag.endswith((":int", ":float")) \
+                and ":" in node.value:
+            raise ConfigError(f"{source} line {node.start_mark.line + 1}: {node.value} reads as a base-60 "
+                              f"number in YAML 1.1; quote it if it is text, or write the number in base 10")
 
 
 def _first_line(e: Exception) -> str:

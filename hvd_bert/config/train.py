@@ -64,10 +64,14 @@ class OptimConfig:
         require(0 < self.lr < 1e4, f"train.optim.lr must be in (0, 1e4), got {self.lr}: no recipe steps that "
                                    f"far "
                                     f"(LARS for ResNet peaks near 30)")
-        require(self.weight_decay >= 0, f"train.optim.weight_decay must be >= 0, got {self.weight_decay}")
+        require(0 <= self.weight_decay <= 10, f"train.optim.weight_decay must be in [0, 10], got "
+                                              f"{self.weight_decay} (BERT's 0.01)")
+        require(0 < self.eta <= 1e3, f"train.optim.eta must be in (0, 1e3], got {self.eta}: LARS's trust "
+                                     f"coefficient (0.001)")
         require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
                  f"train.optim.beta1/beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
-        require(self.eps >= 0, f"train.optim.eps must be >= 0, got {self.eps}")
+        require(0 < self.eps < 1, f"train.optim.eps must be in (0, 1), got {self.eps}: it keeps the "
+                                  f"update's denominator off zero (BERT's 1e-6)")
         require(0 <= self.momentum < 1, f"train.optim.momentum must be in [0, 1), got {self.momentum}")
         require(self.base_batch_size > 0,
                 f"train.optim.base_batch_size must be > 0, got {self.base_batch_size}")
@@ -169,7 +173,12 @@ class ScheduleConfig:
         require(self.warmup_steps >= 0, f"train.schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
         require(self.power > 0, f"train.schedule.power must be > 0 (a decay: the LR never rises past its "
                                 f"peak), got {self.power}")
-        require(self.end_lr >= 0, f"train.schedule.end_lr must be >= 0, got {self.end_lr}")
+        require(0 <= self.end_lr < 1e4 and 0 <= self.warmup_init_lr < 1e4,
+                f"train.schedule.end_lr and warmup_init_lr must be in [0, 1e4), got {self.end_lr}, "
+                f"{self.warmup_init_lr}")
+        require(0 < self.factor <= 1, f"train.schedule.factor must be in (0, 1], got {self.factor}: the step "
+                                      f"schedule's multiplier at each boundary (a decay: the LR never rises "
+                                      f"past its peak)")
         b = list(self.boundaries)
         require(all(x >= 1 for x in b) and all(x < y for x, y in zip(b, b[1:])),
                 f"train.schedule.boundaries must be steps from 1 up, strictly increasing, got {b}")
@@ -211,11 +220,19 @@ class PrecisionConfig:
     growth_factor: float = doc(2.0, "scale multiplier after growth_interval clean steps")
     backoff_factor: float = doc(0.5, "scale multiplier on an overflow (the step is skipped)")
     growth_interval: int = doc(2000, "clean steps before the scale grows")
+    weights: Literal["fp32", "bf16"] = doc(
+        "fp32", "the model's weights and gradients: fp32, or bf16 over fp32 master weights kept with the "
+                "optimizer state and split with it under ZeRO (PyTorch; needs mode=bf16)")
 
     def __post_init__(self) -> None:
-        require(self.init_scale > 0, f"train.precision.init_scale must be > 0, got {self.init_scale}")
-        require(self.growth_factor > 1,
-                f"train.precision.growth_factor must be > 1, got {self.growth_factor}")
+        require(self.weights == "fp32" or self.mode == "bf16",
+                f"train.precision.weights=bf16 needs train.precision.mode=bf16 (the forward pass in bf16), "
+                f"got mode={self.mode}: set train.precision.mode=bf16, or weights=fp32")
+        require(0 < self.init_scale <= 2.0 ** 64,
+                f"train.precision.init_scale must be in (0, 2^64], got {self.init_scale} "
+                f"(GradScaler's 65536)")
+        require(1 < self.growth_factor <= 1e3,
+                f"train.precision.growth_factor must be in (1, 1e3], got {self.growth_factor}")
         require(0 < self.backoff_factor < 1,
                  f"train.precision.backoff_factor must be in (0, 1), got {self.backoff_factor}")
         require(self.growth_interval > 0,
@@ -268,8 +285,10 @@ class HorovodConfig:
                             "(chrome://tracing); empty = none")
 
     def __post_init__(self) -> None:
-        require(self.gradient_predivide_factor > 0,
-                 f"train.horovod.gradient_predivide_factor must be > 0, got {self.gradient_predivide_factor}")
+        require(1 <= self.gradient_predivide_factor <= 1e6,
+                 f"train.horovod.gradient_predivide_factor must be in [1, 1e6], got "
+                 f"{self.gradient_predivide_factor}: the part of the average taken before the sum (1: all "
+                 f"of it after; the world size: all of it before)")
         require(not self.autotune_log or self.autotune,
                  "train.horovod.autotune_log is set but train.horovod.autotune is false: set "
                  "train.horovod.autotune=true")
@@ -389,6 +408,9 @@ class TrainConfig:
         require(self.stall_timeout_s == 0 or self.stall_timeout_s >= 1,
                 f"stall_timeout_s must be 0 (never) or at least 1 second, got {self.stall_timeout_s}")
         require(self.tensor_parallel >= 1, f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
+        require(self.tensor_parallel == 1 or self.precision.weights == "fp32",
+                "train.precision.weights=bf16 does not run under train.tensor_parallel > 1 yet: set "
+                "train.precision.weights=fp32 or train.tensor_parallel=1")
         activation_policy(self.activation_checkpointing)  # (a ConfigError naming the choices)
         require(self.max_skipped_steps > 0, f"max_skipped_steps must be > 0, got {self.max_skipped_steps}")
         require(self.log_every > 0, f"log_every must be > 0, got {self.log_every}")

@@ -49,6 +49,10 @@ def read_table(path: Path, delimiter: str | None) -> tuple[list[str], list[list[
     rows = _read_rows(path, delimiter)
     if len(rows) < 2:
         raise DatasetError(f"table {path} has no data rows (a header line and at least one row)")
+    twice = sorted({c for c in rows[0] if rows[0].count(c) > 1})
+    if twice:  # (which column a name means would be a guess)
+        raise DatasetError(f"table {path}: the header names the column {twice[0]!r} more than once; "
+                           f"give each column its own name")
     return rows[0], rows[1:]
 
 
@@ -96,6 +100,11 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
     ``regression`` for a table) keeps its numeric labels as ``label_values``."""
 
     out = Path(output_dir)
+    from hvd_bert.data.token_classification import MAX_SEQ
+
+    if not 3 <= max_seq_length <= MAX_SEQ or not 1 <= num_shards <= 1 << 20:
+        raise DatasetError(f"--max-seq-length {max_seq_length}, --num-shards {num_shards}: give 3 to "
+                           f"{MAX_SEQ} tokens ([CLS], the text and [SEP]) and 1 to 1048576 shards")
     if task is not None:
         if task not in TASKS:
             raise DatasetError(f"unknown GLUE task {task!r}; choose one of {sorted(TASKS)}")

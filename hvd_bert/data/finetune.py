@@ -135,6 +135,8 @@ def label_fault(names) -> str | None:
         return f"labels {names!r} is not a list of names"
     seen: dict[str, int] = {}
     for i, name in enumerate(names):
+        if not name.isprintable():
+            return f"the label {name!r} holds characters that do not print (controls, direction marks)"
         if name in seen:
             return f"the label {name!r} names outputs {seen[name]} and {i}: a label map is one-to-one"
         seen[name] = i
@@ -190,8 +192,20 @@ def _checked_task(path: Path) -> dict:
         raise bad(label_fault(labels))
     for key in ("max_seq_length", "doc_stride", "max_query_length"):
         v = rec.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise bad(f"{key} {v!r} is not a positive count")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 16):
+            raise bad(f"{key} {v!r} is not a count from 1 to 65536")
+    glue = rec.get("glue_task")
+    if glue is not None:
+        from hvd_bert.data.glue import TASKS
+
+        if not isinstance(glue, str) or glue not in TASKS:
+            raise bad(f"glue_task {glue!r} is not one of {sorted(TASKS)}")
+        kind = REGRESSION if TASKS[glue].labels is None else CLASSIFICATION
+        if kind != rec["task"] or (labels is not None and kind == CLASSIFICATION
+                                   and sorted(labels) != sorted(TASKS[glue].labels)):
+            raise bad(f"glue_task {glue!r} is a {kind} task with labels {TASKS[glue].labels}, the record's "
+                      f"task is {rec['task']} with labels {labels}")
+
     if rec.get("do_lower_case") is not None and not isinstance(rec["do_lower_case"], bool):
         raise bad(f"do_lower_case {rec['do_lower_case']!r} is not true or false")
     return rec

@@ -140,7 +140,7 @@ def read_sidecar(folder: str | Path, kind: str | tuple[str, ...],
     _check_fields(meta, side)
     if meta.get("kind") not in kinds:
         raise DatasetError(f"{folder} holds {meta.get('kind')!r} data, expected "
-                           f"{' or '.join(map(repr, kinds))}")
+                           f"{' or '.join(map(repr, kinds))}: give a folder of that kind ({how})")
     for shard in meta.get("shards", []):
         path = folder / shard["file"]
         if not path.is_file():

@@ -187,6 +187,17 @@ def evaluate_files(data_file: str | Path, predictions_file: str | Path,
     if na is not None and str(data.get("version")) in ("1.1", "v1.1"):
         raise DatasetError(f"--na-prob is for SQuAD v2.0; {data_file} is version 1.1")
     if na is not None:
+        import math
+
+        if not isinstance(na, dict):
+            raise DatasetError(f"{na_prob_file} is not a no-answer probabilities file (a JSON object of "
+                               f"question id -> a number, the official script's null_odds.json)")
+        odd = next(((k, v) for k, v in na.items() if isinstance(v, bool) or not isinstance(v, (int, float))
+                    or not math.isfinite(v)), None)
+        if odd is not None:
+            raise DatasetError(f"{na_prob_file}: the no-answer probability of question {odd[0]} is "
+                               f"{odd[1]!r}, not a finite number; give each question's probability as a "
+                               f"number")
         missing = [k for k in preds if k not in na]
         if missing:
             raise DatasetError(f"{na_prob_file} has no probability for question {missing[0]} "

@@ -53,9 +53,10 @@ def user_errors() -> tuple[type, ...]:
 
 
 def refuse_horovod_files_over_inputs(cfg) -> None:
-    """The files Horovod writes (``train.horovod.timeline``, ``autotune_log``) never over what the
-    job reads (``run_folder.job_reads``): refused (``files.OutputClash``, one line) before Horovod
-    starts, on every rank alike."""
+    """The files Horovod writes (``train.horovod.timeline``, ``autotune_log``) and a local MLflow
+    store (``MLFLOW_TRACKING_URI``) never over what the job reads (``run_folder.job_reads``), the
+    store never in a checkpoint: refused (``files.OutputClash``, one line) before Horovod starts,
+    on every rank alike."""
     from hvd_bert.files import refuse_clash
     from hvd_bert.jobs.run_folder import job_reads
 
@@ -66,6 +67,25 @@ def refuse_horovod_files_over_inputs(cfg) -> None:
     for key, path in (("timeline", hcfg.timeline), ("autotune_log", hcfg.autotune_log)):
         if path:
             refuse_clash(path, reads, what=f"train.horovod.{key}")
+    if "mlflow" in cfg.train.report_to:  # a local MLflow store: never in an input, nor in a checkpoint
+        import os
+
+        from hvd_bert.files import OutputClash
+        from hvd_bert.train.checkpoint import ALL, is_checkpoint_name
+        from hvd_bert.train.trackers import local_store
+
+        store = local_store(os.environ.get("MLFLOW_TRACKING_URI"))
+        if store is not None:
+            refuse_clash(store, reads, what="MLFLOW_TRACKING_URI's store", folder=True)
+            resolved = store.resolve()
+            hit = next((p for p in (resolved, *resolved.parents)
+                        if any(is_checkpoint_name(p, s) for s in ALL)), None)
+            if hit is not None:
+                import errno
+
+                raise OutputClash(errno.EEXIST, f"MLFLOW_TRACKING_URI's store {store} lies inside the "
+                                                f"checkpoint {hit}, which checkpoints replace and prune: put "
+                                                f"the store outside every checkpoint, e.g. in the run folder")
 
 
 def run_job(name: str, cfg, on_data_error=None) -> int:

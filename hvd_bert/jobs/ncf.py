@@ -39,18 +39,23 @@ FEW_STEPS = 100  # steps an epoch below which a smaller batch is advised
 def trained_checkpoint(path: str) -> Path:
     """The checkpoint ``init_checkpoint`` names: an NCF run folder's best model (``best/``), else
     its newest checkpoint, or a checkpoint itself."""
-    from hvd_bert.train.checkpoint import ALL, is_checkpoint_name, latest_checkpoint
+    from hvd_bert.train.checkpoint import ALL, checkpoint_folder, is_checkpoint_name, latest_checkpoint
 
     p = Path(path).expanduser()
     if not p.exists():
         raise ConfigError(f"init_checkpoint {p} does not exist: give an NCF run folder or one of its "
                           f"ckpt-* checkpoints")
-    if any(is_checkpoint_name(p, s) for s in ALL):
-        return p
-    found = latest_checkpoint(p / "best", ALL) or latest_checkpoint(p, ALL)
+    found = p if any(is_checkpoint_name(p, s) for s in ALL) else \
+        latest_checkpoint(p / "best", ALL) or latest_checkpoint(p, ALL)
     if found is None:
         raise ConfigError(f"init_checkpoint {p} holds no checkpoint (no best/ckpt-* and no ckpt-*): give "
                           f"the folder of a finished hvd-bert ncf run")
+    folder = checkpoint_folder(found)
+    if folder.name == "best":
+        folder = folder.parent
+    if (folder / "bert_config.json").is_file() or (folder / "task.json").is_file():
+        raise ConfigError(f"init_checkpoint {p} holds a BERT checkpoint ({folder / 'bert_config.json'} "
+                          f"beside it), not an NCF model: give the folder of a finished hvd-bert ncf run")
     return found
 
 
@@ -99,6 +104,16 @@ def recommend_users(path: str, data, reads: list) -> tuple[np.ndarray, Path]:
     source = Path(path).expanduser()
     out = source.with_name(source.name + ".recommendations.jsonl")
     refuse_clash(out, {"the user list": source, "the data": reads[0], "the checkpoint": reads[1]})
+    from hvd_bert.train.checkpoint import run_folder_of
+
+    run = run_folder_of(reads[1])
+    if run is not None:  # (a run folder is its run's: nothing else writes into it)
+        refuse_clash(out, {"the checkpoint's run folder": run}, folder=True)
+    import os
+
+    if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise DatasetError(f"recommend={source}: its recommendations go to {out}, which cannot be written "
+                           f"there; give a user list in a folder this job may write into")
     if not source.is_file():
         raise DatasetError(f"recommend={source} is not a file: give a file of user ids, one a line")
     wanted = [x.strip() for x in read_text(source, "recommend").splitlines() if x.strip()]

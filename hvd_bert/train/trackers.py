@@ -298,6 +298,21 @@ class WandbWriter:
         self.run.finish()
 
 
+def local_store(uri: str | None) -> Path | None:
+    """The file or folder a local MLflow store writes (an SQLite database, and its artifact folder
+    beside it; a file store's folder), or None for a server, memory or no URI."""
+    from urllib.parse import unquote, urlparse
+
+    if not uri or _in_memory(uri):
+        return None
+    if uri.startswith("sqlite:///"):
+        return Path(unquote(uri[len("sqlite:///"):].split("?")[0])).expanduser()
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path)).expanduser()
+    return Path(uri).expanduser() if parsed.scheme in ("", ) else None
+
+
 def _in_memory(uri: str) -> bool:
     """An SQLite URI without a file (``sqlite://``, ``sqlite:///:memory:``): a store in memory."""
     from urllib.parse import unquote
@@ -381,8 +396,27 @@ def make_writer(report_to, out: Path, job: str, params: dict, tensorboard=None):
         from hvd_bert.config import ConfigError
         raise ConfigError(f"train.report_to: unknown tracker {unknown[0]!r}; choose from "
                           f"{', '.join(TRACKERS)}")
+    if tensorboard is not None and "tensorboard" in report_to:
+        _check_tensorboard_folder(out / "tensorboard")
     writers = {"tensorboard": tensorboard if "tensorboard" in report_to else None,
                "mlflow": MlflowWriter(out, job, params) if "mlflow" in report_to else None,
                "wandb": WandbWriter(out, job, params) if "wandb" in report_to else None}
     writers = {name: w for name, w in writers.items() if w is not None}
     return Writers(writers) if writers else None
+
+
+def _check_tensorboard_folder(where: Path) -> None:
+    """TensorBoard can start: its log folder is a folder this process may write into, or can be
+    made (its event file opens at the first scalar, so a refused run writes none); a ConfigError
+    in one line otherwise."""
+    from hvd_bert.config import ConfigError
+
+    if where.exists() or where.is_symlink():
+        fault = None if where.is_dir() else "is not a folder"
+        fault = fault or (None if os.access(where, os.W_OK | os.X_OK) else "is not writable")
+    else:
+        parent = where.parent
+        fault = None if os.access(parent, os.W_OK | os.X_OK) else f"cannot be made ({parent} is not writable)"
+    if fault:
+        raise ConfigError(f"train.report_to=tensorboard: its log folder {where} {fault}: move what is there "
+                          f"away, give another train.output_dir, or leave tensorboard out of train.report_to")

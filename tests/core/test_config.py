@@ -278,7 +278,9 @@ def test_an_empty_text_setting_says_how_to_write_one():
 
 
 @pytest.mark.parametrize("setting, words", [("schedule.power=-1", "power must be > 0"),
-                                            ("schedule.end_lr=-1", "end_lr must be >= 0")])
+                                            ("schedule.end_lr=-1", "end_lr and warmup_init_lr must be in"),
+                                            ("schedule.factor=-0.5", "factor must be in \\(0, 1\\]"),
+                                            ("schedule.factor=1e300", "factor must be in \\(0, 1\\]")])
 def test_a_schedule_that_would_rise_past_its_peak_or_below_zero_is_refused(setting, words):
     with pytest.raises(ConfigError, match=words):
         apply_overrides(TrainConfig(), [setting])
@@ -311,3 +313,41 @@ def test_a_stall_timeout_below_a_second_is_refused():
     with pytest.raises(ConfigError, match=r"stall_timeout_s must be 0 \(never\) or at least 1 second"):
         apply_overrides(TrainConfig(), ["stall_timeout_s=1e-9"])
     assert apply_overrides(TrainConfig(), ["stall_timeout_s=0"]).stall_timeout_s == 0
+
+
+@pytest.mark.parametrize("job", ["pretrain", "finetune", "ncf"])
+def test_bf16_weights_need_bf16_autocast_and_pytorch(job):
+    from hvd_bert.config import JOB_CONFIGS
+    cls = JOB_CONFIGS[job]
+    bf16 = ["train.precision.mode=bf16", "train.precision.weights=bf16"]
+    got = apply_overrides(cls(), bf16).train.precision
+    assert (got.mode, got.weights) == ("bf16", "bf16")
+    for mode in ("fp32", "fp16"):
+        with pytest.raises(ConfigError, match=rf"weights=bf16 needs train.precision.mode=bf16 .*mode={mode}"):
+            apply_overrides(cls(), [f"train.precision.mode={mode}", "train.precision.weights=bf16"])
+    with pytest.raises(ConfigError, match=r"train.precision.weights=bf16 is PyTorch's"):
+        apply_overrides(cls(), ["train.precision.mode=bf16", "train.precision.weights=bf16", "framework=tf"])
+    with pytest.raises(ConfigError):
+        apply_overrides(cls(), ["train.precision.weights=fp16"])
+    with pytest.raises(ConfigError, match=r"weights=bf16 does not run under train.tensor_parallel > 1 yet"):
+        apply_overrides(cls(), ["train.precision.mode=bf16", "train.precision.weights=bf16",
+                                "train.tensor_parallel=2"])
+
+
+@pytest.mark.parametrize("setting", [
+    "optim.eps=0", "optim.eps=-1e-8", "optim.eps=5", "optim.weight_decay=1e300", "optim.eta=0",
+    "optim.eta=1e9",
+    "schedule.warmup_init_lr=-1", "schedule.warmup_init_lr=1e300", "schedule.end_lr=1e300",
+    "precision.init_scale=1e300", "precision.growth_factor=1e300", "horovod.gradient_predivide_factor=1e-300",
+    "horovod.gradient_predivide_factor=0.5", "horovod.gradient_predivide_factor=1e300"])
+def test_numbers_beyond_what_a_setting_means_are_refused_in_one_line(setting):
+    """Each bound names the setting, its range and what it is for; the values inside stay."""
+    key = setting.split("=")[0].split(".")[-1]
+    with pytest.raises(ConfigError, match=rf"train\.[a-z]+\.[a-z_/ and]*{key}"):
+        apply_overrides(TrainConfig(), [setting])
+
+
+def test_the_bounds_keep_the_recipes_values():
+    apply_overrides(TrainConfig(), ["optim.eps=1e-6", "optim.weight_decay=0.01", "optim.eta=0.001",
+                                    "schedule.factor=0.1", "precision.init_scale=65536",
+                                    "horovod.gradient_predivide_factor=2"])

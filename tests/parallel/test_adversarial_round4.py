@@ -726,3 +726,123 @@ def test_prepare_ncf_on_a_full_disk_leaves_nothing(mount_point):
     disk = mount_point("-t", "tmpfs", "-o", "size=1m", "tmpfs")
     one_line(hvd("prepare-ncf", "--output", disk / "ncf", timeout=120), "no space left")
     assert list(disk.iterdir()) == []
+
+
+# ---------------------------------------------------------------------- the third fresh round's cases
+def test_a_resume_takes_the_optimizers_settings_from_the_config_not_the_checkpoint(finished_run, bert_data,
+                                                                                    tmp_path):
+    """A .pt checkpoint's param_groups (betas 1.5, weight decay -100, eps 0), re-signed: the resume
+    trains with the run's own settings, exactly as from the untampered file."""
+    import numpy as np
+    import torch
+
+    clean = tmp_path / "clean"
+    shutil.copytree(finished_run, clean)
+    (ckpt,) = sorted(finished_run.glob("ckpt-*.pt"))
+
+    def tamper(c):
+        for g in c["optimizer"]["param_groups"]:
+            g.update(betas=(1.5, 0.999), weight_decay=-100.0, eps=0.0)
+    resigned(ckpt, tamper)
+    for run in (finished_run, clean):
+        res = pretrain(bert_data, run, steps=4, timeout=180)
+        assert res.returncode == 0, res.stderr[-2000:]
+    got, want = (torch.load(sorted(r.glob("ckpt-*.pt"))[-1], weights_only=True)
+                 for r in (finished_run, clean))
+    assert got["optimizer"]["param_groups"] == want["optimizer"]["param_groups"]
+    assert all(np.array_equal(got["model"][k].numpy(), want["model"][k].numpy()) for k in want["model"])
+
+
+def test_a_preparation_refuses_counts_that_leave_no_text(tmp_path):
+    table = tmp_path / "t.tsv"
+    table.write_text("sentence\tlabel\na fine film\tpos\na dull one\tneg\n")
+    for flag, value, words in (("--max-seq-length", "1", "is not a count from 3 to 65536"),
+                               ("--max-seq-length", "0", "is not a count from 3 to 65536"),
+                               ("--num-shards", "0", "is not a count from 1 to")):
+        one_line(hvd("prepare-classification", table, "--output", tmp_path / "c", "--vocab", VOCAB,
+                     "--text-a", "sentence", "--label", "label", flag, value, timeout=60), flag, words)
+    twice = tmp_path / "twice.tsv"
+    twice.write_text("sentence\tsentence\tlabel\na\tb\tpos\n")
+    one_line(hvd("prepare-classification", twice, "--output", tmp_path / "c", "--vocab", VOCAB, "--text-a",
+                 "sentence", "--label", "label", timeout=60), "names the column 'sentence' more than once")
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("glue, words", [("stsb", "glue_task 'stsb' is a regression task"),
+                                         ("foo", "glue_task 'foo' is not one of"),
+                                         (5, "glue_task 5 is not one of")])
+def test_a_task_record_naming_another_glue_task_is_damage(glue, words, sharded_finetune, tmp_path):
+    run = tmp_path / "ft"
+    shutil.copytree(sharded_finetune[0], run)
+    edit(run / "task.json", lambda t: t.__setitem__("glue_task", glue))
+    table = tmp_path / "in.tsv"
+    table.write_text("sentence\ngood value returns 1\n")
+    one_line(hvd("predict", run, table, "--output", tmp_path / "p.jsonl", timeout=120),
+             "task.json is damaged", words)
+    edit(run / "task.json", lambda t: (t.__setitem__("glue_task", None),
+                                       t.__setitem__("labels", ["neg", "pos\u202e"])))
+    one_line(hvd("predict", run, table, "--output", tmp_path / "p.jsonl", timeout=120), "do not print")
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+@pytest.mark.parametrize("value", ['"0.5"', "NaN", "null", "true"])
+def test_evaluate_squad_refuses_no_answer_probabilities_that_are_not_numbers(value, tmp_path):
+    context = "The note was written by Ada Lovelace in 1843."
+    data = {"version": "v2.0", "data": [{"title": "t", "paragraphs": [{"context": context, "qas": [
+        {"id": "q0", "question": "Who?", "is_impossible": False,
+         "answers": [{"text": "Ada Lovelace", "answer_start": 24}]}]}]}]}
+    (tmp_path / "d.json").write_text(json.dumps(data))
+    (tmp_path / "p.json").write_text(json.dumps({"q0": "Ada Lovelace"}))
+    (tmp_path / "na.json").write_text(f'{{"q0": {value}}}')
+    one_line(hvd("evaluate-squad", tmp_path / "d.json", tmp_path / "p.json", "--na-prob",
+                 tmp_path / "na.json", timeout=60), "na.json", "not a finite number")
+
+
+def test_ncf_refuses_a_bert_run_as_its_trained_model(finished_run, tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "ratings.dat").write_text("".join(
+        f"{u}::{i}::4::{t}\n" for t, (u, i) in enumerate(sorted({(int(u), int(i)) for u, i in zip(
+            rng.integers(1, 40, 2000), rng.integers(1, 200, 2000))}))))
+    assert hvd("prepare-ncf", "--movielens", tmp_path / "ratings.dat", "--output", tmp_path / "ncf",
+               timeout=120).returncode == 0
+    before = digests(finished_run)
+    for extra in ((), ("--set", "train.optim.name=nvlamb")):
+        one_line(hvd("ncf", "--set", f"data={tmp_path / 'ncf'}", "--set", "do_train=false", "--set",
+                     f"init_checkpoint={finished_run}", *extra, timeout=120),
+                 "holds a BERT checkpoint", "not an NCF model")
+    assert digests(finished_run) == before
+
+
+def test_a_tensorboard_that_cannot_start_is_refused_before_training(bert_data, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tensorboard").write_text("a file where the log folder goes")
+    one_line(pretrain(bert_data, run, timeout=120), "train.report_to=tensorboard", "is not a folder")
+    assert sorted(p.name for p in run.iterdir()) == ["tensorboard"]
+
+
+def test_an_mlflow_store_inside_the_jobs_inputs_or_a_checkpoint_is_refused(sharded_run, bert_data, tmp_path):
+    import os
+
+    before = digests(bert_data)
+    ckpt = the_shards(sharded_run)
+    for store, words in ((bert_data / "mlflow.db", "lies inside data"),
+                         (ckpt / "mlflow.db", "lies inside the checkpoint")):
+        env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{store}")
+        one_line(pretrain(bert_data, sharded_run if "checkpoint" in words else tmp_path / "fresh",
+                          "--set", "train.report_to=[mlflow]", steps=4, timeout=120, env=env),
+                 "MLFLOW_TRACKING_URI's store", words)
+        assert not store.exists()
+    assert digests(bert_data) == before and not (tmp_path / "fresh").exists()
+
+
+def test_a_recipe_that_writes_a_key_twice_or_a_base_60_number_is_refused(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("train:\n  optim:\n    lr: 0.001\nmodel: mini\ntrain:\n  seed: 3\n")
+    one_line(hvd("config", "--job", "pretrain", "--config", twice, timeout=60), "line 5",
+             "the key 'train' is written twice")
+    sexagesimal = tmp_path / "s.yaml"
+    sexagesimal.write_text("train:\n  seed: 1:30\n")
+    one_line(hvd("config", "--job", "pretrain", "--config", sexagesimal, timeout=60), "base-60")
