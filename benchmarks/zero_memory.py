@@ -59,6 +59,8 @@ def worker(stage: int, k: int, steps: int, layers: int, tp: int = 1, precision: 
         *(["precision.mode=bf16"] if precision else []),
         *(["precision.weights=bf16"] if precision == 2 else [])])
     engine = Engine.from_config(model, cfg, loss_fn=loss_fn)
+    if precision == 2:  # (what a bf16 embedding gives the layers; CPU autocast leaves LayerNorm's dtypes)
+        x = x.to(torch.bfloat16)
     times = []
     for i in range(steps + 1):
         t0 = time.perf_counter()
