@@ -141,13 +141,7 @@ def main():
     rows = []
     runs = [(stage, 1) for stage in args.stages] + [(0, t) for t in args.tp if t > 1]
     for stage, tp in runs:
-        res = launch.run([__file__, "--worker", str(stage), str(args.k), str(args.steps), str(args.layers),
-                          str(tp), "0"],
-                         np=2, launcher="gloo", timeout=1500, env=dict(os.environ, OMP_NUM_THREADS="1"))
-        if not res.ok:
-            sys.exit(res.explain())
-        got = [json.loads(ln.split("RESULT ", 1)[1]) for ln in res.stdout.splitlines() if "RESULT " in ln]
-        rows += sorted(got, key=lambda r: r["rank"])
+        rows += worker_rows(launch, 2, stage, args, tp, 0)
     base = {r["rank"]: r for r in rows if r["stage"] == 0 and r["tp"] == 1}
     gib = 2 ** 30
     print(f"{rows[0]['params'] / 1e6:.1f}M parameters, 2 ranks, k={args.k}, LAMB fp32")
@@ -166,18 +160,23 @@ def main():
             json.dump(rows, f, indent=1)
 
 
+def worker_rows(launch, np_: int, stage: int, args, tp: int, precision: int) -> list[dict]:
+    """One layout's job on ``np_`` ranks (gloo, a thread each): each rank's RESULT, by rank."""
+    res = launch.run([__file__, "--worker", str(stage), str(args.k), str(args.steps), str(args.layers),
+                      str(tp), str(precision)], np=np_, launcher="gloo", timeout=1500,
+                     env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if not res.ok:
+        sys.exit(res.explain())
+    got = [json.loads(ln.split("RESULT ", 1)[1]) for ln in res.stdout.splitlines() if "RESULT " in ln]
+    return sorted(got, key=lambda r: r["rank"])
+
+
 def compare_weights(args, launch) -> None:
     """Each stage with fp32 and with bf16 weights under bf16 autocast, on ``args.np`` ranks."""
     rows = []
     for stage in args.stages:
         for precision in (1, 2):
-            res = launch.run([__file__, "--worker", str(stage), str(args.k), str(args.steps),
-                              str(args.layers), "1", str(precision)], np=args.np, launcher="gloo",
-                             timeout=1500, env=dict(os.environ, OMP_NUM_THREADS="1"))
-            if not res.ok:
-                sys.exit(res.explain())
-            got = [json.loads(ln.split("RESULT ", 1)[1]) for ln in res.stdout.splitlines() if "RESULT " in ln]
-            rows += sorted(got, key=lambda r: r["rank"])
+            rows += worker_rows(launch, args.np, stage, args, 1, precision)
     gib = 2 ** 30
     print(f"{rows[0]['params'] / 1e6:.1f}M parameters, {args.np} ranks, k={args.k}, LAMB, bf16 autocast")
     print("| stage | weights | rank | weights GiB | gradients GiB | optimizer state GiB | state of a rank "
