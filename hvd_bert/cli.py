@@ -133,6 +133,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if net is None:
             return 1
     if args.params is not None:
+        if args.tensors > args.params:
+            raise UsageError(f"--tensors {args.tensors} is more tensors than the model's {args.params:g} "
+                             f"--params: each tensor holds at least one parameter")
         w = S.Workload("custom", args.params, args.tensors, args.micro_batch_seconds, args.samples)
     else:
         w = S.WORKLOADS[args.workload]
@@ -261,6 +264,10 @@ def _dispatch(argv: list[str]) -> int:
             raise  # a bare ValueError outside data preparation is a bug
         hint = getattr(args, "error_hint", None)
         return _user_error(args.command, f"{e}{hint(e) if hint else ''}")
+    except RecursionError:  # (a reader that does not name its file: JSON or YAML nested past the parser)
+        return _user_error(args.command, "an input nests its values deeper than Python's JSON and YAML "
+                                         "parsers read (a file or --set value of thousands of levels): give "
+                                         "the documented format")
     except Exception as e:
         resource = resource_line(e, getattr(args, "loaded", None), args.command)
         if resource is not None:

@@ -54,6 +54,14 @@ def count(high: int, low: int = 1) -> Callable[[str], int]:
     return parse
 
 
+def zero_or(parse: Callable[[str], float]) -> Callable[[str], float]:
+    """0 (a setting off), or what ``parse`` takes."""
+    def zero(text: str) -> float:
+        return 0.0 if float(text) == 0 else parse(text)
+    zero.__name__ = parse.__name__
+    return zero
+
+
 def seed(text: str) -> int:
     """A seed option: in [0, 2**31) like ``train.seed`` (numpy takes seeds below 2**32)."""
     from hvd_bert.config.train import SEED_MAX
@@ -360,14 +368,14 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="bert-large-p1")
     p.add_argument("--params", type=real(1, 1e15), help="a custom model: trainable parameters")
     p.add_argument("--tensors", type=count(10**7), default=200, help="custom model: parameter tensors")
-    p.add_argument("--micro-batch-seconds", type=real(0, above=True), default=0.1,
+    p.add_argument("--micro-batch-seconds", type=real(1e-9, 1e9), default=0.1,
                    help="custom: compute per micro-batch")
     p.add_argument("--samples", type=count(10**9), default=64, help="custom: samples per micro-batch")
     p.add_argument("--gpus", type=count(10**7), nargs="+", default=[1, 16, 128, 512, 1472])
     p.add_argument("--interconnect", choices=sorted(INTERCONNECTS), default="dgx2h")
     p.add_argument("--algorithm", choices=["ring", "tree", "hierarchical"], default="hierarchical")
-    p.add_argument("--fusion-mb", type=real(0, 2**20), default=128,
-                   help="tensor fusion buffer (0: no fusion)")
+    p.add_argument("--fusion-mb", type=zero_or(real(2**-20, 2**20)), default=128,
+                   help="tensor fusion buffer in MiB, at least a byte (0: no fusion)")
     p.add_argument("--fp16", action="store_true", help="fp16 gradient compression")
     p.add_argument("--no-overlap", action="store_true", help="reductions after the backward pass")
     p.add_argument("--k", type=count(10**6), default=1, help="backward_passes_per_step")
@@ -376,7 +384,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--model-size", action="store_true",
                    help="also project memory per GPU and step time of ZeRO stages 0/1/2 and tensor "
                         "parallelism on the last --gpus, and the largest model each layout holds")
-    p.add_argument("--device-gb", type=real(0, 2**20, above=True), default=80.0,
+    p.add_argument("--device-gb", type=real(2**-30, 2**20), default=80.0,
                    help="with --model-size: memory per GPU")
     p.add_argument("--fp32-state", action="store_true",
                    help="with --model-size: fp32 training (4+4+8 bytes per parameter, not 2+2+12)")

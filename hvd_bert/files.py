@@ -53,7 +53,7 @@ def read_json_object(path: str | Path) -> dict:
 
     try:
         got = json.loads(Path(path).read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ValueError(f"{path} is damaged ({type(e).__name__}: {e})") from None
     if not isinstance(got, dict):
         raise ValueError(f"{path} is damaged (a JSON {type(got).__name__}, not an object)")

@@ -58,7 +58,7 @@ def built() -> dict[str, bool | None]:
         got = json.loads(path.read_text())
         if set(got) == {"gloo_built", "mpi_built"}:
             return got
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         pass
     got = {w: _horovods_check(w) for w in ("gloo_built", "mpi_built")}
     if None not in got.values():  # only a definite answer is kept

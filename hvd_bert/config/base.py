@@ -210,6 +210,9 @@ def safe_yaml(text: str, source: str) -> Any:
             loader.dispose()
     except yaml.YAMLError as e:
         raise ConfigError(f"{source} is not valid YAML: {_first_line(e)}") from None
+    except RecursionError:
+        raise ConfigError(f"{source} nests its values deeper than YAML can be read here; a recipe is a few "
+                          f"levels of settings: write it out flat") from None
 
 
 def _refuse_ambiguous(root, source: str) -> None:

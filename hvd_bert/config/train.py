@@ -228,9 +228,9 @@ class PrecisionConfig:
         require(self.weights == "fp32" or self.mode == "bf16",
                 f"train.precision.weights=bf16 needs train.precision.mode=bf16 (the forward pass in bf16), "
                 f"got mode={self.mode}: set train.precision.mode=bf16, or weights=fp32")
-        require(0 < self.init_scale <= 2.0 ** 64,
-                f"train.precision.init_scale must be in (0, 2^64], got {self.init_scale} "
-                f"(GradScaler's 65536)")
+        require(1 <= self.init_scale <= 2.0 ** 64,
+                f"train.precision.init_scale must be in [1, 2^64], got {self.init_scale} "
+                f"(GradScaler's 65536; below 1 it would shrink the fp16 gradients it exists to lift)")
         require(1 < self.growth_factor <= 1e3,
                 f"train.precision.growth_factor must be in (1, 1e3], got {self.growth_factor}")
         require(0 < self.backoff_factor < 1,

@@ -191,7 +191,7 @@ def read_texts(path: str | Path, text_a: str = "", text_b: str = "", id_field: s
             if line.strip():
                 try:
                     rows.append(json.loads(line))
-                except ValueError as e:
+                except (ValueError, RecursionError) as e:
                     raise DatasetError(f"{p} line {n + 1} is not JSON ({e}); give one JSON object per "
                                        f"line") from None
         if not rows or not all(isinstance(r, dict) for r in rows):

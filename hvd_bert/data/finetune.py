@@ -178,7 +178,7 @@ def _checked_task(path: Path) -> dict:
                             f"the run, or fine-tune again")
     try:
         rec = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise bad(f"{type(e).__name__}: {e}") from None
     if not isinstance(rec, dict) or rec.get("task") not in (SQUAD, CLASSIFICATION, REGRESSION, TOKENS):
         raise bad("no task of squad, classification, regression or token-classification")
@@ -223,7 +223,7 @@ def read_task_record(checkpoint: str | Path) -> dict | None:
         return _checked_task(folder / TASK_FILE)
     try:
         hf = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     names = id2label_names(hf, str(folder / "config.json")) if isinstance(hf, dict) else None
     if names and "BertForTokenClassification" in (hf.get("architectures") or []):

@@ -135,7 +135,7 @@ def read_sidecar(folder: str | Path, kind: str | tuple[str, ...],
                            f"interrupted?) or not prepared by hvd_bert; prepare it again ({how})")
     try:
         meta = json.loads(side.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise DatasetError(f"{side} is not valid JSON ({e}); prepare the data again") from None
     _check_fields(meta, side)
     if meta.get("kind") not in kinds:

@@ -123,7 +123,7 @@ def read_questions(path: str | Path) -> tuple[list[SquadExample], dict | None]:
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError as e:
+            except (json.JSONDecodeError, RecursionError) as e:
                 raise DatasetError(f"{p} line {n} is not JSON ({e.msg}): one object per line") from None
             if not isinstance(row, dict) or not all(isinstance(row.get(k), str)
                                                     for k in ("question", "context")):

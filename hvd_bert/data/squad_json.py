@@ -86,7 +86,7 @@ def read_json(path: str | Path, what: str):
         raise DatasetError(f"{what} {p} does not exist: check the path") from None
     except IsADirectoryError:
         raise DatasetError(f"{what} {p} is a folder: give the file itself") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         hint = (": give SQuAD's .json file, or .jsonl lines of question and context (a table of texts is for "
                 "a classification model)" if what.startswith("SQuAD") else "")
         raise DatasetError(f"{what} {p} is not a JSON file ({e}){hint}") from None

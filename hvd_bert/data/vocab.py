@@ -35,7 +35,7 @@ def _from_tokenizer_json(path: Path) -> tuple[Path, bool | None]:
     try:
         tok = json.loads(path.read_bytes().decode("utf-8"))
         model = tok["model"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise DatasetError(f"{path} is not a readable tokenizer.json ({type(e).__name__}: {e})") from None
     if not isinstance(model, dict):
         raise DatasetError(f"{path}'s model is a JSON {type(model).__name__}, not an object: the file is "

@@ -103,12 +103,13 @@ def recommend_users(path: str, data, reads: list) -> tuple[np.ndarray, Path]:
 
     source = Path(path).expanduser()
     out = source.with_name(source.name + ".recommendations.jsonl")
-    refuse_clash(out, {"the user list": source, "the data": reads[0], "the checkpoint": reads[1]})
+    what = f"recommend={source}'s output"
+    refuse_clash(out, {"the user list": source, "the data": reads[0], "the checkpoint": reads[1]}, what=what)
     from hvd_bert.train.checkpoint import run_folder_of
 
     run = run_folder_of(reads[1])
     if run is not None:  # (a run folder is its run's: nothing else writes into it)
-        refuse_clash(out, {"the checkpoint's run folder": run}, folder=True)
+        refuse_clash(out, {"the checkpoint's run folder": run}, folder=True, what=what)
     import os
 
     if not os.access(out.parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):

@@ -77,7 +77,7 @@ def load_checkpoint_file(path: str | Path, map_location="cpu") -> dict:
                               f"give a ckpt-*.pt written by hvd-bert")
     try:
         recorded = json.loads(ckpt["meta"]).get("digest")
-    except (TypeError, ValueError, AttributeError):
+    except (TypeError, ValueError, AttributeError, RecursionError):
         recorded = None  # (the metadata's own reader names its damage)
     if recorded and recorded != state_digest({k: v for k, v in ckpt.items() if k != "meta"}):
         raise CheckpointError(f"{path} is damaged: its tensors no longer match the digest recorded when it "

@@ -68,7 +68,7 @@ def read_checkpoint_meta(path: str | Path) -> dict:
                               f"from the one before")
     try:
         return json.loads(meta_file.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError) as e:
         raise CheckpointError(f"{meta_file} is not valid JSON ({e}); delete the checkpoint to resume "
                               f"from the one before") from None
 

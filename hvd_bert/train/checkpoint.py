@@ -115,7 +115,7 @@ def pick_checkpoint(path: str | Path, pick: str = "best") -> tuple[Path, str]:
             if rec.get("crc32c") and rec["crc32c"] != file_crc(p / "best.npz"):  # (replaced since)
                 why = (" (not the one best.json scores: best.npz was replaced after the run wrote it, so "
                        "its score is unknown)")
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             why = ""
         other = "; --checkpoint latest for the newest checkpoint" if latest else ""
         return p / "best.npz", f"the best model, {p / 'best.npz'}{why}{other}"

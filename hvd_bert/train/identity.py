@@ -102,7 +102,7 @@ def previous_config(folder: Path) -> dict | None:
         return None
     try:
         got = json.loads(p.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise DamagedConfig(f"{type(e).__name__}: {e}") from None
     if not isinstance(got, dict):
         raise DamagedConfig(f"a JSON {type(got).__name__}, not an object")

@@ -248,7 +248,7 @@ class RunLog:
                 line = raw.decode("utf-8")
                 if json.loads(line).get("step", 0) <= step:
                     keep.append(line)
-            except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, RecursionError):
                 continue  # a line cut short by a crash, or damaged
         atomic_write(path, lambda t: t.write_text("".join(keep)))
         self._file = open_append(path)

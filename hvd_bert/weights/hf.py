@@ -67,7 +67,7 @@ def read_hf_config(folder: str | Path) -> tuple[BertConfig, dict]:
         raw = json.loads(path.read_bytes().decode("utf-8"))
         if not isinstance(raw, dict):
             raise ValueError(f"a JSON {type(raw).__name__}, not an object")
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise WeightsError(f"{path} is not a readable JSON config ({e}); give a Hugging Face model folder "
                            f"written by save_pretrained") from None
     if raw.get("model_type", "bert") != "bert":

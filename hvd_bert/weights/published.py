@@ -65,7 +65,7 @@ def is_nvidia_checkpoint(path: Path) -> bool:
         return False
     try:
         return "num_hidden_layers" in json.loads(cfg.read_text())  # hvd_bert's own says num_layers
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
 
 

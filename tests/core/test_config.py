@@ -338,7 +338,8 @@ def test_bf16_weights_need_bf16_autocast_and_pytorch(job):
     "optim.eps=0", "optim.eps=-1e-8", "optim.eps=5", "optim.weight_decay=1e300", "optim.eta=0",
     "optim.eta=1e9",
     "schedule.warmup_init_lr=-1", "schedule.warmup_init_lr=1e300", "schedule.end_lr=1e300",
-    "precision.init_scale=1e300", "precision.growth_factor=1e300", "horovod.gradient_predivide_factor=1e-300",
+    "precision.init_scale=1e300", "precision.init_scale=1e-50", "precision.init_scale=0.5",
+    "precision.growth_factor=1e300", "horovod.gradient_predivide_factor=1e-300",
     "horovod.gradient_predivide_factor=0.5", "horovod.gradient_predivide_factor=1e300"])
 def test_numbers_beyond_what_a_setting_means_are_refused_in_one_line(setting):
     """Each bound names the setting, its range and what it is for; the values inside stay."""

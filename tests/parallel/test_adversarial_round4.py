@@ -846,3 +846,32 @@ def test_a_recipe_that_writes_a_key_twice_or_a_base_60_number_is_refused(tmp_pat
     sexagesimal = tmp_path / "s.yaml"
     sexagesimal.write_text("train:\n  seed: 1:30\n")
     one_line(hvd("config", "--job", "pretrain", "--config", sexagesimal, timeout=60), "base-60")
+
+
+def test_json_and_yaml_nested_past_the_parser_are_one_line(tmp_path):
+    """Thousands of levels of brackets in a JSON input, a recipe or a --set value: one line naming
+    it where the reader knows the file, never a RecursionError's traceback."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "sq.json").write_text('{"version": "v1.1", "data": []}')
+    (tmp_path / "p.json").write_text("{}")
+    for args, words in (((tmp_path / "sq.json", deep), "predictions file"),
+                        ((deep, tmp_path / "p.json"), "SQuAD data file"),
+                        ((tmp_path / "sq.json", tmp_path / "p.json", "--na-prob", deep), "no-answer")):
+        one_line(hvd("evaluate-squad", *args, timeout=60), words, str(deep), "maximum recursion depth")
+    recipe = tmp_path / "deep.yaml"
+    recipe.write_text("model: " + "[" * 5000 + "]" * 5000 + "\n")
+    one_line(hvd("config", "--job", "pretrain", "--config", recipe, timeout=60), str(recipe),
+             "nests its values")
+    one_line(hvd("config", "--job", "pretrain", "--set", "model=" + "[" * 5000 + "]" * 5000, timeout=60),
+             "--set value", "nests its values")
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--fusion-mb", "1e-320"), "--fusion-mb: 1e-320 is not a finite number"),
+    (("--params", "100", "--tensors", "200", "--micro-batch-seconds", "1", "--samples", "1"),
+     "--tensors 200 is more tensors than the model's 100 --params"),
+    (("--params", "1e6", "--micro-batch-seconds", "1e-320"), "--micro-batch-seconds: 1e-320"),
+    (("--model-size", "--device-gb", "5e-324"), "--device-gb: 5e-324")])
+def test_simulate_refuses_sizes_below_a_byte_and_more_tensors_than_parameters(args, words):
+    one_line(hvd("simulate", "--gpus", "8", *args, timeout=60), words)
