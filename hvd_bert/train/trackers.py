@@ -307,7 +307,10 @@ def local_store(uri: str | None) -> Path | None:
         return None
     if uri.startswith("sqlite:///"):
         return Path(unquote(uri[len("sqlite:///"):].split("?")[0])).expanduser()
-    parsed = urlparse(uri)
+    try:
+        parsed = urlparse(uri)
+    except ValueError:  # (a malformed URI: the tracker's start refuses it, naming why)
+        return None
     if parsed.scheme == "file":
         return Path(unquote(parsed.path)).expanduser()
     return Path(uri).expanduser() if parsed.scheme in ("", ) else None
