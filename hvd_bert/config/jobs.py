@@ -70,6 +70,8 @@ class PretrainConfig:
                 f"train.activation_checkpointing={self.train.activation_checkpointing} is PyTorch's (the "
                 f"Keras BERT keeps its activations): use framework=pt or train.activation_checkpointing=off")
         require(0 <= self.dropout < 1, f"dropout is a probability in [0, 1), got {self.dropout}")
+        require(0 <= self.shuffle_buffer <= 1 << 24, f"shuffle_buffer must be in [0, 16777216] records "
+                                                     f"(0 or 1: no shuffling), got {self.shuffle_buffer}")
         require(self.eval_every >= 0 and self.eval_batch_size > 0,
                  "eval_every must be >= 0 and eval_batch_size > 0")
         require(self.max_seq_length > 0 and self.max_predictions_per_seq > 0,
@@ -146,6 +148,8 @@ class FinetuneConfig:
                 f"Keras BERT keeps its activations): use framework=pt or train.activation_checkpointing=off")
         require(self.epochs >= 0, f"epochs must be >= 0, got {self.epochs}")
         require(0 <= self.dropout < 1, f"dropout is a probability in [0, 1), got {self.dropout}")
+        require(0 <= self.shuffle_buffer <= 1 << 24, f"shuffle_buffer must be in [0, 16777216] records "
+                                                     f"(0 or 1: no shuffling), got {self.shuffle_buffer}")
         require(self.eval_batch_size > 0, f"eval_batch_size must be > 0, got {self.eval_batch_size}")
         require(self.length_grouping >= 0, f"length_grouping must be >= 0, got {self.length_grouping}")
         require(self.early_stopping_patience >= 0,

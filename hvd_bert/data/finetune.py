@@ -194,6 +194,13 @@ def _checked_task(path: Path) -> dict:
         v = rec.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 16):
             raise bad(f"{key} {v!r} is not a count from 1 to 65536")
+    if isinstance(rec.get("max_seq_length"), int) and rec["max_seq_length"] < 3:
+        raise bad(f"max_seq_length {rec['max_seq_length']} leaves no room for text between [CLS] and [SEP]")
+    if rec["task"] == SQUAD and isinstance(rec.get("max_seq_length"), int) \
+            and isinstance(rec.get("max_query_length"), int) \
+            and rec["max_seq_length"] < rec["max_query_length"] + 4:
+        raise bad(f"max_seq_length {rec['max_seq_length']} leaves no room for context after a question of "
+                  f"{rec['max_query_length']}")
     glue = rec.get("glue_task")
     if glue is not None:
         from hvd_bert.data.glue import TASKS

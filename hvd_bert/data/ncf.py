@@ -329,11 +329,18 @@ def load_ncf(folder: str | Path) -> NCFData:
     for ids, count in ((data.user_ids, meta.get("n_users")), (data.item_ids, meta.get("n_items"))):
         if ids is not None and (ids.ndim != 1 or len(ids) != count):
             raise DatasetError(f"{path}: its id tables do not match {folder}/dataset.json; {again}")
+        if ids is not None and len(np.unique(ids)) != len(ids):  # (an id of two users or items)
+            raise DatasetError(f"{path}: its id table names one input id for two indices (a map that is "
+                               f"not one-to-one); {again}")
     if not all(isinstance(meta.get(k), int) and meta[k] > 0 for k in ("n_users", "n_items")):
         raise DatasetError(f"{folder}/dataset.json's n_users and n_items are not positive counts; {again}")
     if len(data.test_items) != data.n_users or data.test_negatives.ndim != 2 \
             or data.test_negatives.shape[0] != data.n_users or len(data.train_users) != len(data.train_items):
         raise DatasetError(f"{path} does not match {folder}/dataset.json ({data.n_users} users); {again}")
+    held = (data.test_negatives == np.asarray(data.test_items)[:, None]).any(axis=1)
+    if held.any():  # (a negative is never a positive: HR@K would count the held-out item twice)
+        raise DatasetError(f"{path}: user {int(np.argmax(held))}'s test negatives hold its held-out item; "
+                           f"{again}")
     for name, ids, count in (("train_users", data.train_users, data.n_users),
                              ("train_items", data.train_items, data.n_items),
                              ("test_items", data.test_items, data.n_items),

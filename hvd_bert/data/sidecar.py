@@ -110,6 +110,12 @@ def _check_fields(meta, side: Path) -> None:
     for key in _INT_FIELDS:
         if key in meta and meta[key] is not None and not count(meta[key]):
             raise bad(f"{key!r} is {meta[key]!r}, not a count")
+    if meta.get("labels") is not None:  # (the classifier's outputs in order: one name each)
+        from hvd_bert.data.finetune import label_fault
+
+        fault = label_fault(meta["labels"])
+        if fault:
+            raise bad(fault)
     if "total_records" in meta and meta["total_records"] != sum(s["records"] for s in shards) \
             and meta.get("kind") != "ncf":
         raise bad(f"total_records {meta['total_records']} is not the sum of the shards' records")

@@ -16,6 +16,8 @@ broadcast), then ``train.loop.fit``. ``backend`` is ``train.backend.get_backend(
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
+import os
 
 from hvd_bert.stop import EXIT_STOPPED  # a job stopped by a signal after saving: rerun it to resume
 
@@ -88,6 +90,23 @@ def refuse_horovod_files_over_inputs(cfg) -> None:
                                                 f"the store outside every checkpoint, e.g. in the run folder")
 
 
+def remove_unused_run_folder(folder: Path) -> None:
+    """A run folder this job made and that holds nothing trained (no metrics, checkpoint or best
+    model): removed by rank 0 (the job failed a check; its settings and empty logs are no run)."""
+    import shutil
+
+    from hvd_bert.train.checkpoint import ALL, list_checkpoints
+
+    rank = next((int(os.environ[k]) for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+                 if os.environ.get(k, "").isdigit()), 0)
+    metrics = folder / "metrics.jsonl"
+    trained = (metrics.is_file() and metrics.stat().st_size > 0) or list_checkpoints(folder, ALL) \
+        or any(folder.glob("best*"))
+    if rank != 0 or not folder.is_dir() or trained:  # (a step's metrics are the user's to read)
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def run_job(name: str, cfg, on_data_error=None) -> int:
     """Job ``name`` on ``cfg`` (the built-in data filled in where the job has one) with the
     backend of ``cfg.framework``; the exit status: 0, or ``EXIT_STOPPED`` when a signal stopped
@@ -108,8 +127,14 @@ def run_job(name: str, cfg, on_data_error=None) -> int:
 
     refuse_horovod_files_over_inputs(cfg)
     watch_start(STOP.command, getattr(getattr(cfg, "train", None), "stall_timeout_s", 0.0))
+    out = str(getattr(getattr(cfg, "train", None), "output_dir", "") or "")
+    fresh = bool(out) and not os.path.lexists(Path(out).expanduser())
     try:  # (the start-up is watched: train.watchdog; the loop or an evaluation ends it)
         result = importlib.import_module(module).run(cfg, get_backend(cfg.framework))
+    except user_errors():
+        if fresh:  # a check that failed after the run folder was made leaves no folder behind
+            remove_unused_run_folder(Path(out).expanduser())
+        raise
     finally:
         end_start()
     return EXIT_STOPPED if result.get("stopped") else 0

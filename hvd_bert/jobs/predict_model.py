@@ -28,7 +28,26 @@ def output_path(cfg: PredictConfig, suffix: str) -> Path:
     ckpt = Path(cfg.checkpoint).expanduser()
     refuse_clash(out, {"the input": source, "the checkpoint": ckpt,
                        "the checkpoint's folder": run_folder_of(ckpt)})
+    refuse_foreign_files(out, "predict")
     return out
+
+
+def refuse_foreign_files(out: Path, command: str) -> None:
+    """An output never over another run's files (``train.run_folder.refuse_run_files``) nor a
+    prepared data folder's (its ``dataset.json``, vocabulary, shards): OutputClash, one line."""
+    import errno
+    import os
+
+    from hvd_bert.files import OutputClash, owned_name
+    from hvd_bert.train.run_folder import refuse_run_files
+    from hvd_bert.weights.convert import data_folder_of
+
+    refuse_run_files(out, command)
+    data = data_folder_of(out)
+    if data is not None and (os.path.lexists(out) or owned_name(Path(out.name))):
+        raise OutputClash(errno.EEXIST, f"--output {out} is a file of the prepared data folder {data}: "
+                                        f"{command} never writes over prepared data; give --output a path "
+                                        f"outside it", str(out))
 
 
 def model_record(checkpoint: str) -> dict:

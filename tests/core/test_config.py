@@ -352,3 +352,11 @@ def test_the_bounds_keep_the_recipes_values():
     apply_overrides(TrainConfig(), ["optim.eps=1e-6", "optim.weight_decay=0.01", "optim.eta=0.001",
                                     "schedule.factor=0.1", "precision.init_scale=65536",
                                     "horovod.gradient_predivide_factor=2"])
+
+
+@pytest.mark.parametrize("job", ["pretrain", "finetune"])
+def test_a_shuffle_buffer_is_a_count_of_records(job):
+    from hvd_bert.config import JOB_CONFIGS
+    for value in (-5, 1 << 40):
+        with pytest.raises(ConfigError, match=r"shuffle_buffer must be in \[0, 16777216\] records"):
+            apply_overrides(JOB_CONFIGS[job](), [f"shuffle_buffer={value}"])

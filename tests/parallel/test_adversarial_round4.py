@@ -875,3 +875,69 @@ def test_json_and_yaml_nested_past_the_parser_are_one_line(tmp_path):
     (("--model-size", "--device-gb", "5e-324"), "--device-gb: 5e-324")])
 def test_simulate_refuses_sizes_below_a_byte_and_more_tensors_than_parameters(args, words):
     one_line(hvd("simulate", "--gpus", "8", *args, timeout=60), words)
+
+
+def test_predict_never_writes_over_another_runs_files_or_prepared_data(sharded_finetune, finished_run,
+                                                                       bert_data, tmp_path):
+    run, table = sharded_finetune
+    (ckpt,) = sorted(finished_run.glob("ckpt-*.pt"))
+    before = (digests(finished_run), digests(bert_data))
+    for out, words in ((ckpt, "is a checkpoint"), (finished_run / "config.json", "of the run folder"),
+                       (finished_run / "metrics.jsonl", "of the run folder"),
+                       (bert_data / "vocab.txt", "of the prepared data folder")):
+        one_line(hvd("predict", run, table, "--output", out, timeout=120), str(out), words)
+    assert (digests(finished_run), digests(bert_data)) == before
+
+
+def test_a_task_record_whose_sequence_holds_no_text_is_damage(sharded_finetune, tmp_path):
+    run, table = sharded_finetune
+    copy = tmp_path / "ft"
+    shutil.copytree(run, copy)
+    edit(copy / "task.json", lambda t: t.__setitem__("max_seq_length", 1))
+    one_line(hvd("predict", copy, table, "--output", tmp_path / "p.jsonl", timeout=120),
+             "task.json is damaged", "leaves no room for text")
+
+
+def test_a_data_check_that_fails_after_the_start_leaves_no_run_folder(sharded_finetune, sharded_template,
+                                                                      tmp_path):
+    """The features' sizes are checked when the first batch is read, after the run folder was
+    made: the refusal takes the folder back (nothing was trained in it)."""
+    data = tmp_path / "cls"
+    shutil.copytree(sharded_finetune[0].parent / "cls", data)
+    edit(data / "dataset.json", lambda d: d.__setitem__("max_seq_length", 64))
+    out = tmp_path / "ft"
+    one_line(hvd("finetune", "--set", f"data={data}", "--set", f"init_checkpoint={sharded_template}", "--set",
+                 "train.schedule.total_steps=2", "--set", "epochs=0", "--set", f"train.output_dir={out}",
+                 timeout=180), "has 32 values, expected 64")
+    assert not out.exists()
+
+
+def test_label_maps_in_prepared_data_are_one_to_one(sharded_finetune, sharded_template, tmp_path):
+    import numpy as np
+
+    data = tmp_path / "cls"
+    shutil.copytree(sharded_finetune[0].parent / "cls", data)
+    edit(data / "dataset.json", lambda d: d.__setitem__("labels", ["neg", "neg"]))
+    one_line(hvd("finetune", "--set", f"data={data}", "--set", f"init_checkpoint={sharded_template}", "--set",
+                 f"train.output_dir={tmp_path / 'ft'}", timeout=180), "the label 'neg' names outputs 0 and 1")
+    rng = np.random.default_rng(0)
+    (tmp_path / "ratings.dat").write_text("".join(
+        f"{u}::{i}::4::{t}\n" for t, (u, i) in enumerate(sorted({(int(u), int(i)) for u, i in zip(
+            rng.integers(1, 40, 2000), rng.integers(1, 200, 2000))}))))
+    ncf = tmp_path / "ncf"
+    assert hvd("prepare-ncf", "--movielens", tmp_path / "ratings.dat", "--output", ncf,
+               timeout=120).returncode == 0
+    with np.load(ncf / "ncf.npz", allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["item_ids"][1] = arrays["item_ids"][0]
+    with open(ncf / "ncf.npz", "wb") as f:  # (the same size: the sidecar's byte count holds)
+        np.savez(f, **arrays)
+    one_line(hvd("ncf", "--set", f"data={ncf}", "--set", f"train.output_dir={tmp_path / 'run'}", timeout=120),
+             "one input id for two indices")
+    arrays["item_ids"][1] += 10**6
+    arrays["test_negatives"][5, 3] = arrays["test_items"][5]  # (a negative that is the held-out positive)
+    with open(ncf / "ncf.npz", "wb") as f:
+        np.savez(f, **arrays)
+    one_line(hvd("ncf", "--set", f"data={ncf}", "--set", f"train.output_dir={tmp_path / 'run'}", timeout=120),
+             "user 5's test negatives hold its held-out item")
+    assert not (tmp_path / "ft").exists() and not (tmp_path / "run").exists()
