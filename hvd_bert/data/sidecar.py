@@ -110,7 +110,7 @@ def _check_fields(meta, side: Path) -> None:
     for key in _INT_FIELDS:
         if key in meta and meta[key] is not None and not count(meta[key]):
             raise bad(f"{key!r} is {meta[key]!r}, not a count")
-    if meta.get("labels") not in (None, []):  # (a classifier's outputs in order, one name each; [] regression)
+    if meta.get("labels") not in (None, []):  # (a classifier's outputs in order, one name each)
         from hvd_bert.data.finetune import label_fault
 
         fault = label_fault(meta["labels"])
