@@ -63,6 +63,10 @@ def check_finetune_data(cfg: FinetuneConfig) -> tuple[dict, dict | None]:
                           "prepare-squad): --set data=DIR")
     train = read_sidecar(cfg.data, FINETUNE_KINDS)
     task = _check_task(cfg, train, cfg.data)
+
+    def damaged(what: str) -> DatasetError:
+        return DatasetError(f"{cfg.data}/dataset.json is damaged ({what}); prepare the data again")
+    check_task_record(task_record(train), damaged)  # (what the run's task.json will say, checked now)
     if task == SQUAD and not train["is_training"]:
         raise DatasetError(f"{cfg.data} holds SQuAD features prepared for prediction (--split dev, no answer "
                            f"positions); prepare the training file with --split train")
@@ -70,9 +74,12 @@ def check_finetune_data(cfg: FinetuneConfig) -> tuple[dict, dict | None]:
     if cfg.eval_data:
         ev = read_sidecar(cfg.eval_data, train["kind"])
         if task == SQUAD:
+            from hvd_bert.data.squad import read_side_files
+
             if ev["is_training"]:
                 raise DatasetError(f"eval_data {cfg.eval_data} was prepared with --split train; prepare "
                                    f"the dev file with --split dev (prediction needs every window)")
+            read_side_files(cfg.eval_data, ev)  # (checked before training, on every rank)
             keys = ("vocab_sha256", "max_seq_length", "do_lower_case", "version_2_with_negative")
             fix = "the same vocab, case, --max-seq-length and --version-2-with-negative"
         else:
@@ -180,6 +187,12 @@ def _checked_task(path: Path) -> dict:
         rec = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, ValueError, RecursionError) as e:
         raise bad(f"{type(e).__name__}: {e}") from None
+    return check_task_record(rec, bad)
+
+
+def check_task_record(rec, bad) -> dict:
+    """A task record (a run's ``task.json``, or what fine-tuning makes of its data's sidecar:
+    ``task_record``) with every field a reader uses checked; ``bad(what)`` makes the error."""
     if not isinstance(rec, dict) or rec.get("task") not in (SQUAD, CLASSIFICATION, REGRESSION, TOKENS):
         raise bad("no task of squad, classification, regression or token-classification")
     labels = rec.get("labels")
@@ -213,8 +226,9 @@ def _checked_task(path: Path) -> dict:
             raise bad(f"glue_task {glue!r} is a {kind} task with labels {TASKS[glue].labels}, the record's "
                       f"task is {rec['task']} with labels {labels}")
 
-    if rec.get("do_lower_case") is not None and not isinstance(rec["do_lower_case"], bool):
-        raise bad(f"do_lower_case {rec['do_lower_case']!r} is not true or false")
+    for key in ("do_lower_case", "version_2_with_negative"):
+        if rec.get(key) is not None and not isinstance(rec[key], bool):
+            raise bad(f"{key} {rec[key]!r} is not true or false")
     return rec
 
 

@@ -110,6 +110,11 @@ def _check_fields(meta, side: Path) -> None:
     for key in _INT_FIELDS:
         if key in meta and meta[key] is not None and not count(meta[key]):
             raise bad(f"{key!r} is {meta[key]!r}, not a count")
+    from hvd_bert.data.kinds import KIND_SQUAD
+
+    if meta.get("kind") == KIND_SQUAD and not isinstance(meta.get("is_training"), bool):
+        raise bad(f"is_training is {meta.get('is_training')!r}, not true or false (SQuAD features say which "
+                  f"split they are)")
     if meta.get("labels") not in (None, []):  # (a classifier's outputs in order, one name each)
         from hvd_bert.data.finetune import label_fault
 

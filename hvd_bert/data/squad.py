@@ -382,3 +382,63 @@ def _write_squad(tmp: Path, out: Path, rank: int, world_size: int, comm, example
     write_sidecar(tmp, meta)
     commit_folder(tmp, out)
     return meta
+
+
+def read_side_files(folder: str | Path, meta: dict) -> tuple[list[dict], list[dict]]:
+    """A prepared SQuAD folder's ``features.jsonl`` and ``examples.jsonl`` (what prediction maps
+    answers back with), every field the mapping uses checked against the folder's sidecar and
+    each other: ``(examples, features)``, or a DatasetError naming the file and what is wrong."""
+    folder = Path(folder)
+
+    def rows(name: str) -> list[dict]:
+        path = folder / name
+        try:
+            out = [json.loads(line) for line in path.read_bytes().decode("utf-8").splitlines()]
+        except (OSError, ValueError, RecursionError) as e:
+            raise DatasetError(f"{path} cannot be read ({type(e).__name__}: {e}); prepare the data again "
+                               f"(hvd-bert prepare-squad)") from None
+        if not all(isinstance(r, dict) for r in out):
+            raise DatasetError(f"{path} is damaged (a line that is not an object); prepare the data again")
+        return out
+
+    examples, features = rows("examples.jsonl"), rows("features.jsonl")
+
+    def bad(name: str, what: str) -> DatasetError:
+        return DatasetError(f"{folder / name} is damaged ({what}); prepare the data again (hvd-bert "
+                            f"prepare-squad)")
+
+    def count(v, below: int) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < below
+    ids = set()
+    for i, ex in enumerate(examples):
+        if not isinstance(ex.get("qas_id"), (str, int)) or isinstance(ex.get("qas_id"), bool) \
+                or str(ex["qas_id"]) in ids:
+            raise bad("examples.jsonl", f"example {i}'s qas_id {ex.get('qas_id')!r} is missing or repeated")
+        ids.add(str(ex["qas_id"]))
+        if not isinstance(ex.get("doc_tokens"), list) or not ex["doc_tokens"] \
+                or not all(isinstance(t, str) for t in ex["doc_tokens"]):
+            raise bad("examples.jsonl", f"example {i}'s doc_tokens are not a list of words")
+    n = meta.get("total_records")
+    if len(features) != n or (meta.get("examples") is not None and len(examples) != meta["examples"]):
+        raise bad("features.jsonl", f"{len(features)} features and {len(examples)} examples, where "
+                                    f"dataset.json says {n} and {meta.get('examples')}")
+    seen = set()
+    for i, f in enumerate(features):
+        uid, ei = f.get("unique_id"), f.get("example_index")
+        if not isinstance(uid, int) or not count(uid - FIRST_UNIQUE_ID, n) or uid in seen:
+            raise bad("features.jsonl", f"feature {i}'s unique_id {uid!r} is not one of the {n} records once")
+        seen.add(uid)
+        if not count(ei, len(examples)) or not count(f.get("doc_span_index"), 1 << 20):
+            raise bad("features.jsonl", f"feature {i}'s example_index {ei!r} or doc_span_index is out of "
+                                        f"range")
+        tokens, words = f.get("tokens"), len(examples[ei]["doc_tokens"])
+        maps = (f.get("token_to_orig_map"), f.get("token_is_max_context"))
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens) \
+                or not all(isinstance(m, dict) for m in maps):
+            raise bad("features.jsonl", f"feature {i} has no tokens and token maps")
+        for k, v in maps[0].items():
+            if not (k.isdigit() and int(k) < len(tokens) and count(v, words)):
+                raise bad("features.jsonl", f"feature {i} maps token {k!r} to word {v!r} of {words}")
+        if not all(k.isdigit() and isinstance(v, bool) for k, v in maps[1].items()):
+            raise bad("features.jsonl", f"feature {i}'s token_is_max_context is not token -> true/false")
+    return examples, features

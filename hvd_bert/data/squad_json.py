@@ -29,6 +29,9 @@ def squad_error(data, source: str) -> str | None:
 
     def wrong(where: str, got, want: str) -> str:
         return f"{source}: {where} is {_kind(got)}, not {want}; {_SHAPE}"
+    v2 = str(data.get("version", "")).lstrip("v").startswith("2")
+    ids: dict[str, str] = {}
+    answered = unanswered = None  # (a v1.1 file: every question answered, a set to score, or none)
     for i, art in enumerate(data["data"]):
         paras = art.get("paragraphs") if isinstance(art, dict) else None
         if not isinstance(art, dict):
@@ -52,6 +55,12 @@ def squad_error(data, source: str) -> str | None:
                     return wrong(q, qa, "a question object")
                 if not isinstance(qa.get("id"), (str, int)) or isinstance(qa.get("id"), bool):
                     return wrong(f"{q}.id", qa.get("id"), "a string")
+                if str(qa["id"]) in ids:  # (7 and "7" are one key of a predictions file)
+                    return (f"{source}: question id {qa['id']!r} is given twice ({ids[str(qa['id'])]} and "
+                            f"{q}); every question needs its own id")
+                ids[str(qa["id"])] = q
+                if "is_impossible" in qa and not isinstance(qa["is_impossible"], bool):
+                    return wrong(f"{q}.is_impossible", qa["is_impossible"], "true or false")
                 if not isinstance(qa.get("question"), str) or len(qa["question"]) > MAX_CONTEXT_CHARS:
                     return wrong(f"{q}.question", qa.get("question"), "a string (of at most "
                                  f"{MAX_CONTEXT_CHARS:,} characters)")
@@ -63,9 +72,21 @@ def squad_error(data, source: str) -> str | None:
                         return wrong(f"{q}.answers[{n}]", a, "an answer object")
                     if not isinstance(a.get("text"), str):
                         return wrong(f"{q}.answers[{n}].text", a.get("text"), "a string")
+                    if not a["text"].strip():
+                        return (f"{source}: {q}.answers[{n}].text is empty; give the answer's words as in "
+                                f"the context")
                     start = a.get("answer_start", 0)
                     if not isinstance(start, int) or isinstance(start, bool):
-                        return wrong(f"{q}.answers[{n}].answer_start", start, "a number")
+                        return wrong(f"{q}.answers[{n}].answer_start", start,
+                                     "a whole number (a character offset)")
+                if not v2 and not answers:
+                    unanswered = unanswered or q
+                elif not v2:
+                    answered = answered or q
+                if answered and unanswered:
+                    return (f"{source}: {unanswered} has no answers while {answered} has: a SQuAD v1.1 set "
+                            f"to train or score on answers every question; give its answers, or mark the "
+                            f"file version 2.0 and the question is_impossible")
     return None
 
 

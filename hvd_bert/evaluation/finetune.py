@@ -132,7 +132,6 @@ def prepared_answers(score, batches: Iterator[dict[str, np.ndarray]], allreduce,
     once across the ranks: on rank 0 ``(examples, predictions, nbest, null_odds)``
     (``squad_predictions.predictions``, with ``cfg``'s n-best size, longest answer and null
     threshold), None elsewhere."""
-    import json
 
     from hvd_bert.data.squad import FIRST_UNIQUE_ID
     from hvd_bert.evaluation.squad_predictions import predictions
@@ -142,9 +141,9 @@ def prepared_answers(score, batches: Iterator[dict[str, np.ndarray]], allreduce,
     logits = dense_gather(rows, n, (2, s), allreduce)
     if rank != 0:
         return None
-    folder = Path(folder)
-    features = [json.loads(line) for line in (folder / "features.jsonl").read_text().splitlines()]
-    examples = [json.loads(line) for line in (folder / "examples.jsonl").read_text().splitlines()]
+    from hvd_bert.data.squad import read_side_files
+
+    examples, features = read_side_files(folder, meta)
     results = {f["unique_id"]: (logits[f["unique_id"] - FIRST_UNIQUE_ID, 0].tolist(),
                                 logits[f["unique_id"] - FIRST_UNIQUE_ID, 1].tolist()) for f in features}
     preds, nbest, odds = predictions(examples, features, results, cfg.n_best_size, cfg.max_answer_length,

@@ -64,6 +64,10 @@ def refuse_run_output(output: str | Path, overwrite: bool) -> None:
     existing output is replaced only with ``--overwrite``."""
     out = Path(output).expanduser()
     refuse_run_files(out, "convert")
+    if (out / "dataset.json").is_file() or data_folder_of(out) is not None and out.exists():
+        raise OutputClash(errno.EEXIST, f"--output {out} is prepared data (its dataset.json is there): "
+                                        f"convert never replaces prepared data, --overwrite or not; give "
+                                        f"--output a path outside it", str(out))
     if not overwrite and (out.is_file() or out.is_symlink()):
         raise OutputClash(errno.EEXIST, f"--output {out} exists: give --overwrite to replace it (once the "
                                         f"new file is complete), or another --output", str(out))

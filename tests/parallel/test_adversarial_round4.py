@@ -941,3 +941,87 @@ def test_label_maps_in_prepared_data_are_one_to_one(sharded_finetune, sharded_te
     one_line(hvd("ncf", "--set", f"data={ncf}", "--set", f"train.output_dir={tmp_path / 'run'}", timeout=120),
              "user 5's test negatives hold its held-out item")
     assert not (tmp_path / "ft").exists() and not (tmp_path / "run").exists()
+
+
+def squad_file(path, questions):
+    context = ("The note was written by Ada Lovelace in 1843. It describes an algorithm for the "
+               "Analytical Engine of Charles Babbage.")
+    path.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": [
+        {"context": context, "qas": questions}]}]}))
+    return path
+
+
+def question(i, answers=True, text="Ada Lovelace"):
+    return {"id": i, "question": "Who wrote the note?",
+            "answers": [{"text": text, "answer_start": 24}] if answers else []}
+
+
+def test_squad_files_with_colliding_ids_empty_answers_or_half_answered_are_refused(bert_data, tmp_path):
+    vocab = bert_data / "vocab.txt"
+    for questions, words in (([question(7), question("7")], "question id '7' is given twice"),
+                             ([question("a", text=""), question("b")], "answers[0].text is empty"),
+                             ([question("a"), question("b", answers=False)], "has no answers while")):
+        src = squad_file(tmp_path / "sq.json", questions)
+        one_line(hvd("prepare-squad", "--input", src, "--vocab", vocab, "--output", tmp_path / "out",
+                     "--split", "dev", timeout=120), str(src), words)
+        assert not (tmp_path / "out").exists()
+    (tmp_path / "p.json").write_text(json.dumps({"a": "Ada Lovelace", "b": "Ada Lovelace"}))
+    one_line(hvd("evaluate-squad", tmp_path / "sq.json", tmp_path / "p.json", timeout=60),
+             "has no answers while")
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda d: (d / "examples.jsonl").unlink(), "examples.jsonl cannot be read"),
+    (lambda d: edit_lines(d / "features.jsonl", lambda f: f["token_to_orig_map"].update(
+        {k: v + 1000 for k, v in f["token_to_orig_map"].items()})), "maps token"),
+    (lambda d: edit_lines(d / "features.jsonl", lambda f: f.__setitem__("example_index", 99)),
+     "example_index 99"),
+    (lambda d: (d / "features.jsonl").write_text((d / "features.jsonl").read_text().splitlines()[0] + "\n"),
+     "features and"),
+    (lambda d: edit_lines(d / "examples.jsonl", lambda e: e.__setitem__("qas_id", "same")),
+     "is missing or repeated"),
+])
+def test_the_prediction_files_of_prepared_squad_data_are_checked(damage, words, bert_data, tmp_path):
+    from hvd_bert.data.records import DatasetError
+    from hvd_bert.data.sidecar import read_sidecar
+    from hvd_bert.data.squad import read_side_files
+
+    src = squad_file(tmp_path / "sq.json", [question(f"q{i}") for i in range(4)])
+    dev = tmp_path / "dev"
+    assert hvd("prepare-squad", "--input", src, "--vocab", bert_data / "vocab.txt", "--output", dev,
+               "--split", "dev", timeout=120).returncode == 0
+    meta = read_sidecar(dev, "bert-squad")
+    read_side_files(dev, meta)  # (as prepared: whole)
+    damage(dev)
+    with pytest.raises(DatasetError, match=words):
+        read_side_files(dev, meta)
+
+
+def edit_lines(path, change):
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row in rows:
+        change(row)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_convert_never_replaces_prepared_data_and_finetune_checks_its_sidecar_first(
+        finished_run, bert_data, sharded_template, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(bert_data, data)
+    before = digests(data)
+    for out in (data, f"{data}/"):
+        one_line(hvd("convert", finished_run, "--to", "hf", "--output", out, "--overwrite", timeout=120),
+                 "is prepared data", "--overwrite or not")
+    assert digests(data) == before
+    src = squad_file(tmp_path / "sq.json", [question(f"q{i}") for i in range(4)])
+    train = tmp_path / "train"
+    assert hvd("prepare-squad", "--input", src, "--vocab", bert_data / "vocab.txt", "--output", train,
+               timeout=120).returncode == 0
+    for key, value, words in (("doc_stride", 0, "doc_stride 0 is not a count"),
+                              ("is_training", "yes", "is_training is 'yes', not true or false")):
+        good = json.loads((train / "dataset.json").read_text())[key]
+        edit(train / "dataset.json", lambda d, k=key, v=value: d.__setitem__(k, v))
+        one_line(hvd("finetune", "--set", f"data={train}", "--set", f"init_checkpoint={sharded_template}",
+                     "--set", f"train.output_dir={tmp_path / 'ft'}", timeout=180), "dataset.json", words)
+        edit(train / "dataset.json", lambda d, k=key, v=good: d.__setitem__(k, v))
+    assert not (tmp_path / "ft").exists()
