@@ -11,7 +11,7 @@ from pathlib import Path
 from hvd_bert.data.kinds import FINETUNE_KINDS, KIND_SQUAD, KIND_TOKENS
 from hvd_bert.config import ConfigError, FinetuneConfig
 from hvd_bert.data.records import DatasetError
-from hvd_bert.data.sidecar import read_sidecar
+from hvd_bert.data.sidecar import label_fault, read_sidecar
 from hvd_bert.core.sharding import check_epochs, epoch_batches
 
 __all__ = ["label_fault", "tag_fault", "id2label_names", "SQUAD", "CLASSIFICATION", "REGRESSION", "TOKENS",
@@ -133,21 +133,6 @@ def tag_fault(tag: str) -> str | None:
     if prefix in ("B", "I", "E", "S") and kind.strip():
         return None
     return f"the tag {tag!r} is not O or B-/I-/E-/S- and an entity type (IOB or IOBES, e.g. B-PER)"
-
-
-def label_fault(names) -> str | None:
-    """Why ``names`` is not a label map (a list of distinct, non-empty names, the classifier's
-    outputs in order): one name twice would give two outputs one name and collapse their scores."""
-    if not isinstance(names, list) or not names or not all(isinstance(x, str) and x.strip() for x in names):
-        return f"labels {names!r} is not a list of names"
-    seen: dict[str, int] = {}
-    for i, name in enumerate(names):
-        if not name.isprintable():
-            return f"the label {name!r} holds characters that do not print (controls, direction marks)"
-        if name in seen:
-            return f"the label {name!r} names outputs {seen[name]} and {i}: a label map is one-to-one"
-        seen[name] = i
-    return None
 
 
 def id2label_names(hf: dict, where: str) -> list | None:

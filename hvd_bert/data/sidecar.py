@@ -12,8 +12,8 @@ from typing import Any, Mapping
 from hvd_bert.data.records import DatasetError
 from hvd_bert.files import atomic_write
 
-__all__ = ["SIDECAR", "write_sidecar", "read_sidecar", "file_sha256", "shard_count_error", "sidecar_digest",
-           "SidecarWatch"]
+__all__ = ["SIDECAR", "write_sidecar", "read_sidecar", "label_fault", "file_sha256", "shard_count_error",
+           "sidecar_digest", "SidecarWatch"]
 
 SIDECAR = "dataset.json"
 # the command that prepares each kind (named in the errors of a reader that finds none)
@@ -116,8 +116,6 @@ def _check_fields(meta, side: Path) -> None:
         raise bad(f"is_training is {meta.get('is_training')!r}, not true or false (SQuAD features say which "
                   f"split they are)")
     if meta.get("labels") not in (None, []):  # (a classifier's outputs in order, one name each)
-        from hvd_bert.data.finetune import label_fault
-
         fault = label_fault(meta["labels"])
         if fault:
             raise bad(fault)
@@ -178,4 +176,19 @@ def shard_count_error(folder: str | Path, meta: dict) -> str | None:
         actual = sum(1 for _ in iter_records(Path(folder) / shard["file"], verify=False))
         if actual != shard["records"]:
             return count_message(folder, shard["file"], actual, shard["records"])
+    return None
+
+
+def label_fault(names) -> str | None:
+    """Why ``names`` is not a label map (a list of distinct, non-empty names, the classifier's
+    outputs in order): one name twice would give two outputs one name and collapse their scores."""
+    if not isinstance(names, list) or not names or not all(isinstance(x, str) and x.strip() for x in names):
+        return f"labels {names!r} is not a list of names"
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if not name.isprintable():
+            return f"the label {name!r} holds characters that do not print (controls, direction marks)"
+        if name in seen:
+            return f"the label {name!r} names outputs {seen[name]} and {i}: a label map is one-to-one"
+        seen[name] = i
     return None
