@@ -16,7 +16,7 @@ from hvd_bert.core.sharding import check_epochs, epoch_batches
 
 __all__ = ["label_fault", "tag_fault", "id2label_names", "SQUAD", "CLASSIFICATION", "REGRESSION", "TOKENS",
            "task_of", "check_finetune_data", "total_steps",
-           "TASK_FILE", "task_record", "read_task_record", "prediction_mismatch"]
+           "TASK_FILE", "task_record", "read_task_record", "prediction_mismatch", "check_record_values"]
 
 TASK_FILE = "task.json"  # in a fine-tuning run folder: what the model was trained to predict
 
@@ -67,6 +67,7 @@ def check_finetune_data(cfg: FinetuneConfig) -> tuple[dict, dict | None]:
     def damaged(what: str) -> DatasetError:
         return DatasetError(f"{cfg.data}/dataset.json is damaged ({what}); prepare the data again")
     check_task_record(task_record(train), damaged)  # (what the run's task.json will say, checked now)
+    check_record_values(cfg.data, train)
     if task == SQUAD and not train["is_training"]:
         raise DatasetError(f"{cfg.data} holds SQuAD features prepared for prediction (--split dev, no answer "
                            f"positions); prepare the training file with --split train")
@@ -90,6 +91,8 @@ def check_finetune_data(cfg: FinetuneConfig) -> tuple[dict, dict | None]:
             if ev.get(key) != train.get(key):
                 raise DatasetError(f"eval_data {cfg.eval_data} has {key} {ev.get(key)!r}, the training set "
                                    f"{train.get(key)!r}; prepare it with {fix}")
+    if ev is not None:
+        check_record_values(cfg.eval_data, ev)
     return train, ev
 
 
@@ -256,3 +259,39 @@ def prediction_mismatch(checkpoint: str, eval_meta: dict, eval_data: str) -> str
                 f"--labels {' '.join(rec['labels'])}")
     return None
 
+
+def check_record_values(folder: str | Path, meta: dict, batch: int = 2048) -> None:
+    """Every record's token ids within the sidecar's vocabulary and its label ids within its
+    labels (-1: a position not scored), in one pass over the shards: a value past them would
+    index outside the model's tables in either framework. A DatasetError naming the shard."""
+    from hvd_bert.data.kinds import spec_for_meta
+    from hvd_bert.data.records import decode_batch, iter_records
+
+    spec = spec_for_meta(meta)
+    vocab = meta.get("vocab_size")
+    n_labels = len(meta["labels"]) if meta.get("labels") and "label_ids" in spec else None
+    lowest = -1 if meta.get("kind") == KIND_TOKENS else 0
+
+    def check(path: Path, records: list) -> None:
+        got = decode_batch(records, spec)
+        ids = got.get("input_ids")
+        if isinstance(vocab, int) and ids is not None and ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            bad = int(ids.max() if ids.max() >= vocab else ids.min())
+            raise DatasetError(f"{path}: a record holds the token id {bad}, outside the {vocab} tokens "
+                               f"{Path(folder) / 'dataset.json'} names; prepare the data again")
+        labels = got.get("label_ids")
+        if n_labels is not None and labels is not None and labels.size \
+                and (labels.min() < lowest or labels.max() >= n_labels):
+            bad = int(labels.max() if labels.max() >= n_labels else labels.min())
+            raise DatasetError(f"{path}: a record holds the label id {bad}, outside the {n_labels} labels "
+                               f"{Path(folder) / 'dataset.json'} names; prepare the data again")
+    for shard in meta.get("shards", []):
+        path = Path(folder) / shard["file"]
+        records = []
+        for _, record in iter_records(path):
+            records.append(record)
+            if len(records) == batch:
+                check(path, records)
+                records = []
+        if records:
+            check(path, records)

@@ -1025,3 +1025,25 @@ def test_convert_never_replaces_prepared_data_and_finetune_checks_its_sidecar_fi
                      "--set", f"train.output_dir={tmp_path / 'ft'}", timeout=180), "dataset.json", words)
         edit(train / "dataset.json", lambda d, k=key, v=good: d.__setitem__(k, v))
     assert not (tmp_path / "ft").exists()
+
+
+def test_record_values_past_the_sidecars_labels_or_vocabulary_are_refused_before_training(bert_data,
+                                                                                          sharded_template,
+                                                                                          tmp_path):
+    """A NER set whose dataset.json lists fewer tags than its records use (PyTorch's 'Target 3 is
+    out of bounds' traceback mid-run), or fewer vocabulary tokens than its ids reach: one line
+    naming the shard, and no run folder."""
+    conll = tmp_path / "ner.txt"
+    conll.write_text("EU B-ORG\nrejects O\nGerman B-MISC\ncall O\n\nPeter B-PER\nBlackburn I-PER\n\n"
+                     "BRUSSELS B-LOC\n\nThe O\nEuropean B-ORG\nCommission I-ORG\n\n")
+    data = tmp_path / "ner"
+    assert hvd("prepare-token-classification", conll, "--output", data, "--vocab", bert_data / "vocab.txt",
+               "--max-seq-length", "32", timeout=120).returncode == 0
+    good = json.loads((data / "dataset.json").read_text())
+    for key, value, words in (("labels", good["labels"][:2], "outside the 2 labels"),
+                              ("vocab_size", 5, "outside the 5 tokens")):
+        edit(data / "dataset.json", lambda d, k=key, v=value: d.__setitem__(k, v))
+        one_line(hvd("finetune", "--set", f"data={data}", "--set", f"init_checkpoint={sharded_template}",
+                     "--set", f"train.output_dir={tmp_path / 'ft'}", timeout=180), ".tfrecord", words)
+        edit(data / "dataset.json", lambda d, k=key, v=good[key]: d.__setitem__(k, v))
+    assert not (tmp_path / "ft").exists()
