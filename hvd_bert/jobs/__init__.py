@@ -97,8 +97,9 @@ def remove_unused_run_folder(folder: Path) -> None:
 
     from hvd_bert.train.checkpoint import ALL, list_checkpoints
 
-    rank = next((int(os.environ[k]) for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-                 if os.environ.get(k, "").isdigit()), 0)
+    from hvd_bert.train.watchdog import launcher_rank
+
+    rank = launcher_rank()
     metrics = folder / "metrics.jsonl"
     trained = (metrics.is_file() and metrics.stat().st_size > 0) or list_checkpoints(folder, ALL) \
         or any(folder.glob("best*"))

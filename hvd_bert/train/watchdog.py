@@ -40,7 +40,7 @@ import time
 
 from hvd_bert.stop import EXIT_STALLED
 
-__all__ = ["Watchdog", "PHASES", "watch_start", "end_start"]
+__all__ = ["Watchdog", "PHASES", "watch_start", "end_start", "launcher_rank"]
 
 FACTOR = 20.0
 WAIT_GRACE_S = 10.0
@@ -154,6 +154,12 @@ _START: list = []  # (the start-up's watchdog's running context, while one runs)
 _RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 
 
+def launcher_rank() -> int:
+    """This process's rank as its launcher set it in the environment (before Horovod starts);
+    0 when none did."""
+    return next((int(v) for k in _RANK_VARS if (v := os.environ.get(k, "")).isdigit()), 0)
+
+
 def watch_start(command: str, timeout_s: float) -> None:
     """A job's start-up is watched like its steps: from the job's start (before Horovod joins the
     ranks) until :func:`end_start` (the loop's own watchdog takes over, or an evaluation that is
@@ -162,8 +168,7 @@ def watch_start(command: str, timeout_s: float) -> None:
     end_start()
     if timeout_s <= 0:
         return
-    rank = next((int(v) for k in _RANK_VARS if (v := os.environ.get(k, "")).isdigit()), 0)
-    dog = Watchdog(command, rank, timeout_s)
+    dog = Watchdog(command, launcher_rank(), timeout_s)
     watching = dog.running()
     watching.__enter__()
     dog.enter("start")
