@@ -155,8 +155,13 @@ def main():
               f"{r['state_bytes'] / gib:.3f} | {rel('state_bytes')} | "
               f"{r['grad_bytes'] / gib:.3f} | {r['peak_rss'] / gib:.2f} | {rel('peak_rss')} | "
               f"{r['median_s']:.2f} | {rel('median_s')} |")
-    if args.json:
-        with open(args.json, "w") as f:
+    dump(args.json, rows)
+
+
+def dump(path: str | None, rows: list[dict]) -> None:
+    """The rows as JSON to ``--json``, when given."""
+    if path:
+        with open(path, "w") as f:
             json.dump(rows, f, indent=1)
 
 
@@ -192,9 +197,7 @@ def compare_weights(args, launch) -> None:
               f"{held / gib:.3f} | {held / base:.2f}x | {r['peak_rss'] / gib:.2f} | "
               f"{r['peak_rss'] / b['peak_rss']:.2f}x | {r['median_s']:.2f} | "
               f"{r['median_s'] / b['median_s']:.2f}x |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    dump(args.json, rows)
 
 
 if __name__ == "__main__":
