@@ -165,16 +165,21 @@ def init_shares(model: nn.Module, *, seed: int, std: float, groups: Groups | Non
 
 @torch.no_grad()
 def load_whole(model: nn.Module, arrays: dict, groups: Groups, source: str) -> None:
-    """Whole portable weights (a published or earlier checkpoint) into a split model: each rank
-    copies its share of each, checked name by name against the whole shapes."""
+    """Whole portable weights (a published or earlier checkpoint) into a split model, checked name
+    by name against the whole shapes: each rank reads only its share of each split tensor where
+    the weights are lazy (a safetensors file, a sharded checkpoint: ``weights.lazy``), one tensor
+    at a time, so no rank holds the whole checkpoint."""
     import numpy as np
 
+    from hvd_bert.weights.lazy import read_share
     from hvd_bert.weights.portable import fit_for_model
 
     state = model.state_dict()
     expected = {k: tuple(whole_shape(k, t.shape, groups)) for k, t in state.items()}
-    for k, a in fit_for_model(arrays, expected, classifier=False, source=source).items():
-        state[k].copy_(share_of(k, torch.from_numpy(np.ascontiguousarray(a)), groups).to(state[k].dtype))
+    fitted = fit_for_model(arrays, expected, classifier=False, source=source)
+    for k in fitted:
+        a = read_share(fitted, k, split_dim(k), groups.size, groups.rank)
+        state[k].copy_(torch.from_numpy(np.ascontiguousarray(a)).to(state[k].dtype))
 
 
 # ---------------------------------------------------------------------- the engine's side

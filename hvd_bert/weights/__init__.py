@@ -3,6 +3,7 @@ form (numpy arrays under hvd_bert's names, the vocabulary padded to a multiple o
 
     portable   the portable names and .npz; fitting weights to a model
     published  which published checkpoint a path is, read (Hugging Face, Google, NVIDIA)
+    lazy       tensors read when used, and a rank's share of one read alone (tensor parallelism)
     hf         Hugging Face folders (config.json + model.safetensors / pytorch_model.bin)
     google     Google's TF1 checkpoints (bert_config.json + bert_model.ckpt), their names
     convert    hvd-bert convert: any checkpoint -> .npz, a Hugging Face folder or a Google checkpoint

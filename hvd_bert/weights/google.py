@@ -101,21 +101,47 @@ def _names(config: BertConfig) -> dict[str, tuple[str, bool]]:
     return out
 
 
-def google_to_portable(variables: Mapping[str, np.ndarray], config: BertConfig, source: str) -> dict:
-    """Google variable names -> portable names (optimizer slots and step counters ignored)."""
-    out = {}
-    names = _names(config)
-    for ours, (theirs, transpose) in names.items():
-        if theirs in variables:
-            a = check_values(theirs, variables[theirs], source).astype(np.float32)
-            out[ours] = np.ascontiguousarray(a.T) if transpose else a
-    known = {t for t, _ in names.values()}
+def google_to_portable(variables: Mapping[str, np.ndarray], config: BertConfig, source: str) -> Mapping:
+    """Google variable names -> portable names (optimizer slots and step counters ignored). Lazy
+    ``variables`` (TensorFlow's checkpoint reader) give a lazy mapping (``weights.lazy.View``):
+    names and shapes checked now, each tensor read, checked and transposed when it is used."""
+    names = {ours: spec for ours, spec in _names(config).items() if spec[0] in variables}
+    known = {t for t, _ in _names(config).values()}
     unknown = sorted(k for k in variables if k not in known and not re.search(r"(adam_[mv]|global_step|"
                                                                              r"Momentum|LAMB)", k))
     if unknown:
         raise WeightsError(f"{source} has variables hvd_bert's BERT does not know: {unknown[:6]}")
+
+    def fix(ours: str, a: np.ndarray) -> np.ndarray:
+        theirs, transpose = names[ours]
+        a = check_values(theirs, a, source).astype(np.float32, copy=False)
+        return np.ascontiguousarray(a.T) if transpose else a
+
+    if not hasattr(variables, "shape_of"):  # (a dict in memory: converted now)
+        out = {ours: fix(ours, variables[theirs]) for ours, (theirs, _) in names.items()}
+        check_backbone(out, config, source, "bert_config.json")
+        return pad_vocab_rows(out, config, source, "bert_config.json")
+    from hvd_bert.weights.lazy import View
+    from hvd_bert.weights.portable import shape_of
+
+    for name in VOCAB_ROWS:  # (pad_vocab_rows' check, on the shapes)
+        if name in names and shape_of(variables, names[name][0])[0] != config.vocab_size:
+            raise WeightsError(f"{source}: {name} has {shape_of(variables, names[name][0])[0]} rows, "
+                               f"bert_config.json's vocab_size is {config.vocab_size}")
+
+    def padded(ours: str, a: np.ndarray) -> np.ndarray:
+        a = fix(ours, a)
+        return pad_vocab_rows({ours: a}, config, source, "bert_config.json")[ours] if ours in VOCAB_ROWS \
+            else a
+
+    def shape(ours: str, s: tuple) -> tuple:
+        s = tuple(s[::-1]) if names[ours][1] else tuple(s)
+        return (config.padded_vocab_size, *s[1:]) if ours in VOCAB_ROWS else s
+
+    out = View(variables, {ours: theirs for ours, (theirs, _) in names.items()}, padded, shape,
+               whole_only=VOCAB_ROWS, transposed=frozenset(o for o, (_, t) in names.items() if t))
     check_backbone(out, config, source, "bert_config.json")
-    return pad_vocab_rows(out, config, source, "bert_config.json")
+    return out
 
 
 def portable_to_google(arrays: Mapping[str, np.ndarray], config: BertConfig) -> dict[str, np.ndarray]:

@@ -88,12 +88,13 @@ def read_hf_config(folder: str | Path) -> tuple[BertConfig, dict]:
 
 def _read_tensors(folder: Path, load_bin: Callable[[Path], Mapping[str, np.ndarray]] | None) -> dict:
     st = folder / "model.safetensors"
-    if st.is_file():
+    if st.is_file():  # (each tensor, or a rank's share of it, read when it is used)
         from safetensors import SafetensorError
-        from safetensors.numpy import load_file
+
+        from hvd_bert.weights.lazy import SafetensorsTensors
 
         try:
-            return dict(load_file(str(st)))
+            return SafetensorsTensors(st)
         except (SafetensorError, OSError, ValueError) as e:
             raise WeightsError(f"{st} cannot be read ({e}): the file is truncated or not safetensors; "
                                f"download or save it again") from None
@@ -104,11 +105,13 @@ def _read_tensors(folder: Path, load_bin: Callable[[Path], Mapping[str, np.ndarr
     return dict(load_bin(binary))
 
 
-def hf_to_portable(state: Mapping[str, np.ndarray], config: BertConfig, source: str) -> dict[str, np.ndarray]:
-    """HF parameter names -> portable names; the vocabulary rows padded to a multiple of 8."""
+def hf_to_portable(state: Mapping[str, np.ndarray], config: BertConfig,
+                   source: str) -> Mapping[str, np.ndarray]:
+    """HF parameter names -> portable names; the vocabulary rows padded to a multiple of 8. A lazy
+    ``state`` (a safetensors file) gives a lazy mapping: names and shapes are checked now, each
+    tensor's values when it is read (or only a rank's share of it, ``weights.lazy``)."""
     prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
-    out: dict[str, np.ndarray] = {}
-    used = set()
+    names: dict[str, str] = {}  # portable <- HF
 
     def take(portable: str, hf: str) -> None:
         # older checkpoints name LayerNorm parameters gamma/beta
@@ -116,8 +119,7 @@ def hf_to_portable(state: Mapping[str, np.ndarray], config: BertConfig, source: 
         nvidia = hf.replace("intermediate.dense.", "intermediate.dense_act.")  # NVIDIA's name for it
         for name in (hf, old, nvidia):
             if name in state:
-                out[portable] = check_values(name, state[name], source).astype(np.float32)
-                used.add(name)
+                names[portable] = name
                 return
 
     for portable, hf in _EMB.items():
@@ -128,16 +130,36 @@ def hf_to_portable(state: Mapping[str, np.ndarray], config: BertConfig, source: 
                 take(f"layers.{i}.{ours}.{leaf}", f"{prefix}encoder.layer.{i}.{theirs}.{leaf}")
     for portable, hf in _HEADS.items():
         take(portable, hf)
-    if "mlm_bias" not in out and "cls.predictions.decoder.bias" in state:
+    if "mlm_bias" not in names and "cls.predictions.decoder.bias" in state:
         take("mlm_bias", "cls.predictions.decoder.bias")
-    used.update(k for k in state if k in ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
-                or k.endswith("position_ids"))
+    used = set(names.values()) | {k for k in state if k in ("cls.predictions.decoder.weight",
+                                                               "cls.predictions.decoder.bias")
+                                  or k.endswith("position_ids")}
     unknown = sorted(k for k in state if k not in used)
     if unknown:
         raise WeightsError(f"{source} has parameters hvd_bert's BERT does not know: {unknown[:6]}"
                            f"{' ...' if len(unknown) > 6 else ''}; is it a BERT checkpoint?")
+    if not hasattr(state, "shape_of"):  # (a dict in memory: converted now)
+        out = {p: check_values(h, state[h], source).astype(np.float32) for p, h in names.items()}
+        check_backbone(out, config, source, "config.json")
+        return pad_vocab_rows(out, config, source, "config.json")
+    from hvd_bert.weights.lazy import View
+
+    for name in VOCAB_ROWS:  # (pad_vocab_rows' check, on the shapes)
+        if name in names and shape_of(state, names[name])[0] != config.vocab_size:
+            raise WeightsError(f"{source}: {name} has {shape_of(state, names[name])[0]} rows, config.json's "
+                               f"vocab_size is {config.vocab_size}")
+
+    def fix(name: str, a: np.ndarray) -> np.ndarray:
+        a = check_values(names[name], a, source).astype(np.float32, copy=False)  # (a copy already)
+        return pad_vocab_rows({name: a}, config, source, "config.json")[name] if name in VOCAB_ROWS else a
+
+    def shape(name: str, s: tuple) -> tuple:
+        return (config.padded_vocab_size, *s[1:]) if name in VOCAB_ROWS else s
+
+    out = View(state, names, fix, shape, whole_only=VOCAB_ROWS)
     check_backbone(out, config, source, "config.json")
-    return pad_vocab_rows(out, config, source, "config.json")
+    return out
 
 
 def read_hf_folder(folder: str | Path, load_bin=None) -> tuple[dict[str, np.ndarray], BertConfig]:

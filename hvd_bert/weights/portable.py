@@ -26,7 +26,7 @@ from hvd_bert.files import atomic_write
 
 __all__ = ["shape_of", "untrained_head", "WeightsError", "save_weights", "write_run_bert_config",
            "read_run_bert_config",
-           "read_weights", "fit_weights", "fit_for_model", "POSITION_EMBEDDINGS",
+           "read_weights", "fit_weights", "Fitted", "fit_for_model", "POSITION_EMBEDDINGS",
            "ENCODER_PREFIXES", "check_values", "check_backbone", "backbone_shapes", "config_from_json"]
 
 CONFIG_KEY = "__bert_config__"
@@ -165,31 +165,26 @@ def read_weights(path: str | Path) -> tuple[dict[str, np.ndarray], BertConfig | 
 
 def fit_weights(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]], *,
                 source: str = "weights", allow_missing: tuple[str, ...] = (),
-                ignore_unexpected: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+                ignore_unexpected: tuple[str, ...] = ()) -> Mapping[str, np.ndarray]:
     """Check ``arrays`` against the model's ``{name: shape}``; grow the position embeddings if
     the model has more positions. Names starting with ``allow_missing`` prefixes may be absent
     (they keep the model's initialisation), names with ``ignore_unexpected`` prefixes are
-    dropped. Anything else that does not fit is a :class:`WeightsError` naming it."""
-    out = {}
+    dropped. Anything else that does not fit is a :class:`WeightsError` naming it, raised here
+    from the names and shapes alone (a lazy mapping is not read). Returns the fitted weights as
+    a mapping that reads each when it is used, its values checked then (:class:`Fitted`)."""
     missing = [k for k in expected if k not in arrays and not k.startswith(allow_missing)]
     unexpected = [k for k in arrays if k not in expected and not k.startswith(ignore_unexpected)]
-    wrong = []
+    wrong, grow = [], set()
     for name, shape in expected.items():
         if name not in arrays:
             continue
-        a = check_values(name, arrays[name], source)  # (any checkpoint: a diverged run's is refused here)
-        if tuple(a.shape) != tuple(shape):
-            grows = a.ndim == 2 == len(shape) and a.shape[1] == shape[1] and a.shape[0] <= shape[0]
+        have = shape_of(arrays, name)
+        if have != tuple(shape):
+            grows = len(have) == 2 == len(shape) and have[1] == shape[1] and have[0] <= shape[0]
             if name == POSITION_EMBEDDINGS and grows:
-                grown = np.zeros(shape, a.dtype)
-                grown[: a.shape[0]] = a
-                rng = np.random.default_rng(0)  # the rows phase 1 never trained: BERT's init
-                grown[a.shape[0]:] = rng.normal(0.0, 0.02, (shape[0] - a.shape[0], shape[1]))
-                a = grown
+                grow.add(name)
             else:
-                wrong.append(f"{name}: file {tuple(a.shape)}, model {tuple(shape)}")
-                continue
-        out[name] = a
+                wrong.append(f"{name}: file {have}, model {tuple(shape)}")
     if missing or unexpected or wrong:
         parts = []
         if missing:
@@ -200,7 +195,42 @@ def fit_weights(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[i
             parts.append(f"wrong shapes {wrong[:6]}")
         raise WeightsError(f"{source} do not fit this model: {'; '.join(parts)}. Use the same model "
                            f"preset and vocabulary as the run that wrote them")
-    return out
+    return Fitted(arrays, {k: tuple(s) for k, s in expected.items() if k in arrays}, grow, source)
+
+
+class Fitted(Mapping):
+    """What :func:`fit_weights` found to fit, each tensor read when it is used (or a share of it,
+    ``weights.lazy.read_share``) and its values checked then (:func:`check_values`: a diverged
+    run's checkpoint is refused): a model loads one tensor at a time, never the whole file."""
+
+    def __init__(self, arrays: Mapping, shapes: dict[str, tuple], grow: set, source: str):
+        self.arrays, self.shapes, self.grow, self.source = arrays, shapes, grow, source
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        a = check_values(name, self.arrays[name], self.source)
+        if name in self.grow:  # phase 1's rows, then BERT's init for the rows it never trained
+            grown = np.zeros(self.shapes[name], a.dtype)
+            grown[: a.shape[0]] = a
+            rng = np.random.default_rng(0)
+            grown[a.shape[0]:] = rng.normal(0.0, 0.02, (self.shapes[name][0] - a.shape[0], a.shape[1]))
+            a = grown
+        return a
+
+    def shape_of(self, name: str) -> tuple:
+        return self.shapes[name]
+
+    def read_share(self, name: str, dim: int, parts: int, index: int) -> np.ndarray:
+        from hvd_bert.weights.lazy import read_share
+
+        if name in self.grow:
+            return read_share({name: self[name]}, name, dim, parts, index)
+        return check_values(name, read_share(self.arrays, name, dim, parts, index), self.source)
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
 
 
 HEADS = ("mlm_", "nsp.")  # the pretraining heads' portable names
@@ -208,7 +238,7 @@ TASK_HEADS = ("classifier.", "qa_outputs.")  # the fine-tuning heads' (SQuAD's h
 
 
 def fit_for_model(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]], *,
-                  classifier: bool, source: str) -> dict[str, np.ndarray]:
+                  classifier: bool, source: str) -> Mapping[str, np.ndarray]:
     """:func:`fit_weights` with the rules of both frameworks' models: a fine-tuning model
     (``classifier``: a classifier or a SQuAD span model) takes the encoder of any checkpoint
     (its head keeps its initialisation unless the checkpoint has one of the same shape; the

@@ -500,16 +500,20 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], Be
 
 def _read_google_in_tf_process(path: Path) -> tuple[dict[str, np.ndarray], BertConfig]:
     """A Google TF1 checkpoint needs TensorFlow's reader: it runs in its own process
-    (``hvd_bert.tf.google_ckpt``), which hands back a portable .npz."""
+    (``hvd_bert.tf.google_ckpt``), which streams the portable weights into a safetensors file; it
+    is read from here lazily (a rank's share of each tensor), kept open after its folder goes."""
     import subprocess
     import sys
     import tempfile
 
+    from hvd_bert.weights.google import google_checkpoint_prefix, read_google_config
+    from hvd_bert.weights.lazy import SafetensorsTensors
+
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "weights.npz"
-        res = subprocess.run([sys.executable, "-m", "hvd_bert.tf.google_ckpt", "to-npz", str(path), str(out)],
-                             capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        out = Path(tmp) / "weights.safetensors"
+        res = subprocess.run([sys.executable, "-m", "hvd_bert.tf.google_ckpt", "to-safetensors", str(path),
+                              str(out)], capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if res.returncode != 0:
             lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
             raise WeightsError(lines[-1] if lines else f"reading the Google checkpoint {path} failed")
-        return read_weights(out)
+        return SafetensorsTensors(out), read_google_config(google_checkpoint_prefix(path).parent)

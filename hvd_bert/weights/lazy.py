@@ -1,0 +1,107 @@
+"""Weights read when they are used, and in slices where a rank holds only a share.
+
+A checkpoint's tensors can be a plain ``{name: array}`` or a lazy mapping: its ``__getitem__``
+reads one tensor, ``shape_of(name)`` says its shape without reading it, and ``read_share(name,
+dim, parts, index)`` reads only share ``index`` of ``parts`` equal slices along ``dim`` (what a
+tensor-parallel rank keeps). Such mappings are a Hugging Face ``model.safetensors``
+(:class:`SafetensorsTensors`: ``safetensors``' lazy slices read only the share's bytes), a sharded
+checkpoint's tensors (``train.sharded_checkpoint.LazyTensors``) and the views below over either.
+So loading a published BERT-Large under tensor parallelism holds one share at a time, never the
+whole file (figures: BENCHMARKS.md, "Published checkpoints by slices").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["read_share", "share_bounds", "SafetensorsTensors", "View"]
+
+
+def share_bounds(length: int, parts: int, index: int) -> tuple[int, int]:
+    """``[start, stop)`` of share ``index`` of ``parts`` equal slices of ``length`` (as
+    ``torch.chunk`` cuts a dimension that ``parts`` divides)."""
+    if parts < 1 or not 0 <= index < parts or length % parts:
+        raise ValueError(f"{length} does not split into {parts} equal shares (share {index})")
+    n = length // parts
+    return index * n, (index + 1) * n
+
+
+def read_share(arrays: Mapping, name: str, dim: int | None, parts: int = 1, index: int = 0) -> np.ndarray:
+    """Share ``index`` of ``parts`` along ``dim`` of ``arrays[name]`` (None: the whole), read alone
+    where the mapping can (its ``read_share``), else cut from the whole tensor."""
+    if dim is None or parts == 1:
+        return np.asarray(arrays[name])
+    lazy = getattr(arrays, "read_share", None)  # (an optional part of the lazy mapping's protocol)
+    if lazy is not None:
+        return lazy(name, dim, parts, index)
+    a = np.asarray(arrays[name])
+    start, stop = share_bounds(a.shape[dim], parts, index)
+    return a[(slice(None),) * dim + (slice(start, stop),)]
+
+
+class SafetensorsTensors(Mapping):
+    """The tensors of a safetensors file, each read when asked for, or a share of one (only its
+    bytes: ``safe_open``'s slices). The file is opened once (mapped): it stays readable while this
+    mapping lives. A damaged header is ``safetensors.SafetensorError`` at construction."""
+
+    def __init__(self, path: str | Path):
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        self.file = safe_open(str(self.path), framework="numpy")
+        self.names = list(self.file.keys())
+        self.shapes = {k: tuple(self.file.get_slice(k).get_shape()) for k in self.names}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.shapes:
+            raise KeyError(name)
+        return self.file.get_tensor(name)
+
+    def shape_of(self, name: str) -> tuple:
+        return self.shapes[name]
+
+    def read_share(self, name: str, dim: int, parts: int, index: int) -> np.ndarray:
+        start, stop = share_bounds(self.shapes[name][dim], parts, index)
+        return self.file.get_slice(name)[(slice(None),) * dim + (slice(start, stop),)]
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+class View(Mapping):
+    """``{name: source name}`` over a (lazy) ``source``: each tensor read when asked for and passed
+    through ``fix(name, array)`` (a check, a dtype, padding), shapes through ``shape(name, source
+    shape)``. A share of a tensor is read alone from the source (along the other dimension of one
+    ``fix`` transposes), but for those ``whole_only`` lists (``fix`` changes their length)."""
+
+    def __init__(self, source: Mapping, names: dict[str, str], fix: Callable[[str, np.ndarray], np.ndarray],
+                 shape: Callable[[str, tuple], tuple] = lambda name, s: s, whole_only: tuple = (),
+                 transposed: frozenset = frozenset()):
+        self.source, self.names, self.fix, self.shape, self.whole_only = source, names, fix, shape, whole_only
+        self.transposed = transposed  # (2-D tensors ``fix`` transposes: a share is cut along the other dim)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.fix(name, np.asarray(self.source[self.names[name]]))
+
+    def shape_of(self, name: str) -> tuple:
+        from hvd_bert.weights.portable import shape_of
+
+        return tuple(self.shape(name, shape_of(self.source, self.names[name])))
+
+    def read_share(self, name: str, dim: int, parts: int, index: int) -> np.ndarray:
+        if name in self.whole_only:
+            return read_share({name: self[name]}, name, dim, parts, index)
+        along = 1 - dim if name in self.transposed else dim
+        return self.fix(name, read_share(self.source, self.names[name], along, parts, index))
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
