@@ -370,13 +370,13 @@ class TrainConfig:
     log_every: int = doc(10, "log every this many optimizer steps (rank 0)")
     checkpoint_every: int = doc(0, "checkpoint every this many optimizer steps (0 = at the end only)")
     keep_checkpoints: int = doc(3, "newest checkpoints to keep")
-    checkpoint_format: Literal["consolidated", "sharded"] = doc(
-        "consolidated", "consolidated: one file (ckpt-N.pt; TensorFlow: a folder ckpt-N.tf) that rank 0 "
-                        "writes "
-                        "from every rank's state; sharded: a folder ckpt-N.shards, the same in both "
-                        "frameworks, in which every rank writes its own share in the background, complete "
-                        "once its index.json is written, resumable under another world size, ZeRO stage or "
-                        "tensor_parallel (it needs a folder every rank sees)")
+    checkpoint_format: Literal["auto", "consolidated", "sharded"] = doc(
+        "auto", "auto: sharded wherever the job has more than one rank (or runs under Horovod elastic), "
+                "consolidated on one; consolidated: one file (ckpt-N.pt; TensorFlow: a folder ckpt-N.tf) "
+                "that rank 0 writes from every rank's state; sharded: a folder ckpt-N.shards, the same in "
+                "both frameworks, in which every rank writes its own share in the background, complete "
+                "once its index.json is written, resumable under another world size, ZeRO stage or "
+                "tensor_parallel (it needs a folder every rank sees). Either kind resumes the other's run")
     output_dir: str = doc("runs/latest", "folder for checkpoints and logs (jobs: empty means "
                                          "runs/<job>-<framework>-<data folder name>)")
     resume_resized: bool = doc(True, "resume a checkpoint written by another number of data-parallel "

@@ -41,6 +41,7 @@ from hvd_bert.core.batch import is_sync_step
 from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, engine_settings, peak_host_bytes)
 from hvd_bert.train.elastic import launched_elastic
+from hvd_bert.train.checkpoint import checkpoint_format
 from hvd_bert.train.loop import fit
 from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
@@ -179,7 +180,7 @@ class Engine(Checkpoints):
         opt = build_optimizer(model.named_parameters(), cfg.optim, lr=peak)
         engine = cls(model, opt, device=device, loss_fn=loss_fn, sync=sync, tp_groups=groups, **kwargs)
         engine.plan, engine.config = plan, cfg  # (fit writes the config beside its checkpoints)
-        engine.checkpoint_format = cfg.checkpoint_format
+        engine.checkpoint_format = checkpoint_format(cfg.checkpoint_format, hvd.size(), launched_elastic())
         return engine
 
     def param_names(self) -> list[str]:

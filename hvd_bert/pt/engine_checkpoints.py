@@ -51,6 +51,11 @@ class Checkpoints:
         """Wait for a background save to be on disk; its error raised on every rank (a collective)."""
         self.writer.wait()
 
+    def abandon_save(self) -> Path | None:
+        """After the world changed (Horovod elastic): a background save cut short by it, else None
+        (a collective of the new world)."""
+        return self.writer.abandon()
+
     def resume(self, folder_or_file: str | Path | None) -> Any:
         """Load the newest checkpoint in a folder (or a given file) on rank 0 and broadcast it.
         Returns the saved data state, or None when there is no checkpoint (a collective)."""

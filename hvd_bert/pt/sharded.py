@@ -26,15 +26,16 @@ import torch
 import horovod.torch as hvd
 
 from hvd_bert.train import sharded_checkpoint as S
+from hvd_bert.train.sharded_writer import Writer, fresh_folder
 from hvd_bert.train.checkpoint import checkpoint_path
 
 __all__ = ["writer", "pieces_of", "save", "load_into"]
 
 
-def writer() -> S.Writer:
+def writer() -> Writer:
     """The background writer of this process's sharded checkpoints (Horovod's object allgather
     says every rank's outcome)."""
-    return S.Writer(lambda obj, name: hvd.allgather_object(obj, name=name))  # Horovod:
+    return Writer(lambda obj, name: hvd.allgather_object(obj, name=name))  # Horovod:
 
 
 def _local_tensors(engine, state: dict | None = None) -> tuple[list, list]:
@@ -107,12 +108,12 @@ def optimizer_step(engine) -> int:
     return 0
 
 
-def save(engine, writer: S.Writer, folder: str | Path, meta: dict, keep: int) -> Path:
+def save(engine, writer: Writer, folder: str | Path, meta: dict, keep: int) -> Path:
     """Copy this rank's pieces to host memory, then write them in the background (rank 0: then the
     index, then the pruning of older checkpoints). Returns the checkpoint's folder."""
     writer.wait()  # (one save in flight: the one before is on disk, or its error raised here)
     # (a checkpoint of this step again: its old files go; Horovod: no rank writes before it is fresh)
-    path = S.fresh_folder(checkpoint_path(folder, engine.step_count, S.SUFFIX), engine.rank, hvd.barrier)
+    path = fresh_folder(checkpoint_path(folder, engine.step_count, S.SUFFIX), engine.rank, hvd.barrier)
     pieces = pieces_of(engine)
     meta = {**meta, "optimizer_step": optimizer_step(engine), "scaler": engine.scaler.state_dict(),
             "layout": {"world_size": engine.world_size, "zero_stage": engine.zero.stage if engine.zero else 0,

@@ -35,6 +35,8 @@ from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args,
                                    resume_on_rank0, refuse_nonfinite, restore_rng,
                                    set_host_rng_state)
 from hvd_bert.train.loop import fit
+from hvd_bert.train.checkpoint import checkpoint_format
+from hvd_bert.train.elastic import launched_elastic
 from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
 from hvd_bert.tf import check_keras, init_horovod
@@ -158,7 +160,7 @@ class Engine:
         engine = cls(model, build_optimizer(cfg.optim, lr=peak), loss_fn, jit_compile=jit_compile, sync=sync,
                      **kwargs)
         engine.plan, engine.config = plan, cfg  # (fit writes the config beside its checkpoints)
-        engine.checkpoint_format = cfg.checkpoint_format
+        engine.checkpoint_format = checkpoint_format(cfg.checkpoint_format, hvd.size(), launched_elastic())
         return engine
 
     def weights(self) -> list:
@@ -387,6 +389,11 @@ class Engine:
     def wait_for_save(self) -> None:
         """Wait for a background save to be on disk; its error raised on every rank (a collective)."""
         self.writer.wait()
+
+    def abandon_save(self) -> Path | None:
+        """After the world changed (Horovod elastic): a background save cut short by it, else None
+        (a collective of the new world)."""
+        return self.writer.abandon()
 
     def resume(self, folder: str | Path | None) -> Any:
         """Restore the newest checkpoint on rank 0 and broadcast it (a collective); an

@@ -19,13 +19,14 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from hvd_bert.train import sharded_checkpoint as S
+from hvd_bert.train.sharded_writer import Writer, fresh_folder
 from hvd_bert.train.checkpoint import checkpoint_path
 
 __all__ = ["writer", "save", "load_into"]
 
 
-def writer() -> S.Writer:
-    return S.Writer(lambda obj, name: hvd.allgather_object(obj, name=name))  # Horovod:
+def writer() -> Writer:
+    return Writer(lambda obj, name: hvd.allgather_object(obj, name=name))  # Horovod:
 
 
 def _model_tensors(engine) -> list[tuple[str, tuple, tf.Variable, bool]]:
@@ -77,11 +78,11 @@ def optimizer_step(engine) -> int:
     return engine.zero.step_count if engine.zero is not None else int(engine.optimizer.applied_steps.numpy())
 
 
-def save(engine, writer: S.Writer, folder: str | Path, meta: dict, keep: int) -> Path:
+def save(engine, writer: Writer, folder: str | Path, meta: dict, keep: int) -> Path:
     """As PyTorch's: copy this rank's pieces to host memory, write them in the background (rank 0:
     then the index and the pruning); returns the checkpoint's folder (a collective)."""
     writer.wait()
-    path = S.fresh_folder(checkpoint_path(folder, engine.step_count, S.SUFFIX), engine.rank,
+    path = fresh_folder(checkpoint_path(folder, engine.step_count, S.SUFFIX), engine.rank,
                           lambda: hvd.allreduce(tf.constant(0.0), name="hvd_bert.barrier.shards"))  # Horovod:
     pieces = pieces_of(engine)
     meta = {**meta, "optimizer_step": optimizer_step(engine),

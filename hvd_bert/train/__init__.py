@@ -6,6 +6,7 @@
     elastic     Horovod elastic as a hook of fit; how a job was launched (plain or elastic)
     checkpoint  atomic files, checkpoint names and retention, the run folder's lock
     sharded_checkpoint  the sharded format both frameworks write: per-rank shards, an index, resharding
+    sharded_writer  the background writer of sharded checkpoints; a save abandoned by an elastic reset
     sharded_index  what a sharded checkpoint's index and shard headers may say, validated before use
     run_folder  the run folder's one owner: its checks and lock, for a job and a script's fit
     identity    whether a run folder's checkpoints belong to this run (resume) or another (refuse)

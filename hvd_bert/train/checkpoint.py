@@ -16,7 +16,7 @@ from pathlib import Path
 __all__ = ["zip_damage", "file_digests", "file_crc", "checkpoint_folder",
            "digest_damage", "pick_checkpoint", "run_folder_of", "checkpoint_step",
            "release_run_folder", "checkpoint_path", "is_checkpoint_name", "list_checkpoints",
-           "latest_checkpoint", "has_index", "prune", "SHARDED", "SHARDED_INDEX",
+           "latest_checkpoint", "has_index", "prune", "SHARDED", "SHARDED_INDEX", "checkpoint_format",
            "remove_stale_temporaries", "RunFolderBusy", "lock_run_folder"]
 
 _NAME = re.compile(r"^ckpt-(\d{8,})\.(\w+)$")
@@ -148,6 +148,16 @@ def is_checkpoint_name(path: str | Path, suffix: str) -> bool:
 SHARDED = "shards"      # a sharded checkpoint's suffix (hvd_bert.train.sharded_checkpoint)
 SHARDED_INDEX = "index.json"  # what makes it complete, written last
 ALL = ("pt", "tf", SHARDED)  # every kind of checkpoint a run folder holds
+
+
+def checkpoint_format(setting: str, world_size: int, elastic: bool = False) -> str:
+    """The format ``train.checkpoint_format`` names for a job of ``world_size`` ranks: ``auto``
+    is ``sharded`` wherever there is more than one rank, and under Horovod elastic (whose world
+    may grow from one), so that no rank gathers the state and rank 0 does not write it alone;
+    ``consolidated`` on one rank (one file, as before)."""
+    if setting != "auto":
+        return setting
+    return "sharded" if world_size > 1 or elastic else "consolidated"
 
 
 def has_index(folder: str | Path) -> bool:

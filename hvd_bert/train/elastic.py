@@ -181,6 +181,11 @@ class ElasticHook:
         def body(state) -> None:
             engine.resize(None, None)  # this world's rank and size
             log.set_rank(engine.rank, self.make_writer)
+            cut = engine.abandon_save()  # (a sharded save the lost rank never finished)
+            if cut is not None:
+                log.print(f"elastic: the world changed while {cut.name} was being written: that save was "
+                          f"abandoned (no index.json: never resumed from, removed at the next start); the "
+                          f"last complete checkpoint stays, and the next save writes a new one")
             if not values["started"]:
                 self.on_first_entry()
                 engine.target_global_batch = values["target"]

@@ -120,6 +120,11 @@ class Engine(Protocol):
     def wait_for_save(self) -> None:
         """A background save on disk, or its error raised on every rank (a collective)."""
 
+    def abandon_save(self) -> Path | None:
+        """The world changed under a background save (a Horovod elastic reset): stop waiting for
+        it without the old world's collectives; returns the checkpoint it left incomplete, or None
+        (a collective of the new world)."""
+
     def memory(self) -> dict:
         """What this rank holds, in bytes, and its peak so far (``memory_line``)."""
 

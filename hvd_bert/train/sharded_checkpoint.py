@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,15 +36,14 @@ from pathlib import Path
 import numpy as np
 
 from hvd_bert.files import atomic_write
-from hvd_bert.train.checkpoint import SHARDED as SUFFIX, SHARDED_INDEX as INDEX, has_index, prune
+from hvd_bert.train.checkpoint import SHARDED as SUFFIX, SHARDED_INDEX as INDEX, has_index
 from hvd_bert.train.engine import CheckpointError
 from hvd_bert.train.sharded_index import (DTYPES, FIX, MAX_INDEX_BYTES, header_entry_fault, norm_split,
                                           share_shape, validate)
 
 __all__ = ["SUFFIX", "INDEX", "FORMAT", "validate", "MAX_INDEX_BYTES", "Piece", "share_bounds", "write_rank",
-           "write_index", "Reader",
-           "is_complete", "rank_pieces", "Writer", "LazyTensors", "read_on_every_rank",
-           "is_sharded", "fresh_folder", "model_weights"]
+           "write_index", "Reader", "is_complete", "rank_pieces", "LazyTensors", "read_on_every_rank",
+           "is_sharded", "model_weights"]
 
 FORMAT = "hvd_bert.sharded/1"
 _BLOCK = 16 * 2**20  # bytes read (and CRC-checked) at a time
@@ -147,80 +145,6 @@ def write_index(folder: str | Path, writers: int, meta: dict, *, timeout_s: floa
     path = folder / INDEX
     atomic_write(path, lambda tmp: tmp.write_text(json.dumps(index)))
     return path
-
-
-class Writer:
-    """One background checkpoint write at a time: a thread, joined before the next save and at
-    the end of the run. ``allgather_object(obj, name)`` is the framework's (Horovod's)."""
-
-    def __init__(self, allgather_object):
-        self.allgather_object = allgather_object
-        self.path: Path | None = None  # (the checkpoint being written: what a failure names)
-        self.thread = None
-        self.error: BaseException | None = None
-
-    def submit(self, write) -> None:
-        def run():
-            try:
-                write()
-            except BaseException as e:  # noqa: BLE001  (raised by wait(), on the main thread)
-                self.error = e
-        self.thread = threading.Thread(target=run, name="hvd_bert-checkpoint-writer")
-        self.thread.start()
-
-    def save(self, path: Path, folder: Path, rank: int, world: int, pieces: list, meta: dict,
-             keep: int) -> Path:
-        """Write a checkpoint in the background: this rank's ``pieces`` into ``path``; on rank 0,
-        then the index once all ``world`` ranks' pieces are on disk, then the pruning of the
-        older checkpoints in ``folder`` (the newest ``keep`` stay). Returns ``path``."""
-        main = threading.main_thread()  # (its end stops rank 0 waiting for the others' manifests)
-        self.path = path
-
-        def write():
-            write_rank(path, rank, pieces)
-            if rank == 0:
-                write_index(path, world, meta, alive=main.is_alive)
-                prune(folder, SUFFIX, keep)
-        self.submit(write)
-        return path
-
-    def wait(self) -> None:
-        """Wait for the save in flight, then raise the first failing rank's error on every rank
-        (a collective: every rank calls it at the same point; a full disk stays a NoSpace)."""
-        from hvd_bert.files import NoSpace, os_error_line
-
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-        e, self.error = self.error, None
-        mine = None if e is None else (type(e).__name__, str(e), getattr(e, "filename", None),
-                                        getattr(e, "written", 0))
-        failed = [(r, f) for r, f in enumerate(self.allgather_object(mine, "hvd_bert.save.outcome"))
-                  if f is not None]
-        if not failed:
-            return
-        # (every rank raises the same kind: a full disk anywhere is a NoSpace, whichever rank saw it
-        # first and however its writer worded it; a resource error of this rank's as itself)
-        full = [f for _, f in failed if f[0] == "NoSpace" or "No space left" in f[1]]
-        if full:
-            raise NoSpace(full[0][2] or str(self.path or "a checkpoint shard"), full[0][3] or 0)
-        rank, (kind, text, filename, written) = failed[0]
-        if isinstance(e, OSError) and mine == failed[0][1] and os_error_line(e):
-            raise e
-        raise CheckpointError(f"rank {rank} could not write its checkpoint shard ({kind}: {text}); the "
-                              f"checkpoint before it is intact: fix the cause and run again to resume")
-
-
-def fresh_folder(path: Path, rank: int, barrier) -> Path:
-    """The folder of a new checkpoint, empty on every rank: rank 0 removes what is there (an older
-    checkpoint of the same step, or a link planted under its name: the link itself, never what it
-    points to), ``barrier()`` (the framework's collective), then every rank makes it."""
-    from hvd_bert.files import clear_path, own_folder
-
-    if rank == 0:
-        clear_path(path)
-    barrier()
-    return own_folder(path)
 
 
 def read_on_every_rank(read, folder: str | Path, allgather_object) -> dict:
@@ -413,6 +337,13 @@ class LazyTensors(Mapping):
 
     def shape_of(self, name: str) -> tuple:
         return self.reader.shape(self.prefix + name)
+
+    def read_share(self, name: str, dim: int, parts: int, index: int) -> np.ndarray:
+        """Share ``index`` of ``parts`` along ``dim`` alone (a tensor-parallel rank's, from the
+        pieces that hold it: ``weights.lazy``)."""
+        split = (dim, parts, index)
+        flat = self.reader.read(self.prefix + name, split=split)
+        return flat.reshape(share_shape(self.shape_of(name), split))
 
     def __iter__(self):
         return iter(self.names)

@@ -17,7 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["read_share", "share_bounds", "SafetensorsTensors", "View"]
+__all__ = ["shape_of", "read_share", "share_bounds", "SafetensorsTensors", "View"]
+
+
+def shape_of(arrays: Mapping, name: str) -> tuple:
+    """A tensor's shape without reading it (a lazy mapping's ``shape_of``), or the array's."""
+    lazy = getattr(arrays, "shape_of", None)
+    return tuple(lazy(name)) if lazy is not None else tuple(np.shape(arrays[name]))
 
 
 def share_bounds(length: int, parts: int, index: int) -> tuple[int, int]:
@@ -90,8 +96,6 @@ class View(Mapping):
         return self.fix(name, np.asarray(self.source[self.names[name]]))
 
     def shape_of(self, name: str) -> tuple:
-        from hvd_bert.weights.portable import shape_of
-
         return tuple(self.shape(name, shape_of(self.source, self.names[name])))
 
     def read_share(self, name: str, dim: int, parts: int, index: int) -> np.ndarray:

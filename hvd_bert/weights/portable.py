@@ -23,6 +23,7 @@ import numpy as np
 
 from hvd_bert.config.bert import BertConfig
 from hvd_bert.files import atomic_write
+from hvd_bert.weights.lazy import read_share, shape_of
 
 __all__ = ["shape_of", "untrained_head", "WeightsError", "save_weights", "write_run_bert_config",
            "read_run_bert_config",
@@ -113,10 +114,6 @@ def check_backbone(arrays: Mapping[str, np.ndarray], config: BertConfig, source:
                            f"that was saved with these weights")
 
 
-def shape_of(arrays: Mapping, name: str) -> tuple:
-    """A tensor's shape without reading it (a lazy mapping's ``shape_of``), or the array's."""
-    lazy = getattr(arrays, "shape_of", None)
-    return tuple(lazy(name)) if lazy is not None else tuple(np.shape(arrays[name]))
 
 
 def save_weights(path: str | Path, arrays: Mapping[str, np.ndarray], config: BertConfig) -> Path:
@@ -220,8 +217,6 @@ class Fitted(Mapping):
         return self.shapes[name]
 
     def read_share(self, name: str, dim: int, parts: int, index: int) -> np.ndarray:
-        from hvd_bert.weights.lazy import read_share
-
         if name in self.grow:
             return read_share({name: self[name]}, name, dim, parts, index)
         return check_values(name, read_share(self.arrays, name, dim, parts, index), self.source)

@@ -116,3 +116,15 @@ def test_a_run_folder_called_like_a_checkpoint_is_not_one(tmp_path):
     assert is_checkpoint_name(tmp_path / "ckpt-00000012.pt", "pt")
     assert is_checkpoint_name("ckpt-00000012.tf", "tf") and not is_checkpoint_name("ckpt-00000012.tf", "pt")
     assert not is_checkpoint_name(tmp_path / "ckpt-0", "pt") and not is_checkpoint_name("ckpt-best", "tf")
+
+
+def test_the_default_format_is_sharded_wherever_there_is_more_than_one_rank():
+    from hvd_bert.config import TrainConfig
+    from hvd_bert.train.checkpoint import checkpoint_format
+
+    assert TrainConfig().checkpoint_format == "auto"
+    assert checkpoint_format("auto", 1) == "consolidated"
+    assert [checkpoint_format("auto", n) for n in (2, 3, 1472)] == ["sharded"] * 3
+    assert checkpoint_format("auto", 1, elastic=True) == "sharded"  # (its world may grow)
+    for setting in ("consolidated", "sharded"):  # a setting given is the setting
+        assert {checkpoint_format(setting, n, e) for n in (1, 4) for e in (False, True)} == {setting}

@@ -124,3 +124,35 @@ def test_convert_streams_a_sharded_checkpoint_tensor_by_tensor(tmp_path):
     write_safetensors(tmp_path / "m.safetensors", lazy, sorted(lazy), {"format": "pt"})
     got = load_file(tmp_path / "m.safetensors")
     assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_a_save_abandoned_by_a_change_of_the_world_stops_waiting_for_the_lost_rank(tmp_path):
+    """Rank 0 of 2 writes its share and waits for rank 1's manifest, which never comes (rank 1
+    was lost): ``abandon`` (a Horovod elastic reset) ends that wait at once, not after the index's
+    600 s, names the incomplete checkpoint, and leaves the complete one before it as it was; the
+    next save goes on as usual. (The allgather is one process's: the new world of one rank.)"""
+    import time
+
+    from hvd_bert.train.checkpoint import latest_checkpoint
+    from hvd_bert.train.sharded_writer import Writer
+
+    arrays = whole()
+    pieces = [(S.Piece(n, shape), arrays[n].reshape(-1)) for n, shape, _ in TENSORS]
+    writer = Writer(lambda obj, name: [obj])
+    writer.save(tmp_path / "ckpt-00000001.shards", tmp_path, 0, 1, pieces, {"step": 1}, keep=3)
+    writer.wait()
+    cut = tmp_path / "ckpt-00000002.shards"
+    cut.mkdir()
+    writer.save(cut, tmp_path, 0, 2, pieces, {"step": 2}, keep=3)
+    time.sleep(0.3)
+    assert writer.thread.is_alive()  # waiting for rank 1's manifest
+    t0 = time.monotonic()
+    assert writer.abandon() == cut
+    assert time.monotonic() - t0 < 5 and writer.thread is None
+    assert not S.is_complete(cut)
+    assert latest_checkpoint(tmp_path, S.SUFFIX) == tmp_path / "ckpt-00000001.shards"
+    assert writer.abandon() is None  # nothing in flight: nothing cut
+    (tmp_path / "ckpt-00000003.shards").mkdir()
+    writer.save(tmp_path / "ckpt-00000003.shards", tmp_path, 0, 1, pieces, {"step": 3}, keep=3)
+    writer.wait()
+    assert S.Reader(tmp_path / "ckpt-00000003.shards").meta == {"step": 3}

@@ -79,7 +79,7 @@ def test_the_demo_pretrains_in_the_image_as_its_user_into_the_host_folder_and_re
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "global batch" in first.stdout and "world size 2" in first.stdout, first.stdout
     ckpts = sorted(run.glob("ckpt-*"))
-    assert [p.name for p in ckpts] == ["ckpt-00000003.pt", "ckpt-00000006.pt"]
+    assert [p.name for p in ckpts] == ["ckpt-00000003.shards", "ckpt-00000006.shards"]  # (2 ranks: sharded)
     for p in [run, *run.rglob("*")]:
         st = p.stat()
         # written by the image's user, not root, and readable by every host user

@@ -244,7 +244,7 @@ def test_a_killed_worker_and_its_return_keep_the_global_batch_and_the_schedule(c
         assert r["lr"] == pytest.approx(schedule(r["step"]), rel=1e-5, abs=1e-9), r
     check_loss_goes_on(records, text)
     # the optimizer's own step counter: every step applied once
-    assert optimizer_steps(framework, job.out / f"ckpt-{TOTAL:08d}.{framework}") == TOTAL
+    assert optimizer_steps(job.out / f"ckpt-{TOTAL:08d}.shards") == TOTAL
 
 
 @retried_on_upstream_abort
@@ -287,18 +287,12 @@ def test_uneven_nearest_trains_on_the_nearest_global_batch_with_a_rescaled_lr(cl
     assert froms[2][2] > froms[1][2]  # steps were trained on 2 ranks
     check_loss_goes_on(records, text)
     # the optimizer's own step counter: every step applied once
-    assert optimizer_steps("tf", job.out / f"ckpt-{TOTAL:08d}.tf") == TOTAL
+    assert optimizer_steps(job.out / f"ckpt-{TOTAL:08d}.shards") == TOTAL
 
 
-def optimizer_steps(framework: str, ckpt: Path) -> int:
-    code = {"pt": "import torch,sys; s=torch.load(sys.argv[1], weights_only=True)['optimizer']['state'];"
-                  "print(sorted({int(v['step']) for v in s.values()}))",
-            "tf": "import sys,tensorflow as tf; r=tf.train.load_checkpoint(sys.argv[1] + '/ckpt');"
-                  "print([int(r.get_tensor(k)) for k in r.get_variable_to_shape_map() if k.startswith("
-                  "'optimizer/_iterations')])"}[framework]
-    res = subprocess.run([sys.executable, "-c", code, str(ckpt)], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3"))
-    assert res.returncode == 0, res.stderr
-    counts = json.loads(res.stdout.strip().splitlines()[-1])
-    assert len(counts) == 1, counts
-    return counts[0]
+def optimizer_steps(ckpt: Path) -> int:
+    """The optimizer's own step counter that an elastic run's checkpoint (sharded by default:
+    Horovod elastic) records: PyTorch's state ``step`` / ZeRO's count, Keras' ``iterations``."""
+    from hvd_bert.train.sharded_checkpoint import Reader
+
+    return int(Reader(ckpt).meta["optimizer_step"])

@@ -80,7 +80,10 @@ def test_faults_at_random_moments_lose_nothing(bert_data, tmp_path):
         return ["-m", "hvd_bert", "pretrain", "--set", f"data={bert_data}",
                 "--set", f"train.output_dir={out}",
                 *TINY, "--set", "train.log_every=1", "--set", "train.checkpoint_every=1",
-                "--set", "train.keep_checkpoints=2", "--set", f"train.schedule.total_steps={total}"]
+                "--set", "train.keep_checkpoints=2", "--set", f"train.schedule.total_steps={total}",
+                # (rank 0's one file and its temporaries; a sharded save killed mid-write:
+                # test_sharded_checkpoints.py)
+                "--set", "train.checkpoint_format=consolidated"]
 
     figures, verified, temporaries = [], 0, 0
     for fault in FAULTS:
@@ -155,7 +158,8 @@ def test_kill_9_of_one_tensorflow_rank_ends_the_job_and_the_rerun_resumes(bert_d
     out = tmp_path / "run"
     job = ["-m", "hvd_bert", "pretrain", "--framework", "tf", "--set", f"data={bert_data}",
            "--set", f"train.output_dir={out}", *TINY, "--set", "train.log_every=1",
-           "--set", "train.checkpoint_every=2", "--set", "train.schedule.total_steps=100000"]
+           "--set", "train.checkpoint_every=2", "--set", "train.schedule.total_steps=100000",
+           "--set", "train.checkpoint_format=consolidated"]
     proc = _start(launch.command(job, np=2))
     try:
         deadline = time.monotonic() + 300

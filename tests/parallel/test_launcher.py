@@ -118,7 +118,7 @@ def test_a_signal_to_hvd_bert_launch_saves_stops_with_status_3_and_the_rerun_res
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 3, stdout[-3000:] + stderr[-3000:]
     stopped = int(stdout.split("stopped by a signal at step ")[1].split(";")[0])
-    assert (out / f"ckpt-{stopped:08d}.pt").is_file() and "(exit status 3)" in stdout
+    assert (out / f"ckpt-{stopped:08d}.shards" / "index.json").is_file() and "(exit status 3)" in stdout
     for noise in ("Traceback", "KeyboardInterrupt", "Primary job", "Process name", "<stderr>"):
         assert noise not in stdout + stderr, noise
     again = subprocess.run([*argv[:argv.index("train.schedule.total_steps=100000")],

@@ -112,9 +112,11 @@ def test_slurm_job_scripts_on_two_nodes(slurm2, bert_data, tmp_path):
     logs = sorted(p.name for p in (p1 / "jobs" / p1_id).glob("rank-*.log"))
     assert logs == [f"rank-{i}.log" for i in range(2)]
     assert [m["step"] for m in metrics_of(p1)] == [5, 10]
-    assert sorted(p.name for p in p1.glob("ckpt-*.pt")) == ["ckpt-00000005.pt", "ckpt-00000010.pt"]
+    # (2 ranks: sharded by default, each node's rank writing its share into the shared folder)
+    assert sorted(p.name for p in p1.glob("ckpt-*")) == ["ckpt-00000005.shards", "ckpt-00000010.shards"]
     rank0_p2 = (p2 / "jobs" / p2_id / "rank-0.log").read_text()
-    assert "resumed" not in rank0_p2 and (p2 / "ckpt-00000010.pt").exists(), (rank0_p2, outs)
+    assert "resumed" not in rank0_p2, (rank0_p2, outs)
+    assert (p2 / "ckpt-00000010.shards" / "index.json").is_file()
     assert metrics_of(p2)[0]["loss"] < metrics_of(p1)[0]["loss"]  # phase 2 from phase 1's weights
 
     # a resubmission of phase 1 with a longer horizon resumes from its newest checkpoint

@@ -50,8 +50,12 @@ def test_loss_falls_and_outputs_are_written(bert_data, tmp_path, framework):
     assert [m["step"] for m in metrics] == [5, 10, 15, 20, 25, 30, 35, 40]
     assert metrics[-1]["loss"] < metrics[0]["loss"] - 0.5
     assert metrics[-1]["mlm_accuracy"] > metrics[0]["mlm_accuracy"]
-    assert sorted(p.name for p in out.glob("ckpt-*")) == [f"ckpt-00000020.{framework}",
-                                                           f"ckpt-00000040.{framework}"]
+    # (2 ranks: sharded by default, every rank its share; complete once its index is written)
+    assert sorted(p.name for p in out.glob("ckpt-*")) == ["ckpt-00000020.shards", "ckpt-00000040.shards"]
+    assert (out / "ckpt-00000040.shards" / "index.json").is_file()
+    # no rank gathered the state: each wrote about half of it (weights and optimizer state)
+    sizes = {p.name: p.stat().st_size for p in (out / "ckpt-00000040.shards").glob("rank-*.safetensors")}
+    assert len(sizes) == 2 and max(sizes.values()) < 0.55 * sum(sizes.values()), sizes
     assert (out / "bert_config.json").is_file() and not (out / ".hvd_bert.lock").exists()  # released
     assert f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}" in stdout
     # the same outputs from both frameworks: one list of fields, each number a TensorBoard scalar
@@ -101,7 +105,7 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(bert_data, tmp_path
     assert "run the same command again to resume" in output
     stopped = int(output.split("stopped by a signal at step ")[1].split(";")[0])
     assert stopped >= 3
-    assert (out / f"ckpt-{stopped:08d}.{framework}").exists()
+    assert (out / f"ckpt-{stopped:08d}.shards" / "index.json").is_file()
     _, stdout = run_job(framework, bert_data, out, "--set", f"train.schedule.total_steps={stopped + 2}",
                         "--set", "train.log_every=1")
     assert f"resumed from step {stopped} in {out}: 2 steps to go, lr now " in stdout  # what changed:
@@ -112,7 +116,7 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(bert_data, tmp_path
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_phase_two_starts_from_phase_one_weights_with_a_fresh_optimizer(bert_data, phase_one, tmp_path,
                                                                        framework):
-    init = phase_one / "p1" / "ckpt-00000020.pt" if framework == "pt" else phase_one / "p1.npz"
+    init = phase_one / "p1" / "ckpt-00000020.shards" if framework == "pt" else phase_one / "p1.npz"
     metrics, stdout = run_job(framework, bert_data, tmp_path / "p2", "--set", "train.schedule.total_steps=10",
                               "--set", f"init_checkpoint={init}")
     assert "resumed" not in stdout and [m["step"] for m in metrics] == [5, 10]  # optimizer reset

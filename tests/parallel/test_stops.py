@@ -109,7 +109,9 @@ def test_a_job_that_does_not_stop_is_ended_at_once_and_its_last_checkpoint_resum
     assert ("interrupted again" if how == "a second Ctrl-C" else "did not stop within 3 s") in lines[0]
     clean(stdout, stderr)
     assert not psutil.pid_exists(stuck.pid) or stuck.status() == psutil.STATUS_ZOMBIE
-    last = max(int(p.name[5:13]) for p in out.glob("ckpt-*.pt"))
+    from hvd_bert.train.checkpoint import list_checkpoints
+
+    last = list_checkpoints(out, "shards")[-1][0]  # (2 ranks: sharded; the complete ones)
     again = subprocess.run([*job_argv(bert_data, out), "--set", f"train.schedule.total_steps={last + 1}"],
                            capture_output=True, text=True, timeout=300, env=launch.mpi_env(os.environ))
     assert again.returncode == 0 and f"resumed from step {last}" in again.stdout, again.stderr[-3000:]
@@ -153,7 +155,7 @@ def test_a_stalled_rank_ends_the_job_with_one_line_and_status_5(bert_data, tmp_p
     import re
 
     kept = re.search(r"the last complete checkpoint \(step (\d+)\) is intact", lines[0])
-    assert kept and (out / f"ckpt-{int(kept.group(1)):08d}.pt").is_file()
+    assert kept and (out / f"ckpt-{int(kept.group(1)):08d}.shards" / "index.json").is_file()
     assert "train.stall_timeout_s" in lines[0]
     clean(stdout, stderr)
 
@@ -207,7 +209,7 @@ def test_a_users_script_runs_under_hvd_bert_launch(case, tmp_path):
     if case == "runs":
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
         assert "[0] script done 40" in res.stdout and "[1] script done 40" in res.stdout
-        assert (tmp_path / "run" / "ckpt-00000040.pt").is_file()
+        assert (tmp_path / "run" / "ckpt-00000040.shards" / "index.json").is_file()  # (2 ranks: sharded)
     else:
         assert res.returncode == 5, res.stdout[-2000:] + res.stderr[-3000:]
         lines = res.stderr.strip().splitlines()

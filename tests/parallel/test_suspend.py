@@ -41,4 +41,4 @@ def test_a_job_suspended_and_resumed_as_a_whole_finishes(launcher, bert_data, tm
     assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
     clean(stdout, stderr)
     assert "stalled" not in stderr and "finished step 24" in stdout, stdout[-2000:] + stderr[-3000:]
-    assert (out / "ckpt-00000024.pt").is_file()
+    assert (out / "ckpt-00000024.shards" / "index.json").is_file()  # (2 ranks: sharded)

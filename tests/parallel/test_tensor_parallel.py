@@ -43,7 +43,8 @@ def launched(tmp_path_factory):
                "split-1-nvlamb": train(2, 1, "nvlamb", 3, "split-1-nvlamb"),
                "split-2-lars": train(2, 2, "lars", 3, "split-2-lars"),
                "split-2-lars-recomputed": train(2, 2, "lars", 3, "split-2-lars-recomputed", "layers"),
-               "dense-then-split": train(2, 1, "lamb", 5, "dense-then-split")}, "split")
+               "dense-then-split": train(2, 1, "lamb", 5, "dense-then-split"),
+               "published": ["published", 2, str(root / "hf")]}, "split")
     shutil.copytree(root / "split-0-lamb", root / "split-then-dense")
     launch(2, {"split-then-dense": train(1, 0, "lamb", 5, "split-then-dense")}, "again")
     return root, results
@@ -161,3 +162,14 @@ def test_a_model_built_split_is_the_dense_model_of_the_same_seed(launched):
     w = dense["weights"]
     assert abs(np.std(w["layers.0.query.weight"]) - 0.02) < 0.002
     assert set(w["layers.0.query.bias"]) == {0.0} and set(w["layers.0.attention_LayerNorm.weight"]) == {1.0}
+
+
+def test_a_published_checkpoint_is_read_by_slices_under_tensor_parallelism(launched):
+    """A Hugging Face folder loaded into groups of 2: every rank's weights are the dense model's
+    (gathered), and the read held at most a few shares of one tensor at a time (numpy's
+    allocations traced), where reading the file whole holds all of it and more."""
+    for r in launched[1]["published"]:
+        assert r["slices_equals_dense"] and r["whole_equals_dense"], r
+        assert r["whole"] > r["file_bytes"], r  # the whole file in memory, then its float32 copies
+        assert r["slices"] < r["file_bytes"] / 4, r  # (the largest tensor's share is 1/26 of the file)
+

@@ -14,6 +14,11 @@ parameter, the largest difference between the dense gradient and the gathered on
 ``train``: the engine (``Engine.from_config`` with ``train.tensor_parallel=T``) trains the same
 small BERT to step STEPS (resuming from CKPT_DIR when it holds a checkpoint; each replica on
 its own batches, 2 micro-batches a step), saves a checkpoint there and writes the whole weights.
+
+``published``: a Hugging Face folder of a dense BERT's weights (rank 0 writes it) loaded into
+each rank's share under T, the job's way (``read_checkpoint_weights``, ``load_weights``), with
+``tracemalloc`` following numpy's allocations: the peak the read held, by slices, and the same
+file read whole (``safetensors.numpy.load_file``) into the same shares.
 """
 
 import copy
@@ -58,7 +63,7 @@ def train(tp: int, stage: int, optim: str, steps: int, ckpt: str, recompute: str
     cfg = apply_overrides(TrainConfig(), [
         f"optim.name={optim}", "optim.lr=0.02", "batch.local_batch_size=4",
         "batch.backward_passes_per_step=2", "schedule.name=constant", "schedule.total_steps=100",
-        f"tensor_parallel={tp}", f"zero.stage={stage}"])
+        f"tensor_parallel={tp}", f"zero.stage={stage}", "checkpoint_format=consolidated"])  # (read back)
     backend = get_backend("pt")
     r, _ = backend.init(cfg)
     torch.manual_seed(SHIFT + 7 * r)  # different on every rank: the engine takes rank 0's
@@ -137,7 +142,8 @@ def main():
     results = {}
     with open(spec) as f:
         for name, (mode, *args) in json.load(f).items():
-            run = {"layers": layers, "train": train, "reshard": reshard, "build": build}[mode]
+            run = {"layers": layers, "train": train, "reshard": reshard, "build": build,
+                   "published": published}[mode]
             results[name] = run(*args)
     with open(os.path.join(out, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump({"rank": hvd.rank(), **results}, f)
@@ -166,6 +172,46 @@ def layers(tp: int) -> dict:
     hvd.barrier()  # (Horovod shuts down when a rank exits: the other group may still be gathering)
     return {"tp_rank": groups.rank, "dp_rank": groups.dp_rank, "losses": losses, "grad_diffs": diffs,
             "shapes": shapes, "gathered_equals_dense": same}
+
+
+PUBLISHED = BertConfig(vocab_size=96, hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512,
+                       max_position_embeddings=32)
+
+
+def published(tp: int, folder: str) -> dict:
+    import tracemalloc
+    from pathlib import Path
+
+    from safetensors.numpy import load_file
+
+    from hvd_bert.pt.models.bert import export_weights, read_checkpoint_weights
+    from hvd_bert.pt.tensor_parallel import build as build_share, load_whole
+    from hvd_bert.weights.hf import hf_to_portable, write_hf_folder
+
+    torch.manual_seed(11)
+    dense = BertForPreTraining(PUBLISHED)
+    if hvd.rank() == 0:
+        write_hf_folder(folder, export_weights(dense), PUBLISHED)
+    hvd.barrier()
+    file_bytes = (Path(folder) / "model.safetensors").stat().st_size
+    read_checkpoint_weights(folder)  # (once untraced: the modules it imports are not the read's)
+    peaks = {}
+    for how in ("slices", "whole"):
+        model = build_share(lambda: BertForPreTraining(PUBLISHED), seed=5, std=0.02, tp=tp, device="cpu")
+        tracemalloc.start()
+        if how == "slices":  # the job's way
+            arrays, _ = read_checkpoint_weights(folder)
+        else:
+            arrays = hf_to_portable(load_file(str(Path(folder) / "model.safetensors")), PUBLISHED, folder)
+        load_whole(model, arrays, model.tp_groups, folder)
+        del arrays
+        peaks[how] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        same = all(torch.equal(t, dense.state_dict()[k])
+                   for k, t in gather_state_dict(model, model.tp_groups).items())
+        peaks[f"{how}_equals_dense"] = same
+    hvd.barrier()
+    return {"file_bytes": file_bytes, **peaks}
 
 
 if __name__ == "__main__":

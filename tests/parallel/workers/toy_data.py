@@ -34,6 +34,9 @@ LR = {"sgd": 0.05, "lamb": 0.02, "nvlamb": 0.02, "lars": 2.0, "adamw": 0.01, "li
 
 
 def overrides(optim: str, local_b: int, k: int, steps: int, *extra: str) -> list[str]:
+    """(Checkpoints: consolidated, whose files these workers' tests read; a multi-rank default is
+    sharded, which tests/parallel/test_sharded_checkpoints.py and the job tests cover.)"""
     return [f"optim.name={optim}", f"optim.lr={LR[optim]}", "optim.weight_decay=0.01",
             f"batch.local_batch_size={local_b}", f"batch.backward_passes_per_step={k}",
-            "schedule.name=poly_warmup", "schedule.warmup=0.2", f"schedule.total_steps={steps}", *extra]
+            "schedule.name=poly_warmup", "schedule.warmup=0.2", f"schedule.total_steps={steps}",
+            "checkpoint_format=consolidated", *extra]
