@@ -94,10 +94,15 @@ def _read_tensors(folder: Path, load_bin: Callable[[Path], Mapping[str, np.ndarr
         from hvd_bert.weights.lazy import SafetensorsTensors
 
         try:
-            return SafetensorsTensors(st)
+            tensors = SafetensorsTensors(st)
         except (SafetensorError, OSError, ValueError) as e:
             raise WeightsError(f"{st} cannot be read ({e}): the file is truncated or not safetensors; "
                                f"download or save it again") from None
+        odd = tensors.unreadable()
+        if odd:
+            raise WeightsError(f"{st} stores {odd[:3]} as {tensors.entries[odd[0]]['dtype']}, which numpy "
+                               f"cannot hold: save the model as float32 (model.float().save_pretrained(DIR))")
+        return tensors
     binary = folder / "pytorch_model.bin"
     if load_bin is None:
         raise WeightsError(f"{binary}: reading pytorch_model.bin needs PyTorch; convert it once with "

@@ -12,6 +12,8 @@ whole file (figures: BENCHMARKS.md, "Published checkpoints by slices").
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -49,35 +51,80 @@ def read_share(arrays: Mapping, name: str, dim: int | None, parts: int = 1, inde
 
 
 class SafetensorsTensors(Mapping):
-    """The tensors of a safetensors file, each read when asked for, or a share of one (only its
-    bytes: ``safe_open``'s slices). The file is opened once (mapped): it stays readable while this
-    mapping lives. A damaged header is ``safetensors.SafetensorError`` at construction."""
+    """The tensors of a safetensors file, each read when asked for, or a share of one: positioned
+    reads of only its bytes (a column share one row's run at a time), never a mapping of the file,
+    so that memory holds what was asked for and no page of the rest. The header is validated by
+    ``safetensors`` itself at construction (``SafetensorError``: truncated, overlapping, not
+    covering the file). The file is kept open: it stays readable while this mapping lives."""
+
+    _NUMPY = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
+              "I8": "i1", "U8": "u1", "BOOL": "?"}
 
     def __init__(self, path: str | Path):
+        import json
+
         from safetensors import safe_open
 
         self.path = Path(path)
-        self.file = safe_open(str(self.path), framework="numpy")
-        self.names = list(self.file.keys())
-        self.shapes = {k: tuple(self.file.get_slice(k).get_shape()) for k in self.names}
+        with safe_open(str(self.path), framework="numpy"):  # (its checks of the header and the file)
+            pass
+        self.fd = os.open(self.path, os.O_RDONLY)
+        n = int.from_bytes(os.pread(self.fd, 8, 0), "little")
+        header = json.loads(os.pread(self.fd, n, 8))
+        self.start = 8 + n
+        self.entries = {k: v for k, v in header.items() if k != "__metadata__"}
+
+    def unreadable(self) -> list[str]:
+        """The tensors stored in a dtype numpy cannot hold (bfloat16, float8)."""
+        return [k for k, e in self.entries.items() if e["dtype"] not in self._NUMPY]
+
+    def __del__(self):
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)
+
+    def _dtype(self, name: str) -> np.dtype:
+        kind = self.entries[name]["dtype"]
+        if kind not in self._NUMPY:
+            raise ValueError(f"{self.path}: {name} is stored as {kind}, which numpy cannot hold; save the "
+                             f"weights as float32")
+        return np.dtype(self._NUMPY[kind])
+
+    def _pread(self, offset: int, size: int) -> bytearray:
+        out = bytearray(size)
+        view, done = memoryview(out), 0
+        while done < size:
+            got = os.preadv(self.fd, [view[done:]], self.start + offset + done)
+            if got <= 0:
+                raise OSError(f"{self.path} ended before its header's byte range")
+            done += got
+        return out
 
     def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self.shapes:
+        if name not in self.entries:
             raise KeyError(name)
-        return self.file.get_tensor(name)
+        lo, hi = self.entries[name]["data_offsets"]
+        return np.frombuffer(self._pread(lo, hi - lo), self._dtype(name)).reshape(self.shape_of(name))
 
     def shape_of(self, name: str) -> tuple:
-        return self.shapes[name]
+        return tuple(self.entries[name]["shape"])
 
     def read_share(self, name: str, dim: int, parts: int, index: int) -> np.ndarray:
-        start, stop = share_bounds(self.shapes[name][dim], parts, index)
-        return self.file.get_slice(name)[(slice(None),) * dim + (slice(start, stop),)]
+        shape, dtype = self.shape_of(name), self._dtype(name)
+        start, stop = share_bounds(shape[dim], parts, index)
+        outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1:]) * dtype.itemsize
+        run = (stop - start) * inner  # (the share's bytes of one index of the dimensions before dim)
+        base = self.entries[name]["data_offsets"][0]
+        out = bytearray(outer * run)
+        for i in range(outer):
+            out[i * run:(i + 1) * run] = self._pread(base + (i * shape[dim] + start) * inner, run)
+        share = (*shape[:dim], stop - start, *shape[dim + 1:])
+        return np.frombuffer(out, dtype).reshape(share)
 
     def __iter__(self):
-        return iter(self.names)
+        return iter(self.entries)
 
     def __len__(self) -> int:
-        return len(self.names)
+        return len(self.entries)
 
 
 class View(Mapping):
