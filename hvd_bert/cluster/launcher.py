@@ -79,7 +79,7 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
         launcher = "mpi"
     launcher = launcher or default_launcher()
     local = np if not hosts else _local_slots(hosts, np)
-    problem = (scratch_problem() or memory_problem(local)
+    problem = (_grace_problem() or scratch_problem() or memory_problem(local)
                or (descriptor_problem(local) if launcher == "mpi" else None))
     if problem:
         return _fail(err, problem)
@@ -276,13 +276,23 @@ def _local_slots(hosts: str, np: int) -> int:
 
 
 def _grace_s() -> float:
-    """Seconds the ranks get to save and stop after a signal (HVD_BERT_STOP_GRACE_S, default 600)."""
-    import os
+    """Seconds the ranks get to save and stop after a signal (HVD_BERT_STOP_GRACE_S, default 600;
+    checked before the job starts: :func:`_grace_problem`)."""
+    return float(os.environ.get("HVD_BERT_STOP_GRACE_S", "600"))
 
+
+def _grace_problem() -> str | None:
+    """Why HVD_BERT_STOP_GRACE_S cannot be the grace period: not a number of seconds from 1 to a
+    week (a typo would otherwise leave a stuck job 600 s, or kill a saving one after 1 s)."""
+    text = os.environ.get("HVD_BERT_STOP_GRACE_S")
+    if text is None:
+        return None
     try:
-        return max(1.0, float(os.environ.get("HVD_BERT_STOP_GRACE_S", "600")))
+        ok = 1 <= float(text) <= 7 * 86400
     except ValueError:
-        return 600.0
+        ok = False
+    return None if ok else (f"HVD_BERT_STOP_GRACE_S={text!r} is not a grace period: give the seconds the "
+                            f"ranks get to save and stop after a signal, from 1 to 604800 (default 600)")
 
 
 def _die_with_parent() -> None:

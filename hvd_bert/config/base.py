@@ -358,9 +358,16 @@ def load_config(cls, path: str | Path | None = None, overrides: Sequence[str] = 
     data: Mapping = {}
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {p} is a folder; pass a YAML file (e.g. one of recipes/*.yaml)")
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist; pass an existing YAML file")
-        data = safe_yaml(p.read_text(), f"config file {p}") or {}
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"config file {p} cannot be read as UTF-8 text ({e}); save it as "
+                              f"UTF-8") from None
+        data = safe_yaml(text, f"config file {p}") or {}
         if not isinstance(data, Mapping):
             raise ConfigError(f"config file {p} must hold a mapping at the top level")
         data = _for_job(cls, dict(data), p)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -37,9 +39,10 @@ class BertConfig:
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
-        if not (self.layer_norm_eps > 0 and self.initializer_range > 0):
-            raise ValueError(f"layer_norm_eps and initializer_range must be > 0, got {self.layer_norm_eps}, "
-                             f"{self.initializer_range}")
+        # (finite: an infinite initializer_range draws infinite weights, which train as skipped steps)
+        if not (0 < self.layer_norm_eps < 1 and 0 < self.initializer_range <= 1):
+            raise ValueError(f"layer_norm_eps must be in (0, 1) and initializer_range in (0, 1], got "
+                             f"{self.layer_norm_eps}, {self.initializer_range}")
         if self.gelu not in ("tanh", "none"):
             raise ValueError(f"gelu must be 'tanh' or 'none', got {self.gelu!r}")
         if self.hidden_size % self.num_heads:
@@ -52,8 +55,10 @@ class BertConfig:
         the same field names); raises KeyError for a missing size, ValueError for a bad one."""
         def number(key: str, kind, default=None):
             value = raw[key] if default is None else raw.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != kind(value):
-                raise ValueError(f"{key} is {value!r}, not {'an integer' if kind is int else 'a number'}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value != kind(value):  # (an infinite count has no integer: 1e400 is JSON's inf)
+                what = "an integer" if kind is int else "a finite number"
+                raise ValueError(f"{key} is {value!r}, not {what}")
             return kind(value)
 
         eps = layer_norm_eps if layer_norm_eps is not None else number("layer_norm_eps", float, 1e-12)

@@ -17,9 +17,9 @@ def check_gelu_form(approximate: str) -> str:
 
 
 def env_flag(name: str) -> bool:
-    """A kernel switch: False when the environment variable ``name`` is ``0``, ``false`` or
-    empty; on when unset."""
-    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "")
+    """A kernel switch: False when the environment variable ``name`` is ``0``, ``false``, ``no``,
+    ``off`` or empty; on when unset."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off", "")
 
 
 def compile_enabled() -> bool:

@@ -4,6 +4,7 @@ files) -> TFRecord shards in Google's ``run_classifier`` feature layout."""
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -19,7 +20,7 @@ from hvd_bert.data.text_input import read_text
 from hvd_bert.data.vocab import load_tokenizer
 from hvd_bert.files import atomic_write
 
-__all__ = ["prepare_classification", "encode_pairs", "read_table", "read_texts"]
+__all__ = ["prepare_classification", "encode_pairs", "read_table", "read_texts", "label_number"]
 
 
 # The limits of a text a table cell or JSON field may hold (docs/data.md "Limits"), and how
@@ -28,6 +29,17 @@ __all__ = ["prepare_classification", "encode_pairs", "read_table", "read_texts"]
 # [UNK]), so the cut changes no feature, and a huge text costs no more than a long one.
 MAX_FIELD_CHARS = 1 << 20
 CHARS_PER_POSITION = 128
+
+
+_NUMBER = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$", re.ASCII)
+
+
+def label_number(text: str) -> float:
+    """A regression label as a number: plain ASCII decimal notation only (Python's float() also
+    takes ``1_000``, other scripts' digits, ``nan`` and ``inf``, none of which a table means)."""
+    if not _NUMBER.match(text):
+        raise ValueError(f"not a number: {text!r}")
+    return float(text)
 
 
 def _read_rows(path: Path, delimiter: str | None) -> list[list[str]]:
@@ -134,12 +146,14 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
         values = []
         for n, y in enumerate(ys):
             try:
-                values.append(float(y))
+                values.append(label_number(y))
             except ValueError:
                 raise DatasetError(f"{table}: example {n + 1} has the label {y!r}, not a number; a "
                                    f"regression set needs numeric labels") from None
-            if not np.isfinite(values[-1]):
-                raise DatasetError(f"{table}: example {n + 1} has the label {y!r}; give finite numbers")
+            # (the shards hold float32: beyond its range a label would be stored as inf)
+            if not abs(values[-1]) <= float(np.finfo(np.float32).max):  # (nan and inf fail it too)
+                raise DatasetError(f"{table}: example {n + 1} has the label {y!r}; give finite numbers "
+                                   f"within float32's range (about 3.4e38)")
     else:
         label_list = list(labels) if labels is not None else label_list
         if labels is not None:

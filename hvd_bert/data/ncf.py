@@ -351,7 +351,29 @@ def load_ncf(folder: str | Path) -> NCFData:
             worst = int(ids.max() if ids.max() >= count else ids.min())
             raise DatasetError(f"{path}: {name} holds id {worst}, outside the {count} of "
                                f"{folder}/dataset.json; {again}")
+    bad = _negatives_fault(data)
+    if bad:
+        raise DatasetError(f"{path}: {bad}; {again}")
     return data
+
+
+def _negatives_fault(data: NCFData, chunk: int = 4096) -> str | None:
+    """What breaks the evaluation protocol in the test negatives (distinct items, none of them a
+    positive of the user's: each would score HR@K against the wrong ranking), a chunk of users at
+    a time; None when they keep it."""
+    lookup = _positive_lookup(data.train_users, data.train_items, data.n_items)
+    for lo in range(0, data.n_users, chunk):
+        neg = np.asarray(data.test_negatives[lo:lo + chunk])
+        ranked = np.sort(neg, axis=1)
+        twice = (ranked[:, 1:] == ranked[:, :-1]).any(axis=1)
+        if twice.any():
+            return f"user {lo + int(np.argmax(twice))}'s test negatives name an item twice"
+        users = np.repeat(np.arange(lo, lo + len(neg)), neg.shape[1]).reshape(neg.shape)
+        rated = _is_positive(lookup, users, neg, data.n_items).any(axis=1)
+        if rated.any():
+            return (f"user {lo + int(np.argmax(rated))}'s test negatives hold an item it rated (a training "
+                    f"positive)")
+    return None
 
 
 # ----------------------------------------------------------------------------- training data

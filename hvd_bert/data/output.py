@@ -27,12 +27,31 @@ def agree(comm, err: str | None) -> None:
 
 
 def refuse_existing(out: Path, overwrite: bool) -> None:
+    model = _model_folder(out)
+    if model:  # (its vocab.txt is the model's: replacing it would change what every export carries)
+        raise DatasetError(f"{out} is {model}: prepared data never goes into it, --overwrite or not; "
+                           f"choose another output folder")
     if (out / SIDECAR).exists() and not overwrite:
         raise DatasetError(f"{out} already holds prepared data; pass --overwrite to replace it or "
                            f"choose another output folder")
 
 
 
+
+
+def _model_folder(out: Path) -> str | None:
+    """What model ``out`` holds, by its files: a Hugging Face folder, a Google checkpoint, a run
+    folder with checkpoints; None for anything else."""
+    if not out.is_dir():
+        return None
+    if (out / "config.json").is_file() and any((out / n).is_file() for n in ("model.safetensors",
+                                                                               "pytorch_model.bin")):
+        return "a Hugging Face model folder"
+    if (out / "bert_config.json").is_file() and any(out.glob("*.ckpt.index")):
+        return "a Google BERT checkpoint"
+    if any(out.glob("ckpt-*")) or (out / "best.npz").is_file():
+        return "a training run's folder"
+    return None
 
 
 def bcast(comm, value):

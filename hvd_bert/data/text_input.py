@@ -427,7 +427,7 @@ def read_text(path: str | Path, what: str = "input text file") -> str:
         raise DatasetError(f"{what} {p} looks binary (a NUL byte at offset {nul}): give UTF-8 text (a "
                            f"UTF-16 file has NUL bytes too: convert it with iconv -f utf-16 -t utf-8)")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # (a byte-order mark some editors write first is not text)
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise DatasetError(

@@ -105,8 +105,9 @@ def _raw_scores(dataset: list, preds: dict, warn) -> tuple[dict, dict]:
     for qa in _questions(dataset):
         qid = qa["id"]
         golds = [a["text"] for a in qa["answers"] if normalize_answer(a["text"])] or [""]
-        if qid not in preds:
-            warn(f"Missing prediction for {qid}")
+        if qid not in preds:  # (scored 0, as the v1.1 script scores an unanswered question; the v2.0
+            warn(f"Missing prediction for {qid}; it will receive score 0")  # script has no total for it)
+            exact[qid] = f1[qid] = 0
             continue
         exact[qid] = max(compute_exact(g, preds[qid]) for g in golds)
         f1[qid] = max(compute_f1(g, preds[qid]) for g in golds)
@@ -114,7 +115,8 @@ def _raw_scores(dataset: list, preds: dict, warn) -> tuple[dict, dict]:
 
 
 def _apply_threshold(scores: dict, na_probs: dict, has_ans: dict, thresh: float) -> dict:
-    return {qid: (float(not has_ans[qid]) if na_probs[qid] > thresh else s) for qid, s in scores.items()}
+    return {qid: (float(not has_ans[qid]) if na_probs.get(qid, 0.0) > thresh else s)
+            for qid, s in scores.items()}
 
 
 def _eval_dict(exact: dict, f1: dict, qids: list | None = None) -> dict:
@@ -128,10 +130,10 @@ def _eval_dict(exact: dict, f1: dict, qids: list | None = None) -> dict:
 
 
 def _best_threshold(preds: dict, scores: dict, na_probs: dict, has_ans: dict) -> tuple[float, float]:
-    score = best = sum(1 for k in has_ans if not has_ans[k])
+    score = best = sum(1 for k in has_ans if not has_ans[k] and k in preds)  # (a missing one scores 0)
     best_thresh = 0.0
     for qid in sorted(na_probs, key=lambda k: na_probs[k]):
-        if qid not in scores:
+        if qid not in scores or qid not in preds:
             continue
         if has_ans[qid]:
             diff = scores[qid]

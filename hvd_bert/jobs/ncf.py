@@ -59,17 +59,51 @@ def trained_checkpoint(path: str) -> Path:
     return found
 
 
-def evaluate_only(cfg: NCFConfig, backend, data, engine, model, rank: int, size: int) -> dict:
-    """``do_train=false``: every rank loads ``init_checkpoint``'s weights, HR@K and NDCG@K over
-    all users (a collective), and with ``recommend`` each listed user's ``top_k`` unrated items."""
+def trained_settings(cfg: NCFConfig) -> tuple[Path, NCFConfig]:
+    """``do_train=false``: the checkpoint ``init_checkpoint`` names, and ``cfg`` with the model and
+    training settings its run folder's ``config.json`` records (the evaluation builds the model
+    that was trained and reads the optimizer state it saved); a checkpoint of the other framework
+    is refused, naming the framework to give."""
+    from hvd_bert.config.base import overlay
+    from hvd_bert.train.checkpoint import checkpoint_folder
+    from hvd_bert.train.identity import DamagedConfig, previous_config
+
     if not cfg.init_checkpoint:
         raise ConfigError("do_train=false evaluates a trained model: give --set init_checkpoint=RUN (an NCF "
                           "run folder: its best model, else its newest checkpoint)")
     ckpt = trained_checkpoint(cfg.init_checkpoint)
+    folder = checkpoint_folder(ckpt)
+    folder = folder.parent if folder.name == "best" else folder
+    try:
+        old = previous_config(folder)
+    except DamagedConfig as e:
+        raise ConfigError(f"{folder / 'config.json'} is damaged ({e}): the trained model's settings cannot "
+                          f"be read; restore it from the run") from None
+    written = {"pt": "pt", "tf": "tf"}.get(ckpt.suffix[1:]) or (old or {}).get("framework")
+    if written in ("pt", "tf") and written != cfg.framework:
+        names = {"pt": "PyTorch", "tf": "TensorFlow"}
+        raise ConfigError(f"init_checkpoint {ckpt} is a {names[written]} checkpoint: evaluate it with "
+                          f"--framework {written}")
+    if old is None:  # (a checkpoint without its run's config: the settings given must be its own)
+        return ckpt, cfg
+    train = {k: v for k, v in (old.get("train") or {}).items()
+             if k not in ("batch", "output_dir", "report_to", "checkpoint_format")}
+    try:
+        return ckpt, overlay(cfg, {"model": old.get("model") or {}, "train": train})
+    except ConfigError as e:
+        raise ConfigError(f"{folder / 'config.json'} does not hold an NCF run's settings ({e})") from None
+
+
+def evaluate_only(cfg: NCFConfig, backend, data, engine, model, rank: int, size: int, ckpt: Path) -> dict:
+    """``do_train=false``: every rank loads ``init_checkpoint``'s weights (``ckpt``), HR@K and
+    NDCG@K over all users (a collective), and with ``recommend`` each listed user's ``top_k``
+    unrated items."""
     users = out = None
     if cfg.recommend:  # (read and checked on every rank before anything is loaded or written)
         users, out = recommend_users(cfg.recommend, data, [cfg.data, ckpt])
-    engine.resume(ckpt)  # every rank its weights (a collective)
+    if engine.resume(ckpt) is None:  # every rank its weights (a collective)
+        raise ConfigError(f"init_checkpoint {ckpt} holds no checkpoint this framework reads; give the folder "
+                          f"of a finished hvd-bert ncf run")
     score = backend.ncf_scorer(model)
     res = evaluate(score, data, cfg.top_k, cfg.eval_batch_users, rank, size,
                    lambda sums: backend.allreduce_sum(sums, "hvd_bert.ncf.eval"))
@@ -156,14 +190,26 @@ def run(cfg: NCFConfig, backend) -> dict:
     out = Path(cfg.train.output_dir)
     data = load_ncf(cfg.data)
     candidates = 1 + data.test_negatives.shape[1]
-    if cfg.top_k > candidates:
+    if cfg.top_k >= candidates:
         raise ConfigError(f"top_k={cfg.top_k}, but each user's held-out item is ranked among {candidates} "
                           f"candidates (it and {candidates - 1} negatives), so HR@{cfg.top_k} would be 1.0: "
-                          f"use top_k <= {candidates} (MLPerf: 10)")
+                          f"use top_k < {candidates} (MLPerf: 10)")
     if cfg.num_negatives >= data.n_items:
         raise ConfigError(f"num_negatives={cfg.num_negatives} negatives per positive, but the data has "
                           f"{data.n_items} items: an epoch would repeat every item for every positive; use "
                           f"fewer than {data.n_items} (MLPerf: 4)")
+    if not cfg.do_train:  # a trained model's HR@K and its recommendations; no run folder is written
+        # (nothing is trained: its model and training settings are its run's, and a one-example
+        # micro-batch lets the resume keep any checkpoint's global batch, whatever its layout)
+        from hvd_bert.config import BatchConfig
+
+        ckpt, cfg = trained_settings(cfg)
+        backend.seed(cfg.train.seed)
+        model = backend.neumf(data.n_users, data.n_items, cfg.model)
+        engine = backend.engine(model, backend.ncf_loss, replace(cfg.train, batch=BatchConfig(
+            local_batch_size=1, backward_passes_per_step=None)))
+        end_start()  # (the start-up is over: an evaluation is not watched)
+        return evaluate_only(cfg, backend, data, engine, model, rank, size, ckpt)
     plan = cfg.train.batch.plan(size)
     epochs = EpochData(data, rank, size, plan.local_batch_size, plan.backward_passes_per_step,
                        cfg.num_negatives, cfg.train.seed)
@@ -171,15 +217,6 @@ def run(cfg: NCFConfig, backend) -> dict:
     cfg = replace(cfg, train=replace(cfg.train, schedule=replace(cfg.train.schedule, total_steps=total)))
     backend.seed(cfg.train.seed)
     model = backend.neumf(data.n_users, data.n_items, cfg.model)
-    if not cfg.do_train:  # a trained model's HR@K and its recommendations; no run folder is written
-        # (nothing is trained: a one-example micro-batch lets the resume keep any checkpoint's
-        # global batch, whatever its layout)
-        from hvd_bert.config import BatchConfig
-
-        engine = backend.engine(model, backend.ncf_loss, replace(cfg.train, batch=BatchConfig(
-            local_batch_size=1, backward_passes_per_step=None)))
-        end_start()  # (the start-up is over: an evaluation is not watched)
-        return evaluate_only(cfg, backend, data, engine, model, rank, size)
     engine = backend.engine(model, backend.ncf_loss, cfg.train)
     engine.keep_checkpoint_batch = False  # (its horizon is in epochs of this run's batch)
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from hvd_bert.config import ConfigError, PredictConfig
-from hvd_bert.data.classification import encode_pairs, read_texts
+from hvd_bert.data.classification import encode_pairs, label_number, read_texts
 from hvd_bert.data.finetune import REGRESSION, SQUAD, TOKENS, prediction_mismatch
 from hvd_bert.data.kinds import KIND_CLASSIFY
 from hvd_bert.data.records import DatasetError
@@ -133,6 +133,9 @@ def run(cfg: PredictConfig, backend) -> dict:
         if metrics:
             print(f"scored against the input's labels ({n} examples): "
                   + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), flush=True)
+        elif gold is not None:  # (a regression set of one value: no correlation is defined)
+            print(f"not scored: the input's labels are all {gold[0]:g}, and Pearson's and Spearman's "
+                  f"correlations are undefined for a constant", flush=True)
     backend.broadcast_object(None, "hvd_bert.finished")  # no rank exits before the file is written
     return {"stopped": False, "predictions": n, "output": str(out), **metrics}
 
@@ -144,12 +147,17 @@ def gold_values(gold: list[str] | None, labels: list[str], regression: bool, sou
         return None
     if regression:
         try:
-            return np.asarray([float(g) for g in gold], np.float64)
+            values = np.asarray([label_number(g) for g in gold], np.float64)
         except ValueError:
             bad = next(g for g in gold if not _number(g))
             raise DatasetError(f"{source}: the label {bad!r} is not a number, and this model predicts "
                                f"values (regression); give numeric labels, or --label another "
                                f"column") from None
+        if not np.isfinite(values).all():
+            bad = gold[int(np.argmin(np.isfinite(values)))]
+            raise DatasetError(f"{source}: the label {bad!r} is not a finite number; give finite numeric "
+                               f"labels, or --label another column")
+        return values
     unknown = sorted(set(gold) - set(labels))
     if unknown:
         raise DatasetError(f"{source}: labels {unknown[:5]} are not among the model's {labels}; give the "
@@ -159,7 +167,7 @@ def gold_values(gold: list[str] | None, labels: list[str], regression: bool, sou
 
 def _number(text: str) -> bool:
     try:
-        float(text)
+        label_number(text)
         return True
     except ValueError:
         return False
@@ -171,16 +179,25 @@ def scores(outputs: np.ndarray, gold: np.ndarray, n_labels: int, rec: dict) -> d
     from hvd_bert.evaluation.glue import confusion, task_metrics
 
     if rec["task"] == REGRESSION:
+        if np.ptp(gold) == 0:
+            return {}
         return task_metrics(rec.get("glue_task") or "stsb", predictions=outputs[:, 0], gold=gold)
     cm = confusion(np.argmax(outputs, axis=-1), gold, n_labels)
     return task_metrics(rec.get("glue_task"), cm=cm)
 
 
 def _write(out: Path, ids: list, outputs: np.ndarray, labels: list[str], regression: bool) -> None:
-    lines = []
+    """JSON lines, or a ``.tsv`` written by the csv module (a tab-separated dialect: a field
+    holding a tab, a newline or a quote is quoted, so every row reads back whole)."""
+    import csv
+    import io
+
     tsv = out.suffix.lower() == ".tsv"
+    keys = ("id", "value") if regression else ("id", "label", "score")
+    buf = io.StringIO()
+    table = csv.writer(buf, delimiter="\t", lineterminator="\n") if tsv else None
     if tsv:
-        lines.append("id\tvalue" if regression else "id\tlabel\tscore")
+        table.writerow(keys)
     for i, o in zip(ids, outputs):
         if regression:
             rec = {"id": i, "value": float(o[0])}
@@ -189,6 +206,8 @@ def _write(out: Path, ids: list, outputs: np.ndarray, labels: list[str], regress
             best = int(np.argmax(p))
             rec = {"id": i, "label": labels[best], "score": float(p[best]),
                    "scores": {name: float(v) for name, v in zip(labels, p)}}
-        keys = ("id", "value") if regression else ("id", "label", "score")
-        lines.append("\t".join(str(rec[k]) for k in keys) if tsv else json.dumps(rec))
-    atomic_write(out, lambda t: t.write_text("\n".join(lines) + "\n"))
+        if tsv:
+            table.writerow([rec[k] for k in keys])
+        else:
+            buf.write(json.dumps(rec) + "\n")
+    atomic_write(out, lambda t: t.write_text(buf.getvalue(), newline=""))

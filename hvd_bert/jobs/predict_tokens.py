@@ -35,6 +35,11 @@ def tag_words(cfg: PredictConfig, backend, rec: dict, rank: int, size: int) -> d
     if (source / SIDECAR).is_file():  # (a prepared folder: another kind of input than this model tags)
         raise DatasetError(f"{source} is a prepared data folder; a token classification model tags words: "
                            f"give the CoNLL file (one word a line, a blank line between sentences)")
+    kind = {".json": "a JSON", ".jsonl": "a JSON lines", ".tsv": "a TSV table", ".csv": "a CSV table"}.get(
+        source.suffix.lower())
+    if kind:  # (read as CoNLL, its lines would be named as bad tags)
+        raise DatasetError(f"{source} is {kind} file by its name; a token classification model tags words: "
+                           f"give the CoNLL file (one word a line, a blank line between sentences)")
     sentences = read_conll(source, tagged=False)
     unknown = sorted({t for _, tags in sentences for t in tags} - set(labels))
     if unknown and rank == 0:

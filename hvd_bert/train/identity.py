@@ -122,6 +122,9 @@ def resume_mismatch(out: Path, new: dict, also_free: tuple[str, ...] = (),
     :func:`run_differences`). None if it may."""
     if not has_checkpoints(out):
         return None
+    foreign = _foreign_checkpoints(out, _flat(new).get("framework"))
+    if foreign:
+        return foreign
     try:
         old = previous_config(out)
         why = None if old is not None else "is missing"
@@ -141,6 +144,25 @@ def resume_mismatch(out: Path, new: dict, also_free: tuple[str, ...] = (),
             f"of {out / 'config.json'} (only the horizon, train.schedule.total_steps or epochs, and the "
             f"logging, checkpoint and evaluation cadence may change on a resume)")
 
+
+
+def _foreign_checkpoints(out: Path, framework) -> str | None:
+    """Why a run of ``framework`` cannot go on in ``out``: its checkpoints are all the other
+    framework's own files (``ckpt-*.pt`` / ``ckpt-*.tf``; sharded ones are either's). Whatever
+    config.json says, or when it is missing: resuming nothing, the run would start over and write
+    over the folder's metrics."""
+    from hvd_bert.train.checkpoint import SHARDED, list_checkpoints
+
+    names = {"pt": "PyTorch", "tf": "TensorFlow"}
+    if framework not in names:
+        return None
+    other = "tf" if framework == "pt" else "pt"
+    theirs = list_checkpoints(out, other)
+    if not theirs or list_checkpoints(out, (framework, SHARDED)):
+        return None
+    return (f"{out} holds {names[other]} checkpoints ({theirs[-1][1].name}), which a {names[framework]} run "
+            f"cannot resume: resume them with --framework {other}, or give this run another "
+            f"train.output_dir")
 
 
 def rank_identity(cfg: dict) -> dict:

@@ -143,15 +143,44 @@ def read_run_bert_config(folder: str | Path) -> BertConfig | None:
     return config_from_json(p.read_bytes(), str(p)) if p.is_file() else None
 
 
+def _npz_damage(path: Path) -> str | None:
+    """What is wrong with an ``.npz``'s members before any is loaded: each member's ``.npy``
+    header must claim exactly the bytes the member holds (a header claiming 1e11 values would
+    otherwise be allocated); None when every one does."""
+    import math
+
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            with z.open(info) as f:
+                major, _ = np.lib.format.read_magic(f)
+                fmt = np.lib.format
+                shape, _, dtype = (fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0)(f)
+                claimed = math.prod(shape) * dtype.itemsize
+                if dtype.hasobject:
+                    return f"its member {info.filename} holds Python objects (a pickle), never loaded here"
+                if claimed != info.file_size - f.tell():
+                    return (f"its member {info.filename} claims {claimed} bytes of {dtype} {shape}, it holds "
+                            f"{info.file_size - f.tell()}")
+    return None
+
+
 def read_weights(path: str | Path) -> tuple[dict[str, np.ndarray], BertConfig | None]:
     """``(arrays, config)`` of a portable weights file."""
     p = Path(path)
     if not p.is_file():
         raise WeightsError(f"weights file {p} does not exist")
     try:
+        damage = _npz_damage(p)  # (before anything is allocated: sizes a header claims drive it)
+        if damage:
+            raise WeightsError(f"{p} is damaged: {damage}; write it again with `hvd-bert convert CHECKPOINT "
+                               f"--output {p.name}`")
         with np.load(p, allow_pickle=False) as z:  # never unpickle a file a user hands us
             arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
+        if isinstance(e, WeightsError):
+            raise
         raise WeightsError(f"{p} is not a readable .npz weights file ({e}); write one with "
                            f"`hvd-bert convert CHECKPOINT --output {p.name}`") from None
     raw = arrays.pop(CONFIG_KEY, None)

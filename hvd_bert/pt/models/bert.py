@@ -469,6 +469,10 @@ def read_checkpoint_weights(path: str | Path) -> tuple[dict[str, np.ndarray], Be
     published = read_published(p, load_state_dict_file, _read_google_in_tf_process)  # HF, Google
     if published is not None:
         return published
+    if p.suffix == ".tf" and p.is_dir():
+        raise WeightsError(f"{p} is a TensorFlow checkpoint: give --framework tf to read it with "
+                           f"TensorFlow, or convert it with `hvd-bert convert {p} --output weights.npz` and "
+                           f"give the .npz")
     if p.is_dir() and p.suffix != f".{SHARDED}":
         found = latest_checkpoint(p, ("pt", SHARDED))
         if found is None:

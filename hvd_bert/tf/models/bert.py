@@ -353,12 +353,29 @@ def read_checkpoint_weights(path: str | Path, model: BertModel | None = None):
     if model is None:
         if config is None:
             raise WeightsError(f"{p.parent} has no bert_config.json to rebuild the model from")
-        model = build_model(BertForPreTraining(config))
+        model = build_model(_run_model(p, config))
     try:
         tf.train.Checkpoint(model=model).read(str(p / "ckpt")).expect_partial()
     except (tf.errors.OpError, ValueError) as e:
         raise WeightsError(f"cannot read {p}: {e}") from None
     return export_weights(model), config
+
+
+def _run_model(ckpt: Path, config: BertConfig) -> BertModel:
+    """The model a run's checkpoint holds, to read it into: a fine-tuned run's (its task record
+    says its head: a classifier of its labels, a regression head, a tagger, a SQuAD span head),
+    else BERT for pretraining."""
+    from hvd_bert.data.finetune import CLASSIFICATION, REGRESSION, SQUAD, TOKENS, read_task_record
+
+    task = read_task_record(ckpt) or {}
+    kind, labels = task.get("task"), task.get("labels") or []
+    if kind == SQUAD:
+        return BertForQuestionAnswering(config)
+    if kind == TOKENS:
+        return BertForTokenClassification(config, len(labels))
+    if kind in (CLASSIFICATION, REGRESSION):
+        return BertForSequenceClassification(config, 1 if kind == REGRESSION else len(labels))
+    return BertForPreTraining(config)
 
 
 def _load_bin_with_torch(path):
