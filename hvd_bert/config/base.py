@@ -185,7 +185,6 @@ def shown(value: Any) -> str:
     """``repr(value)`` bounded in depth and length, for an error line: a value built from
     aliases can be shared a billion times over and must never be expanded to be printed."""
     import reprlib
-
     r = reprlib.Repr()
     r.maxlevel, r.maxstring, r.maxother, r.maxlist, r.maxdict, r.maxtuple, r.maxset = 2, 80, 80, 4, 4, 4, 4
     text = r.repr(value)
@@ -196,7 +195,6 @@ def safe_yaml(text: str, source: str) -> Any:
     """``yaml.safe_load(text)`` with aliases bounded: a document whose expanded size passes
     ``MAX_YAML_NODES`` or that refers to itself is a ConfigError naming ``source``."""
     import yaml  # PyYAML, imported only where configs are parsed
-
     try:
         loader = yaml.SafeLoader(text)
         try:
@@ -354,20 +352,16 @@ def _set_path(cfg, parts: list[str], value: Any, full: str):
 
 def load_config(cls, path: str | Path | None = None, overrides: Sequence[str] = ()):
     """Load ``cls`` from a YAML file (missing keys take their defaults), then apply overrides."""
-
     data: Mapping = {}
     if path is not None:
         p = Path(path)
-        if p.is_dir():
-            raise ConfigError(f"config file {p} is a folder; pass a YAML file (e.g. one of recipes/*.yaml)")
         if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist; pass an existing YAML file")
-        try:
-            text = p.read_text(encoding="utf-8")
+            raise ConfigError(f"config file {p} {'is a folder' if p.is_dir() else 'does not exist'}; pass an "
+                              f"existing YAML file (e.g. one of recipes/*.yaml)")
+        try:  # (a file that is not UTF-8: named, not a decoder's bare message)
+            data = safe_yaml(p.read_text(encoding="utf-8"), f"config file {p}") or {}
         except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"config file {p} cannot be read as UTF-8 text ({e}); save it as "
-                              f"UTF-8") from None
-        data = safe_yaml(text, f"config file {p}") or {}
+            raise ConfigError(f"config file {p} is not UTF-8 text ({e}); save it as UTF-8") from None
         if not isinstance(data, Mapping):
             raise ConfigError(f"config file {p} must hold a mapping at the top level")
         data = _for_job(cls, dict(data), p)

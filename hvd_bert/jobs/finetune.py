@@ -192,6 +192,11 @@ def resolve_init(cfg: FinetuneConfig, meta: dict, read_checkpoint_weights) -> tu
                                  "prepare-classification") if cfg.init_checkpoint else None
         if error is None and cfg.init_checkpoint and not cfg.do_train:  # a fine-tuned model's own task
             error = prediction_mismatch(cfg.init_checkpoint, meta, cfg.eval_data)
+            head = "qa_outputs.weight" if task_of(meta) == SQUAD else "classifier.weight"
+            if error is None and head not in arrays:  # (its head would be a fresh one: chance's scores)
+                error = (f"init_checkpoint {cfg.init_checkpoint} has no fine-tuned head ({head} missing): "
+                         f"do_train=false evaluates a fine-tuned model as it is, and this one's head would "
+                         f"be untrained; fine-tune it first (do_train=true), or give a fine-tuned run folder")
         if error:
             raise WeightsError(error)
     except WeightsError as e:

@@ -42,8 +42,8 @@ from hvd_bert.train.sharded_index import (DTYPES, FIX, MAX_INDEX_BYTES, header_e
                                           share_shape, validate)
 
 __all__ = ["SUFFIX", "INDEX", "FORMAT", "validate", "MAX_INDEX_BYTES", "Piece", "share_bounds", "write_rank",
-           "write_index", "Reader", "is_complete", "rank_pieces", "LazyTensors", "read_on_every_rank",
-           "is_sharded", "model_weights"]
+           "write_index", "mark_failed", "FAILED", "Reader", "is_complete", "rank_pieces", "LazyTensors",
+           "read_on_every_rank", "is_sharded", "model_weights"]
 
 FORMAT = "hvd_bert.sharded/1"
 _BLOCK = 16 * 2**20  # bytes read (and CRC-checked) at a time
@@ -123,6 +123,18 @@ def write_rank(folder: str | Path, rank: int, pieces: list[tuple[Piece, np.ndarr
     atomic_write(folder / f"rank-{rank:05d}.json", lambda tmp: tmp.write_text(json.dumps(manifest)))
 
 
+FAILED = ".failed"  # rank-<r>.failed: that writer's shard could not be written (what the index stops on)
+
+
+def mark_failed(folder: str | Path, rank: int) -> None:
+    """Say that this rank's shard could not be written (an empty file: it needs no data block, so
+    a full disk takes it), so that rank 0 stops waiting for it at once; best effort."""
+    try:
+        (Path(folder) / f"rank-{rank:05d}{FAILED}").touch()
+    except OSError:
+        pass  # (rank 0 then waits out its timeout, or its end when the run ends)
+
+
 def write_index(folder: str | Path, writers: int, meta: dict, *, timeout_s: float = 600.0,
                 alive=lambda: True) -> Path:
     """Rank 0, once every writer's manifest is on disk (polled: the writers may be other hosts on
@@ -132,6 +144,10 @@ def write_index(folder: str | Path, writers: int, meta: dict, *, timeout_s: floa
     names = [folder / f"rank-{r:05d}.json" for r in range(writers)]
     deadline = time.monotonic() + timeout_s
     while not all(p.is_file() for p in names):
+        failed = sorted(p.name for p in folder.glob(f"rank-*{FAILED}"))
+        if failed:  # (a writer that failed says so: waiting out the timeout would stall every rank)
+            raise CheckpointError(f"{folder}: {', '.join(failed[:4])}: a rank could not write its shard; the "
+                                  f"checkpoint stays incomplete (no {INDEX})")
         if time.monotonic() > deadline or not alive():
             missing = [p.name for p in names if not p.is_file()]
             raise CheckpointError(f"{folder}: the shards {', '.join(missing[:4])} were not written within "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hvd_bert.train.checkpoint import prune
 from hvd_bert.train.engine import CheckpointError
-from hvd_bert.train.sharded_checkpoint import SUFFIX, is_complete, write_index, write_rank
+from hvd_bert.train.sharded_checkpoint import SUFFIX, is_complete, mark_failed, write_index, write_rank
 
 __all__ = ["Writer", "fresh_folder"]
 
@@ -46,7 +46,11 @@ class Writer:
         self.path = path
 
         def write():
-            write_rank(path, rank, pieces)
+            try:
+                write_rank(path, rank, pieces)
+            except BaseException:
+                mark_failed(path, rank)  # (rank 0's index stops waiting for this shard)
+                raise
             if rank == 0:
                 write_index(path, world, meta, alive=lambda: main.is_alive() and not self.abandoned.is_set())
                 prune(folder, SUFFIX, keep)

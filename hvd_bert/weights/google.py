@@ -20,7 +20,8 @@ from typing import Mapping
 import numpy as np
 
 from hvd_bert.config.bert import BertConfig
-from hvd_bert.weights.portable import VOCAB_ROWS, WeightsError, check_backbone, check_values, pad_vocab_rows
+from hvd_bert.weights.portable import (VOCAB_ROWS, WeightsError, check_backbone, check_layer_count,
+                                       check_values, pad_vocab_rows)
 
 __all__ = ["google_checkpoint_prefix", "read_google_config", "google_config", "google_to_portable",
            "portable_to_google"]
@@ -109,6 +110,7 @@ def google_to_portable(variables: Mapping[str, np.ndarray], config: BertConfig, 
     known = {t for t, _ in _names(config).values()}
     unknown = sorted(k for k in variables if k not in known and not re.search(r"(adam_[mv]|global_step|"
                                                                              r"Momentum|LAMB)", k))
+    check_layer_count(unknown, config, source, "bert_config.json")
     if unknown:
         raise WeightsError(f"{source} has variables hvd_bert's BERT does not know: {unknown[:6]}")
 

@@ -25,8 +25,8 @@ import numpy as np
 
 from hvd_bert.config.bert import BertConfig
 from hvd_bert.files import atomic_folder, usual_mode
-from hvd_bert.weights.portable import (VOCAB_ROWS, WeightsError, check_backbone, check_values, pad_vocab_rows,
-                                       shape_of)
+from hvd_bert.weights.portable import (VOCAB_ROWS, WeightsError, check_backbone, check_layer_count,
+                                       check_values, pad_vocab_rows, shape_of)
 
 __all__ = ["is_hf_folder", "read_hf_config", "read_hf_folder", "hf_to_portable", "portable_to_hf",
            "write_hf_folder", "write_safetensors", "new_folder", "HF_WEIGHTS"]
@@ -141,6 +141,7 @@ def hf_to_portable(state: Mapping[str, np.ndarray], config: BertConfig,
                                                                "cls.predictions.decoder.bias")
                                   or k.endswith("position_ids")}
     unknown = sorted(k for k in state if k not in used)
+    check_layer_count(unknown, config, source, "config.json")
     if unknown:
         raise WeightsError(f"{source} has parameters hvd_bert's BERT does not know: {unknown[:6]}"
                            f"{' ...' if len(unknown) > 6 else ''}; is it a BERT checkpoint?")

@@ -28,7 +28,8 @@ from hvd_bert.weights.lazy import read_share, shape_of
 __all__ = ["shape_of", "untrained_head", "WeightsError", "save_weights", "write_run_bert_config",
            "read_run_bert_config",
            "read_weights", "fit_weights", "Fitted", "fit_for_model", "POSITION_EMBEDDINGS",
-           "ENCODER_PREFIXES", "check_values", "check_backbone", "backbone_shapes", "config_from_json"]
+           "ENCODER_PREFIXES", "check_values", "check_backbone", "check_layer_count", "backbone_shapes",
+           "config_from_json"]
 
 CONFIG_KEY = "__bert_config__"
 POSITION_EMBEDDINGS = "embeddings.position_embeddings.weight"
@@ -85,6 +86,21 @@ def backbone_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:
         for norm in ("attention_LayerNorm", "output_LayerNorm"):
             out[f"layers.{n}.{norm}.weight"] = out[f"layers.{n}.{norm}.bias"] = (h,)
     return out
+
+
+def check_layer_count(names, config: BertConfig, source: str, config_file: str) -> None:
+    """A file whose encoder has more layers than its config says (their names are a published
+    format's: ``encoder.layer.N.`` or ``encoder/layer_N/``) is refused as a config that does not
+    match, not as parameters of another model."""
+    import re
+
+    from hvd_bert.core.text import plural
+
+    found = [int(m.group(1)) for n in names for m in [re.search(r"encoder[./]layer[._](\d+)[./]", n)] if m]
+    if found and max(found) >= config.num_layers:
+        layers = plural(config.num_layers, "layer")
+        raise WeightsError(f"{source} does not match {config_file} ({layers}; the file has layers "
+                           f"0..{max(found)}). Give the {config_file} that was saved with these weights")
 
 
 def check_backbone(arrays: Mapping[str, np.ndarray], config: BertConfig, source: str,

@@ -156,3 +156,17 @@ def test_a_save_abandoned_by_a_change_of_the_world_stops_waiting_for_the_lost_ra
     writer.save(tmp_path / "ckpt-00000003.shards", tmp_path, 0, 1, pieces, {"step": 3}, keep=3)
     writer.wait()
     assert S.Reader(tmp_path / "ckpt-00000003.shards").meta == {"step": 3}
+
+
+def test_the_index_stops_waiting_for_a_writer_that_failed(tmp_path):
+    """A rank whose shard could not be written (a full disk) leaves ``rank-<r>.failed``: rank 0
+    stops waiting for it at once instead of its 600 s (the other ranks wait in a collective)."""
+    import time
+
+    folder = tmp_path / "c"
+    folder.mkdir()
+    S.mark_failed(folder, 1)
+    t0 = time.monotonic()
+    with pytest.raises(CheckpointError, match="rank-00001.failed: a rank could not write its shard"):
+        S.write_index(folder, 2, {}, timeout_s=600)
+    assert time.monotonic() - t0 < 5 and not S.is_complete(folder)

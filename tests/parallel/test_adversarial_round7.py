@@ -245,3 +245,50 @@ def test_a_regression_label_is_a_plain_number(bert_data, tmp_path, label):
     one_line(hvd("prepare-classification", table, "--output", tmp_path / "reg", "--vocab",
                  bert_data / "vocab.txt", "--text-a", "sentence", "--label", "label", "--regression"),
              "example 2 has the label", "not a number")
+
+
+def test_a_full_disk_under_one_ranks_shard_ends_the_job_at_once(bert_data, mount_point):
+    """2 ranks, sharded by default: room for one rank's shard only. The rank that fails says so
+    in the checkpoint's folder, so rank 0 stops waiting for its manifest (it had waited 600 s
+    while the other rank spun in the next collective): one line, exit 2, in well under that."""
+    import time
+
+    disk = mount_point("-t", "tmpfs", "-o", "size=64m", "tmpfs")
+    common = ("-np", "2", "--set", f"data={bert_data}", "--set", "max_seq_length=64", "--set",
+              "max_predictions_per_seq=10", "--set", "train.batch.local_batch_size=8", "--set",
+              "progress=false", "--set", "train.log_every=1", "--set", "train.checkpoint_every=2")
+    res = hvd("pretrain", *common, "--set", "train.schedule.total_steps=2", "--set",
+              f"train.output_dir={disk / 'first'}", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    shard = (disk / "first" / "ckpt-00000002.shards" / "rank-00001.safetensors").stat().st_size
+    shutil.rmtree(disk / "first")
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    (disk / "filler").write_bytes(b"\0" * (free - shard * 3 // 2))  # one shard fits, not two
+    t0 = time.monotonic()
+    res = hvd("pretrain", *common, "--set", "train.schedule.total_steps=4", "--set",
+              f"train.output_dir={disk / 'run'}", timeout=400)
+    one_line(res, f"no space left on {disk}", "ckpt-00000002.shards")
+    assert time.monotonic() - t0 < 300
+    assert not (disk / "run" / "ckpt-00000002.shards" / "index.json").exists()
+
+
+def test_evaluating_a_checkpoint_without_a_fine_tuned_head_is_refused(sharded_template, sharded_finetune,  # noqa: F811
+                                                                      tmp_path):
+    """do_train=false from a pretraining checkpoint had scored a fresh classifier (accuracy at
+    chance, loss ln 2) and exited 0."""
+    data = sharded_finetune[0].parent / "cls"
+    (ckpt,) = sorted(sharded_template.glob("ckpt-*.shards"))
+    one_line(hvd("finetune", "--set", "do_train=false", "--set", f"eval_data={data}", "--set",
+                 f"init_checkpoint={ckpt}", "--set", f"train.output_dir={tmp_path / 'ev'}", timeout=300),
+             "has no fine-tuned head (classifier.weight missing)", "do_train=true")
+    assert not (tmp_path / "ev").exists()
+
+
+def test_a_config_with_fewer_layers_than_its_weights_names_the_config(finished_run, tmp_path):
+    hf = tmp_path / "hf"
+    assert hvd("convert", finished_run, "--to", "hf", "--output", hf, timeout=300).returncode == 0
+    config = json.loads((hf / "config.json").read_text())
+    config["num_hidden_layers"] -= 1
+    (hf / "config.json").write_text(json.dumps(config))
+    one_line(hvd("convert", hf, "--output", tmp_path / "w.npz", timeout=300),
+             "does not match config.json", f"the file has layers 0..{config['num_hidden_layers']}")
