@@ -198,7 +198,9 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     p.add_argument("--vocab", help="the WordPiece vocabulary: a vocab.txt, a tokenizer.json, or a "
                                    "checkpoint folder (Hugging Face, Google) holding one (default: train "
                                    "one on the input)")
-    p.add_argument("--vocab-size", type=int64, default=8192, help="size of a trained vocab")
+    p.add_argument("--vocab-size", type=count(1 << 20, 100), default=8192,
+                   help="size of a trained vocab (100 to 1048576; a corpus with fewer distinct word pieces "
+                        "gives fewer)")
     p.add_argument("--like", metavar="DATA_OR_RUN",
                    help="phase 2: the text, vocab and case of this phase-1 data folder (or of a run "
                         "folder's data); --input, --vocab, --cased/--uncased still override")

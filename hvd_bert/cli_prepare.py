@@ -80,6 +80,9 @@ def prepare_bert_command(args: argparse.Namespace) -> int:
     if meta is not None:
         print(f"wrote {meta['total_records']} instances in {meta['num_shards']} shards to {args.output} "
               f"(vocab {meta['vocab_size']} tokens, seq {meta['max_seq_length']}, {size} process(es))")
+        if vocab is None and meta["vocab_size"] < args.vocab_size:
+            print(f"note: the corpus gave a vocab of {meta['vocab_size']} tokens, fewer than --vocab-size "
+                  f"{args.vocab_size}: it holds no more distinct word pieces")
         if vocab is None:  # tokenizers' trainer breaks frequency ties in hash order (tokenizers#1794)
             print(f"the vocab was trained here and training is not bit-reproducible; to make the same "
                   f"shards again, pass --vocab {Path(args.output) / 'vocab.txt'}")

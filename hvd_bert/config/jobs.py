@@ -146,11 +146,13 @@ class FinetuneConfig:
         require(not (self.train.activation_checkpointing != "off" and self.framework == "tf"),
                 f"train.activation_checkpointing={self.train.activation_checkpointing} is PyTorch's (the "
                 f"Keras BERT keeps its activations): use framework=pt or train.activation_checkpointing=off")
-        require(self.epochs >= 0, f"epochs must be >= 0, got {self.epochs}")
+        require(0 <= self.epochs <= 1e6, f"epochs must be in [0, 1e6], got {self.epochs}")
         require(0 <= self.dropout < 1, f"dropout is a probability in [0, 1), got {self.dropout}")
         require(0 <= self.shuffle_buffer <= 1 << 24, f"shuffle_buffer must be in [0, 16777216] records "
                                                      f"(0 or 1: no shuffling), got {self.shuffle_buffer}")
-        require(self.eval_batch_size > 0, f"eval_batch_size must be > 0, got {self.eval_batch_size}")
+        require(self.eval_batch_size > 0 and self.eval_every >= 0,
+                f"eval_batch_size must be > 0 and eval_every >= 0, got {self.eval_batch_size}, "
+                f"{self.eval_every}")
         require(self.length_grouping >= 0, f"length_grouping must be >= 0, got {self.length_grouping}")
         require(self.early_stopping_patience >= 0,
                 f"early_stopping_patience must be >= 0, got {self.early_stopping_patience}")

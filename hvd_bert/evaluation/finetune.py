@@ -212,6 +212,13 @@ _SHOWN = (("eval_exact_match", "EM", 2), ("eval_exact", "EM", 2), ("eval_accurac
 SCORES = ("eval_accuracy", "eval_loss", "eval_f1", "eval_mcc", "eval_pearson", "eval_spearman",
           "eval_precision", "eval_recall", "eval_exact_match", "eval_exact")
 SQUAD_V2_PREFIXES = ("eval_HasAns_", "eval_NoAns_", "eval_best_")
+# the scores each task's evaluation can give (classification: F1 with two labels or a GLUE task's,
+# MCC with CoLA's; SQuAD v2.0 adds SQUAD_V2_PREFIXES' scores)
+TASK_SCORES = {"classification": ("eval_accuracy", "eval_loss", "eval_f1", "eval_mcc"),
+               "regression": ("eval_pearson", "eval_spearman", "eval_loss"),
+               "token-classification": ("eval_f1", "eval_precision", "eval_recall", "eval_accuracy",
+                                        "eval_loss"),
+               "squad": ("eval_exact_match", "eval_exact", "eval_f1")}
 
 
 def best_metric_of(cfg: FinetuneConfig, task: str, glue_task: str | None) -> str:
@@ -220,10 +227,16 @@ def best_metric_of(cfg: FinetuneConfig, task: str, glue_task: str | None) -> str
     accuracy). A name no evaluation gives is a ConfigError naming the ones there are (whether
     this task gives it is known at its first evaluation)."""
     if cfg.best_metric:
+        from hvd_bert.config import ConfigError
+
         if cfg.best_metric not in SCORES and not cfg.best_metric.startswith(SQUAD_V2_PREFIXES):
-            from hvd_bert.config import ConfigError
             raise ConfigError(f"best_metric {cfg.best_metric!r} is no score of an evaluation; give one of "
                               f"{', '.join(SCORES)} (SQuAD v2.0 also eval_HasAns_f1, eval_best_f1, ...)")
+        kind = "regression" if task == "regression" else task if task in TASK_SCORES else "classification"
+        v2 = kind == "squad" and cfg.best_metric.startswith(SQUAD_V2_PREFIXES)
+        if cfg.best_metric not in TASK_SCORES[kind] and not v2:  # (another task's: refused before training)
+            raise ConfigError(f"best_metric {cfg.best_metric!r} is not a score of {kind}'s evaluation; give "
+                              f"one of {', '.join(TASK_SCORES[kind])}")
         return cfg.best_metric
     if glue_task:
         from hvd_bert.data.glue import TASKS

@@ -66,11 +66,15 @@ def refuse_horovod_files_over_inputs(cfg) -> None:
     for key in ("input", "checkpoint", "recommend"):  # (predict's and NCF's other inputs)
         if str(getattr(cfg, key, "") or ""):
             reads[key] = getattr(cfg, key)
+    import os
+
     for key, path in (("timeline", hcfg.timeline), ("autotune_log", hcfg.autotune_log)):
         if path:
             refuse_clash(path, reads, what=f"train.horovod.{key}")
+    for var in ("HOROVOD_TIMELINE", "HOROVOD_AUTOTUNE_LOG"):  # (the same files, set in the environment)
+        if os.environ.get(var):
+            refuse_clash(os.environ[var], reads, what=var)
     if "mlflow" in cfg.train.report_to:  # a local MLflow store: never in an input, nor in a checkpoint
-        import os
 
         from hvd_bert.files import OutputClash
         from hvd_bert.train.checkpoint import ALL, is_checkpoint_name

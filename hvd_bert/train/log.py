@@ -248,8 +248,8 @@ class RunLog:
                 line = raw.decode("utf-8")
                 if json.loads(line).get("step", 0) <= step:
                     keep.append(line)
-            except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, RecursionError):
-                continue  # a line cut short by a crash, or damaged
+            except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError, RecursionError):
+                continue  # a line cut short by a crash, or damaged (a step that is not a number)
         atomic_write(path, lambda t: t.write_text("".join(keep)))
         self._file = open_append(path)
 

@@ -91,7 +91,9 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
     framework = reading_framework(picked if what else src, framework)
     src = picked if what else src
     which = f" ({what})" if what else ""
-    vocab = Path(vocab).expanduser() if vocab else vocab_of(src)
+    own = vocab_of(src)
+    given = Path(vocab).expanduser() if vocab else None
+    vocab = given or own
     # again with what the run folder resolved to (the checkpoint picked, the vocabulary and the data
     # folder it lives in): --overwrite must never replace what this command reads
     refuse_clash(output, {"the checkpoint": src, "the vocabulary": vocab,
@@ -123,6 +125,12 @@ def convert(checkpoint: str | Path, output: str | Path, *, to: str = "npz", fram
             raise WeightsError(f"the vocabulary {vocab} has {tokens} tokens, the model {config.vocab_size} "
                                f"(its word embeddings' rows): give the vocab.txt it was trained with: "
                                f"--vocab FILE (nothing was written)")
+        from hvd_bert.data.sidecar import file_sha256  # (the same size in another order: wrong tokens)
+
+        if given is not None and own is not None and file_sha256(given) != file_sha256(own):
+            raise WeightsError(f"--vocab {given} is not the vocabulary {src} was trained with ({own}): an "
+                               f"export with it would map its tokens to other rows; drop --vocab to take "
+                               f"{own} (nothing was written)")
     if to == "google":
         from hvd_bert.tf.google_ckpt import write_google  # TensorFlow writes TF1 checkpoints
 

@@ -125,6 +125,16 @@ def test_a_best_metric_no_evaluation_gives_is_refused_before_training():
     with pytest.raises(ConfigError, match=r"best_metric 'eval_nonexistent' is no score of an evaluation; "
                                           r"give one of eval_accuracy"):
         best_metric_of(cfg, "classification", None)
-    for name in ("eval_mcc", "eval_HasAns_f1", "eval_best_f1"):
+    for name in ("eval_exact", "eval_HasAns_f1", "eval_best_f1"):
         cfg = load_config(FinetuneConfig, None, ["eval_data=dev", f"best_metric={name}"])
         assert best_metric_of(cfg, "squad", None) == name
+    # another task's score: refused before training too (it had been found missing after it)
+    for name, task, ok in (("eval_mcc", "classification", True), ("eval_pearson", "classification", False),
+                           ("eval_accuracy", "regression", False), ("eval_spearman", "regression", True),
+                           ("eval_mcc", "squad", False), ("eval_recall", "token-classification", True)):
+        cfg = load_config(FinetuneConfig, None, ["eval_data=dev", f"best_metric={name}"])
+        if ok:
+            assert best_metric_of(cfg, task, None) == name
+        else:
+            with pytest.raises(ConfigError, match=f"'{name}' is not a score of {task}'s evaluation"):
+                best_metric_of(cfg, task, None)

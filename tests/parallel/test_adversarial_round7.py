@@ -1,10 +1,12 @@
-"""The fourth adversarial round's seventh fresh pass, through the command line: NCF evaluation of
-a trained run takes its run's settings and refuses the other framework's checkpoints; a
-TensorFlow fine-tuning checkpoint keeps its head in convert and predict; a run folder of the
-other framework is never started over; numbers past their type in published configs, .npz
-headers, regression labels and the launcher's environment; a v2.0 prediction missing; TSV
-predictions that read back whole; a recipe that is not UTF-8. Every refusal is one line with
-status 2 and leaves its inputs byte-identical."""
+"""The fourth adversarial round's seventh, eighth and ninth fresh passes, through the command line:
+NCF evaluation of a trained run takes its run's settings and refuses the other framework's
+checkpoints; a TensorFlow fine-tuning checkpoint keeps its head in convert and predict; a run
+folder of the other framework is never started over; numbers past their type in published
+configs, .npz headers, regression labels, settings and the environment; a v2.0 prediction
+missing; TSV predictions that read back whole; a recipe that is not UTF-8; a full disk under one
+rank's sharded shard; an evaluation without a fine-tuned head; Horovod's timeline over an input;
+a damaged metrics line on resume; an export with another vocabulary. Every refusal is one line
+with status 2 and leaves its inputs byte-identical."""
 
 import csv
 import json
@@ -14,7 +16,7 @@ import shutil
 import numpy as np
 import pytest
 
-from one_process import hvd, one_line
+from one_process import hvd, one_line, pretrain
 from test_adversarial_round3 import digests
 from test_adversarial_round4 import sharded_finetune, sharded_template  # noqa: F401  (fixtures)
 
@@ -292,3 +294,30 @@ def test_a_config_with_fewer_layers_than_its_weights_names_the_config(finished_r
     (hf / "config.json").write_text(json.dumps(config))
     one_line(hvd("convert", hf, "--output", tmp_path / "w.npz", timeout=300),
              "does not match config.json", f"the file has layers 0..{config['num_hidden_layers']}")
+
+
+def test_the_ninth_rounds_cases(bert_data, finished_run, tmp_path):
+    """HOROVOD_TIMELINE in the environment over the data's vocabulary (the setting was refused,
+    the variable had written Chrome-trace JSON over it); a metrics.jsonl line whose step is not a
+    number (a traceback on resume); a negative eval_every and a vocab size out of range; an
+    export given another vocabulary of the same size (its tokens would map to other rows)."""
+    data = tmp_path / "data"
+    shutil.copytree(bert_data, data)
+    before = digests(data)
+    one_line(hvd("pretrain", "--set", f"data={data}", "--set", f"train.output_dir={tmp_path / 'tl'}",
+                 env=dict(os.environ, HOROVOD_TIMELINE=str(data / "vocab.txt")), timeout=300),
+             "HOROVOD_TIMELINE", "give HOROVOD_TIMELINE a path outside it")
+    assert digests(data) == before and not (tmp_path / "tl").exists()
+    with open(finished_run / "metrics.jsonl", "a") as f:
+        f.write('{"step": [1]}\n{"step": "x"}\n')
+    res = pretrain(bert_data, finished_run, steps=3, timeout=300)
+    assert res.returncode == 0 and "resumed from step 2" in res.stdout, res.stderr[-2000:]
+    assert [json.loads(x)["step"] for x in (finished_run / "metrics.jsonl").read_text().splitlines()][-1] == 3
+    one_line(hvd("config", "--job", "finetune", "--set", "eval_every=-3"), "eval_every >= 0")
+    one_line(hvd("prepare-bert", "--output", tmp_path / "p", "--vocab-size", "-7"), "--vocab-size",
+             "not a count from 100 to 1048576")
+    tokens = (bert_data / "vocab.txt").read_text().splitlines()  # (the run's data's: convert takes it)
+    (tmp_path / "rev.txt").write_text("\n".join(tokens[:5] + tokens[5:][::-1]) + "\n")
+    one_line(hvd("convert", finished_run, "--to", "hf", "--output", tmp_path / "hf", "--vocab",
+                 tmp_path / "rev.txt", timeout=300), "is not the vocabulary", "drop --vocab")
+    assert not (tmp_path / "hf").exists()
