@@ -16,12 +16,13 @@ from hvd_bert.train.engine import checkpoint_meta, resume_on_rank0, refuse_nonfi
 from hvd_bert.pt.checkpoint import (CKPT_SUFFIX, check_optimizer_state, load_checkpoint_file, nonfinite,
                                     rng_state, set_rng_state, state_digest, write_checkpoint)
 from hvd_bert.pt import sharded
+from hvd_bert.train.sharded_writer import BackgroundSaves
 from hvd_bert.pt import tensor_parallel as TP
 
 __all__ = ["Checkpoints"]
 
 
-class Checkpoints:
+class Checkpoints(BackgroundSaves):
     """Save and resume, for :class:`hvd_bert.pt.engine.Engine` (a base class of it)."""
 
     # ------------------------------------------------------------------ checkpoints
@@ -46,15 +47,6 @@ class Checkpoints:
             path = write_checkpoint(folder, self.step_count, state, meta, keep)
         hvd.barrier()  # Horovod: the file exists before anyone goes on (e.g. to exit)
         return path
-
-    def wait_for_save(self) -> None:
-        """Wait for a background save to be on disk; its error raised on every rank (a collective)."""
-        self.writer.wait()
-
-    def abandon_save(self) -> Path | None:
-        """After the world changed (Horovod elastic): a background save cut short by it, else None
-        (a collective of the new world)."""
-        return self.writer.abandon()
 
     def resume(self, folder_or_file: str | Path | None) -> Any:
         """Load the newest checkpoint in a folder (or a given file) on rank 0 and broadcast it.

@@ -36,6 +36,7 @@ from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args,
                                    set_host_rng_state)
 from hvd_bert.train.loop import fit
 from hvd_bert.train.checkpoint import checkpoint_format
+from hvd_bert.train.sharded_writer import BackgroundSaves
 from hvd_bert.train.elastic import launched_elastic
 from hvd_bert.stop import STOP, STOP_SIGNALS
 from hvd_bert.core.schedules import Schedule
@@ -70,7 +71,7 @@ def rng_generators(model) -> list:
     return gens
 
 
-class Engine:
+class Engine(BackgroundSaves):
     """Distributed custom-loop training of one Keras model (see the module docstring).
 
     Args:
@@ -385,15 +386,6 @@ class Engine:
         # Horovod: a barrier (TF has none): nobody goes on before rank 0 has written.
         hvd.allreduce(tf.constant(0.0), name="hvd_bert.barrier.save")
         return path
-
-    def wait_for_save(self) -> None:
-        """Wait for a background save to be on disk; its error raised on every rank (a collective)."""
-        self.writer.wait()
-
-    def abandon_save(self) -> Path | None:
-        """After the world changed (Horovod elastic): a background save cut short by it, else None
-        (a collective of the new world)."""
-        return self.writer.abandon()
 
     def resume(self, folder: str | Path | None) -> Any:
         """Restore the newest checkpoint on rank 0 and broadcast it (a collective); an

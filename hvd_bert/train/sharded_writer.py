@@ -12,7 +12,7 @@ from hvd_bert.train.checkpoint import prune
 from hvd_bert.train.engine import CheckpointError
 from hvd_bert.train.sharded_checkpoint import SUFFIX, is_complete, mark_failed, write_index, write_rank
 
-__all__ = ["Writer", "fresh_folder"]
+__all__ = ["Writer", "BackgroundSaves", "fresh_folder"]
 
 
 class Writer:
@@ -98,6 +98,22 @@ class Writer:
             raise e
         raise CheckpointError(f"rank {rank} could not write its checkpoint shard ({kind}: {text}); the "
                               f"checkpoint before it is intact: fix the cause and run again to resume")
+
+
+class BackgroundSaves:
+    """The Engine protocol's ``wait_for_save`` and ``abandon_save`` over an engine's ``writer``
+    (a :class:`Writer`), one for both frameworks' engines (a base class of each)."""
+
+    writer: Writer
+
+    def wait_for_save(self) -> None:
+        """Wait for a background save to be on disk; its error raised on every rank (a collective)."""
+        self.writer.wait()
+
+    def abandon_save(self) -> Path | None:
+        """After the world changed (Horovod elastic): a background save cut short by it, else None
+        (a collective of the new world)."""
+        return self.writer.abandon()
 
 
 def fresh_folder(path: Path, rank: int, barrier) -> Path:
