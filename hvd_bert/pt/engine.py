@@ -39,7 +39,8 @@ import horovod.torch as hvd
 from hvd_bert.core import zero as Z
 from hvd_bert.core.batch import is_sync_step
 from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
-from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args, engine_settings, peak_host_bytes)
+from hvd_bert.train.engine import FitResult, StepResult, check_engine_args, engine_settings
+from hvd_bert.train.memory import peak_host_bytes
 from hvd_bert.train.elastic import launched_elastic
 from hvd_bert.train.checkpoint import checkpoint_format
 from hvd_bert.train.loop import fit
@@ -230,7 +231,7 @@ class Engine(Checkpoints):
             hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)  # Horovod:
 
     def memory(self) -> dict:
-        """What this rank holds, in bytes, and its peak so far (``train.engine.memory_line``)."""
+        """What this rank holds, in bytes, and its peak so far (``train.memory.memory_line``)."""
         params = sum(p.numel() * p.element_size() for p in self.model.parameters())
         grads = params if self.zero is None or self.zero.stage < 2 else self.zero.part.shard * 4
         cuda = self.device.type == "cuda"

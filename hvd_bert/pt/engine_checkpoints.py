@@ -16,6 +16,7 @@ from hvd_bert.train.engine import checkpoint_meta, resume_on_rank0, refuse_nonfi
 from hvd_bert.pt.checkpoint import (CKPT_SUFFIX, check_optimizer_state, load_checkpoint_file, nonfinite,
                                     rng_state, set_rng_state, state_digest, write_checkpoint)
 from hvd_bert.pt import sharded
+from hvd_bert.train import sharded_checkpoint as S, sharded_state as SS
 from hvd_bert.train.sharded_writer import BackgroundSaves
 from hvd_bert.pt import tensor_parallel as TP
 
@@ -33,7 +34,8 @@ class Checkpoints(BackgroundSaves):
         ``train.engine.checkpoint_meta`` as JSON. Returns the path on rank 0."""
         rng = hvd.allgather_object(rng_state(), name="hvd_bert.rng")  # Horovod:
         if self.checkpoint_format == "sharded":  # every rank its share, written in the background
-            return sharded.save(self, self.writer, folder, checkpoint_meta(self, data_state, rng), keep)
+            return SS.save(sharded.declare(self), self.writer, folder, self.step_count,
+                           checkpoint_meta(self, data_state, rng), keep, hvd.barrier)
         optimizer = (self.zero.consolidated_state_dict() if self.zero is not None
                      else self.optimizer.state_dict() if self.rank == 0 else None)
         model = self.model_state()
@@ -54,8 +56,8 @@ class Checkpoints(BackgroundSaves):
         loaded = {}
 
         def read_meta(path):
-            if sharded.S.is_sharded(path):  # (every rank reads its share below)
-                return sharded.S.Reader(path).meta
+            if S.is_sharded(path):  # (every rank reads its share below)
+                return S.Reader(path).meta
             loaded["ckpt"] = load_checkpoint_file(path, self.device)
             return json.loads(loaded["ckpt"]["meta"])
 
@@ -78,14 +80,15 @@ class Checkpoints(BackgroundSaves):
                                                 "param_groups": self.optimizer.state_dict()["param_groups"]})
             loaded["scaler"] = ckpt["scaler"]
 
-        meta = resume_on_rank0(self, folder_or_file, (CKPT_SUFFIX, sharded.S.SUFFIX), read_meta=read_meta,
+        meta = resume_on_rank0(self, folder_or_file, (CKPT_SUFFIX, S.SUFFIX), read_meta=read_meta,
                                load=load,
                                broadcast_object=lambda o, n: hvd.broadcast_object(o, root_rank=0, name=n),
                                allow_resized=self.resume_resized)
         if meta is None:
             return None
-        if sharded.S.is_sharded(self.resumed_path):
-            sharded.load_into(self, self.resumed_path)  # every rank reads its own share
+        if S.is_sharded(self.resumed_path):
+            SS.load(sharded.declare(self, saving=False), self.resumed_path,  # every rank reads its own share
+                    lambda obj, name: hvd.allgather_object(obj, name=name))  # Horovod:
         else:
             self._scatter_consolidated(loaded)
         restore_rng(self, meta, set_rng_state)

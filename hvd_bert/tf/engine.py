@@ -31,10 +31,11 @@ from hvd_bert.core import zero as Z
 from hvd_bert.core.batch import is_sync_step
 from hvd_bert.config import ConfigError, PrecisionConfig, TrainConfig
 from hvd_bert.train.engine import (FitResult, StepResult, check_engine_args,
-                                   checkpoint_meta, engine_settings, host_rng_state, peak_host_bytes,
+                                   checkpoint_meta, engine_settings, host_rng_state,
                                    resume_on_rank0, refuse_nonfinite, restore_rng,
                                    set_host_rng_state)
 from hvd_bert.train.loop import fit
+from hvd_bert.train.memory import peak_host_bytes
 from hvd_bert.train.checkpoint import checkpoint_format
 from hvd_bert.train.sharded_writer import BackgroundSaves
 from hvd_bert.train.elastic import launched_elastic
@@ -43,6 +44,7 @@ from hvd_bert.core.schedules import Schedule
 from hvd_bert.tf import check_keras, init_horovod
 from hvd_bert.tf.checkpoint import CKPT_SUFFIX, read_checkpoint_meta, restore_checkpoint, save_checkpoint
 from hvd_bert.tf import sharded
+from hvd_bert.train import sharded_checkpoint as S, sharded_state as SS
 from hvd_bert.tf.optim import build_optimizer
 from hvd_bert.tf.zero import ShardedState
 
@@ -178,7 +180,7 @@ class Engine(BackgroundSaves):
         hvd.broadcast_variables([self.loss_scale, self.good_steps], root_rank=0)  # Horovod:
 
     def memory(self) -> dict:
-        """What this rank holds, in bytes, and its peak so far (``train.engine.memory_line``)."""
+        """What this rank holds, in bytes, and its peak so far (``train.memory.memory_line``)."""
         def nbytes(variables):
             return sum(int(np.prod(v.shape)) * v.dtype.size for v in variables)
         z = self.zero
@@ -375,7 +377,9 @@ class Engine(BackgroundSaves):
         (a collective)."""
         rng = hvd.allgather_object(self._rng_state(), name="hvd_bert.rng")  # Horovod:
         if self.checkpoint_format == "sharded":  # every rank its share, written in the background
-            return sharded.save(self, self.writer, folder, checkpoint_meta(self, data_state, rng), keep)
+            return SS.save(sharded.declare(self), self.writer, folder, self.step_count,
+                           checkpoint_meta(self, data_state, rng), keep,
+                           lambda: hvd.allreduce(tf.constant(0.0), name="hvd_bert.barrier.shards"))
         trackables = self._trackables()
         if self.zero is not None:  # stage 0's format: rank 0 gathers the shards into a fresh optimizer
             trackables["optimizer"] = self.zero.consolidated_optimizer()
@@ -393,25 +397,26 @@ class Engine(BackgroundSaves):
         restored = {}
 
         def read_meta(path):
-            if sharded.S.is_sharded(path):  # (every rank reads its share below)
-                return sharded.S.Reader(path).meta
+            if S.is_sharded(path):  # (every rank reads its share below)
+                return S.Reader(path).meta
             return read_checkpoint_meta(path)
 
         def load(path):
-            if sharded.S.is_sharded(path):
+            if S.is_sharded(path):
                 return
             trackables = self._trackables()
             if self.zero is not None:  # (rank 0 holds the whole state until the shards are sent)
                 trackables["optimizer"] = restored["optimizer"] = self.zero.fresh_optimizer()
             restore_checkpoint(path, trackables)
 
-        meta = resume_on_rank0(self, folder, (CKPT_SUFFIX, sharded.S.SUFFIX), read_meta=read_meta, load=load,
+        meta = resume_on_rank0(self, folder, (CKPT_SUFFIX, S.SUFFIX), read_meta=read_meta, load=load,
                                broadcast_object=lambda o, n: hvd.broadcast_object(o, root_rank=0, name=n),
                                allow_resized=self.resume_resized)
         if meta is None:
             return None
-        if sharded.S.is_sharded(self.resumed_path):
-            sharded.load_into(self, self.resumed_path)  # every rank reads its own share
+        if S.is_sharded(self.resumed_path):
+            SS.load(sharded.declare(self), self.resumed_path,  # every rank reads its own share
+                    lambda obj, name: hvd.allgather_object(obj, name=name))  # Horovod:
         else:
             self.broadcast()
             if self.zero is not None:

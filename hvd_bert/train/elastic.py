@@ -202,7 +202,7 @@ class ElasticHook:
             log.print(f"elastic: {layout.describe(engine.world_size, self.cfg.uneven)}; "
                       f"from step {engine.step_count}")
             if engine.zero is not None:  # (the shards are this world's)
-                from hvd_bert.train.engine import memory_line
+                from hvd_bert.train.memory import memory_line
                 log.print(memory_line(engine.memory()))
             self.on_world()
             if layout.plan is None:

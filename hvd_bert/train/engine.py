@@ -30,11 +30,11 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from hvd_bert.core.batch import BatchPlan
 from hvd_bert.train.checkpoint import is_checkpoint_name, latest_checkpoint, remove_stale_temporaries
+from hvd_bert.train.memory import MemoryPhases
 
 __all__ = ["StepResult", "FitResult", "Engine", "checkpoint_meta", "check_resume", "ResumeError",
            "CheckpointError", "resume_on_rank0", "META_FORMAT", "host_rng_state", "set_host_rng_state",
-           "rng_for_rank", "restore_rng", "refuse_nonfinite", "check_engine_args", "engine_settings",
-           "memory_line", "peak_host_bytes", "MemoryPhases"]
+           "rng_for_rank", "restore_rng", "refuse_nonfinite", "check_engine_args", "engine_settings"]
 
 META_FORMAT = 1  # the version of the metadata schema below
 
@@ -132,6 +132,19 @@ class Engine(Protocol):
 
     def set_plan(self, plan: BatchPlan, schedule: Callable[[int], float]) -> None:
         """A new batch layout on the same ranks, the LR from ``schedule`` from here on."""
+
+    # Horovod elastic (``train.elastic``'s hook)
+    def snapshot(self) -> Any:
+        """The training state in host memory: what an elastic commit keeps."""
+
+    def restore_snapshot(self, snap: Any) -> None:
+        """Back to a :meth:`snapshot`, with no gradients pending."""
+
+    def sync(self) -> None:
+        """Rank 0's state on every rank of a new world (a collective)."""
+
+    def resize(self, plan: BatchPlan | None, schedule: Callable[[int], float] | None) -> None:
+        """This world's rank and size from Horovod and, given a plan, its batch layout."""
 
 
 # ---------------------------------------------------------------------- construction
@@ -417,52 +430,3 @@ def restore_rng(engine, meta: dict, set_state: Callable[[Any], None]) -> None:
             f"checkpoint {engine.resumed_path} holds a random state that does not restore"
             f"{' on rank ' + str(engine.rank) + ' (' + fault + ')' if fault else ' on another rank'}; "
             f"delete it to resume from the one before, or start afresh in another train.output_dir")
-
-
-# ---------------------------------------------------------------------- memory
-def peak_host_bytes() -> int:
-    """This process's peak resident memory so far (Linux reports it in KiB)."""
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def memory_line(m: dict) -> str:
-    """One start-of-run line from an engine's ``memory()``: what a rank holds, and its peak."""
-    from hvd_bert.core.text import size_text as gib
-
-    stage, n = m.get("zero_stage", 0), m.get("world_size", 1)
-    grads = f" (1/{n}, between backward passes)" if stage == 2 else ""
-    state = f" (1/{n} replicas: ZeRO stage {stage})" if stage else ""
-    t = m.get("tensor_parallel", 1)
-    tp = f" (this rank's share of layers split {t} ways)" if t > 1 else ""
-    return (f"memory per rank: parameters {gib(m['parameters'])}{tp}, "
-            f"gradients {gib(m['gradients'])}{grads}, "
-            f"optimizer state {gib(m['optimizer_state'])}{state}; peak so far {gib(m['peak'])} "
-            f"({m.get('peak_of', 'host resident')})")
-
-
-class MemoryPhases:
-    """Which phase of a run reached this rank's peak memory: ``mark(phase)`` at the end of each
-    stretch of building, resuming, steps, saves and elastic commits reads the peak so far
-    (``peak()``: the engine's, monotone); the phase of a mark that raised it holds the new peak."""
-
-    PHASES = {"build": "building", "resume": "resuming", "steps": "the steps", "save": "saving",
-              "commit": "elastic commits", "eval": "the final evaluation"}
-
-    def __init__(self, peak: Callable[[], float]):
-        self.peak, self.last, self.reached = peak, 0.0, {}
-
-    def mark(self, phase: str) -> None:
-        value = float(self.peak())
-        if value > self.last or phase not in self.reached:
-            self.reached[phase] = max(value, self.reached.get(phase, 0.0))
-        self.last = max(self.last, value)
-
-    def line(self) -> str:
-        """One line: the peak, the phase that reached it, and the peak so far after each phase."""
-        if not self.reached:
-            return ""
-        top = max(self.reached, key=lambda p: (self.reached[p], -list(self.reached).index(p)))
-        after = ", ".join(f"{p} {v / 2 ** 30:.2f}" for p, v in self.reached.items())
-        return (f"peak memory of rank 0: {self.last / 2 ** 30:.2f} GiB, reached by "
-                f"{self.PHASES.get(top, top)} (the peak so far after each phase, GiB: {after})")

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hvd_bert.core.batch import BatchPlan
-from hvd_bert.train.engine import Engine, FitResult, MemoryPhases, StepResult, memory_line
+from hvd_bert.train.engine import Engine, FitResult, StepResult
+from hvd_bert.train.memory import MemoryPhases, memory_line
 from hvd_bert.stop import STOP
 from hvd_bert.train.log import DivergedError, RunLog, ScalarWriter
 from hvd_bert.train.watchdog import Watchdog, end_start

@@ -121,6 +121,11 @@ def _meta_fault(meta) -> str | None:
             isinstance(v, (int, float, bool)) and (not isinstance(v, float) or math.isfinite(v))
             for v in scaler.values()):
         return f"its meta's scaler is {scaler!r}, not an object of numbers"
+    scale = meta.get("loss_scale", {"scale": 1.0, "good_steps": 0})
+    if not (isinstance(scale, dict) and set(scale) == {"scale", "good_steps"} and _count(scale["good_steps"])
+            and isinstance(scale["scale"], (int, float)) and not isinstance(scale["scale"], bool)
+            and math.isfinite(scale["scale"]) and scale["scale"] > 0):
+        return f"its meta's loss_scale is {scale!r}, not a positive scale and a count of good steps"
     layout = meta.get("layout")
     ranks = ("world_size", "tensor_parallel")
     if layout is not None and not (isinstance(layout, dict) and all(_count(v) for v in layout.values())

@@ -145,3 +145,18 @@ def test_train_and_the_jobs_use_only_what_the_engine_protocol_declares():
              for p in sorted((ROOT / folder).glob("*.py"))
              for n, line in enumerate(p.read_text().splitlines(), 1) if probe.search(line)]
     assert not found, found
+
+
+def test_every_engine_member_train_and_the_jobs_use_is_declared():
+    """Each ``engine.<member>`` that train/ and jobs/ use is a member of ``train.engine.Engine``
+    (or of the module ``train.engine`` itself), so that both frameworks' engines are held to it."""
+    import re
+
+    from hvd_bert.train import engine as E
+
+    declared = set(E.Engine.__annotations__) | set(vars(E.Engine)) | set(vars(E))
+    used = {(m, f"{p.relative_to(ROOT)}:{n}") for folder in ("train", "jobs")
+            for p in sorted((ROOT / folder).glob("*.py"))
+            for n, line in enumerate(p.read_text().splitlines(), 1)
+            for m in re.findall(r"\bengine\.([A-Za-z_]\w*)", line)}
+    assert not [f"{w}: {m}" for m, w in sorted(used) if m not in declared]

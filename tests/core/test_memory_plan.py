@@ -38,7 +38,7 @@ def test_the_line_says_whether_the_ranks_on_a_host_fit():
 
 
 def test_the_phase_that_raised_the_peak_is_named():
-    from hvd_bert.train.engine import MemoryPhases
+    from hvd_bert.train.memory import MemoryPhases
 
     peaks = iter([1, 2, 2, 5, 5, 5])
     phases = MemoryPhases(lambda: next(peaks) * GIB)
