@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup test test-quick lint doctor demo demo-phase2 image image-gpu clean
+.PHONY: setup test test-quick lint doctor demo demo-phase2 image image-gpu lock clean
 
 setup:
 	bash scripts/setup.sh
@@ -68,6 +68,11 @@ image: setup
 # only the layers that need no CUDA, on any base (BASE_IMAGE=...).
 image-gpu: setup
 	bash scripts/build_image.sh gpu $(if $(STAGE),--target $(STAGE))
+
+# Refresh requirements-dev.lock and requirements.lock from requirements*.txt (pip-compile with
+# hashes; UPGRADE=1: every package at its newest allowed version). Needs PyPI, not the venv.
+lock:
+	python3 scripts/lock.py $(if $(UPGRADE),--upgrade)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

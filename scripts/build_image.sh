@@ -4,8 +4,8 @@
 #   scripts/build_image.sh install      apt: podman, runc, debootstrap, squashfs-tools (root)
 # It runs the set-up step here first (seconds once done), then builds from a context of
 #   src/     the repository's files (git ls-files: tracked and new, not ignored ones)
-#   wheels/  the Python packages at exactly the versions of the set-up's venv (pip freeze; the
-#            wheels downloaded once, cached by version) and the cached Horovod wheel
+#   wheels/  the Python packages of requirements.lock, each checked against its hashes (the
+#            wheels downloaded once, cached by the lock) and the cached Horovod wheel
 # so the image runs what CI tests, installs offline, and never rebuilds Horovod. It prints the
 # image's size and the build's time, and builds nothing when the context's content, the base
 # and the flags are those of the image already tagged (a label carries their hash).
@@ -97,20 +97,19 @@ fi
 base_id=$("$engine" image inspect --format '{{.Id}}' "$base")
 
 # ------------------------------------------------------------------------------ the context
-echo "==> [image] the set-up step here (its venv's versions go into the image)"
+echo "==> [image] the set-up step here (Horovod's wheel, built or cached, goes into the image)"
 HVD_BERT_SETUP_UNTIL=horovod bash "$ROOT/scripts/setup.sh" >/dev/null \
     || die "the set-up step failed" "run: bash scripts/setup.sh, and read its error"
 ctx=$CACHE/image-context/$variant
 rm -rf "$ctx" && mkdir -p "$ctx/src" "$ctx/wheels/python" "$ctx/wheels/cache"
 (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
     [[ -e $f ]] && printf '%s\0' "$f"; done | tar --null -T - -c) | tar -x -C "$ctx/src"
-"$VENV/bin/python" -m pip freeze --all --exclude-editable 2>/dev/null \
-    | grep -viE '^(horovod|hvd[-_]bert)([=@ ]|$)' >"$ctx/wheels/constraints.txt"
+lock=$ROOT/requirements.lock
+pip_version=$(sed -n 's/^PIP_VERSION=\([^ ]*\).*/\1/p' "$ROOT/scripts/setup.sh")
 args=(--build-arg "BASE_IMAGE=$base")
 if [[ $variant == gpu ]]; then
     # torch's CUDA build from its index (its version pinned by requirements.txt, not the CPU venv)
     args+=(--build-arg HVD_BERT_GPU=1 --build-arg "TORCH_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cu126}")
-    sed -i '/^torch==/d' "$ctx/wheels/constraints.txt"
 fi
 [[ -n $target ]] && args+=(--target "$target")
 # the content: the files (not their times), the wheels' versions, the base, the flags
@@ -120,7 +119,7 @@ mkdir -p "$manifests"
 manifest=$manifests/.new.$$
 {
     (cd "$ctx/src" && find . -type f -print0 | sort -z | xargs -0 sha256sum)
-    cat "$ctx/wheels/constraints.txt" "$ROOT/requirements.txt"   # the wheels' versions
+    echo "pip==$pip_version"   # (the wheels' versions: the lock, among the files)
     echo "$base_id ${args[*]}"
 } >"$manifest"
 content=$(sha256sum <"$manifest" | cut -c1-16)
@@ -148,19 +147,19 @@ fi
 # (the GPU image installs from the package indexes: torch's CUDA build, mpi4py and Horovod with
 # NCCL built against the base's MPI and CUDA; the CPU image from the wheels gathered here)
 [[ $variant == gpu ]] || {
-req=(-r "$ROOT/requirements.txt" pip setuptools wheel)
-wh=$CACHE/wheelhouse/$( (cat "$ROOT/requirements.txt" "$ctx/wheels/constraints.txt"; echo "${req[*]}") \
-    | sha256sum | cut -c1-16)
+wh=$CACHE/wheelhouse/$( (cat "$lock"; echo "pip==$pip_version") | sha256sum | cut -c1-16)
 if [[ ! -f $wh/.complete ]]; then
     echo "==> [image] wheels for the image's packages (once per set of versions): $wh"
     rm -rf "$wh" && mkdir -p "$wh"
-    "$VENV/bin/python" -m pip download -q -d "$wh" -c "$ctx/wheels/constraints.txt" "${req[@]}" >"$wh.log" 2>&1 \
+    # every file checked against the lock's hashes as it comes in (the image then installs these)
+    { "$VENV/bin/python" -m pip download -q -d "$wh" --require-hashes -r "$lock" \
+        && "$VENV/bin/python" -m pip download -q -d "$wh" --no-deps "pip==$pip_version"; } >"$wh.log" 2>&1 \
         || { tail -n 20 "$wh.log" >&2; die "pip could not download the wheels (log: $wh.log)" "check access to PyPI"; }
     # mpi4py as a wheel built here against this machine's Debian OpenMPI, which is the image's
     # (system.sh installs the same packages on a Debian 12 base); pip's cache has it after setup.sh
     rm -f "$wh"/mpi4py-*
     "$VENV/bin/python" -m pip wheel -q --no-deps --no-binary mpi4py -w "$wh" \
-        "$(grep -iE '^mpi4py==' "$ctx/wheels/constraints.txt")" >>"$wh.log" 2>&1 \
+        "$(grep -ioE '^mpi4py==[^ ]+' "$lock")" >>"$wh.log" 2>&1 \
         || { tail -n 20 "$wh.log" >&2; die "could not build mpi4py's wheel (log: $wh.log)" "read its error"; }
     touch "$wh/.complete" && rm -f "$wh.log"
 fi

@@ -3,7 +3,8 @@
 # and the container images. On a fresh Debian machine, as root, it:
 #   1. installs OpenMPI and the build tools from apt (skipped when present),
 #   2. creates a virtual environment in the repo (.venv, or $HVD_BERT_VENV),
-#   3. installs the pinned frameworks and tools (skipped when the requirements are unchanged),
+#   3. installs every Python package from a lock file with its hashes (requirements-dev.lock, or
+#      requirements.lock with HVD_BERT_DEV=0; skipped when the lock is unchanged),
 #   4. builds Horovod 0.28.1 from the PyPI sdist with scripts/patch_horovod.py, caching the
 #      wheel outside the repo keyed by the Horovod, torch, TensorFlow and Python versions,
 #   5. installs hvd_bert itself (editable) and checks that Horovod loads in both frameworks.
@@ -15,7 +16,9 @@
 # `pip install torch==2.13.0` would take a CUDA build, e.g. https://download.pytorch.org/whl/cpu),
 # HVD_BERT_SKIP_APT=1 (never call apt-get; fail with the package list instead),
 # HVD_BERT_GPU=1 (build Horovod with NCCL for GPU tensors; the GPU image sets it),
-# HVD_BERT_DEV=0 (leave out requirements-dev.txt: the test and lint tools; the images set it),
+# HVD_BERT_DEV=0 (requirements.lock: leave out the test and lint tools; the images set it),
+# HVD_BERT_LOCK_HASHES=0 (the lock's versions without its hashes: the images, whose wheels were
+# checked against them when gathered),
 # HVD_BERT_SETUP_UNTIL=horovod (stop after step 4; the images install the toolkit in a later layer).
 # pip's own settings apply (PIP_NO_INDEX, PIP_FIND_LINKS, PIP_CONSTRAINT: the images install
 # offline from the wheels scripts/build_image.sh gathers).
@@ -32,6 +35,7 @@ pin() { sed -n "s/^$1==\([^ ]*\).*/\1/p" "$ROOT/requirements.txt"; }
 TORCH_VERSION=$(pin torch)
 TF_VERSION=$(pin tensorflow-cpu)
 [[ -n $TORCH_VERSION && -n $TF_VERSION ]] || { echo "setup: requirements.txt must pin torch== and tensorflow-cpu==" >&2; exit 1; }
+PIP_VERSION=26.3  # the pip that installs the lock (not itself in it)
 GPU=${HVD_BERT_GPU:-0}  # 1: Horovod with NCCL for GPU tensors (needs CUDA and NCCL, as in NGC images)
 APT_PACKAGES=(libopenmpi-dev openmpi-bin cmake g++ make)
 
@@ -83,22 +87,41 @@ pyver=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])
 
 # ---------------------------------------------------------------------------------------
 step "Python packages (torch $TORCH_VERSION, tensorflow-cpu $TF_VERSION, tf-keras, mpi4py, ...)"
-requirements=("$ROOT/requirements.txt")
-[[ ${HVD_BERT_DEV:-1} == 0 ]] || requirements+=("$ROOT/requirements-dev.txt")
-deps_key=$(cat "${requirements[@]}" | sha256sum | cut -c1-16)
+# Every package from a lock file, pinned with its hashes (scripts/lock.py writes them, `make lock`):
+# requirements-dev.lock (the run-time and the test tools), or requirements.lock (HVD_BERT_DEV=0).
+lock=$ROOT/requirements-dev.lock
+[[ ${HVD_BERT_DEV:-1} == 0 ]] && lock=$ROOT/requirements.lock
+[[ -f $lock ]] || die "no $(basename "$lock")" "restore it from git, or write it: make lock"
+lock_sha=$(sha256sum "$lock" | cut -d' ' -f1)
+deps_key="$(basename "$lock") $lock_sha ${HVD_BERT_LOCK_HASHES:-1} $GPU"
 deps_stamp=$VENV/.hvd_bert_deps
 if [[ $(cat "$deps_stamp" 2>/dev/null) != "$deps_key" ]]; then
-    pip_ install -q --upgrade pip setuptools wheel || die "could not upgrade pip" "check network access to PyPI"
+    pip_ install -q "pip==$PIP_VERSION" || die "could not install pip $PIP_VERSION" "check network access to PyPI"
     extra=()
     [[ -n ${HVD_BERT_TORCH_INDEX:-} ]] && extra+=(--extra-index-url "$HVD_BERT_TORCH_INDEX")
     # mpi4py is compiled against the system OpenMPI (mpicc), not taken as a binary wheel from
     # PyPI (HVD_BERT_MPI4PY_SOURCE=0: the images' wheels hold one built against the same OpenMPI).
     [[ ${HVD_BERT_MPI4PY_SOURCE:-1} == 0 ]] || extra+=(--no-binary mpi4py)
-    pip_ install -q "${extra[@]}" "${requirements[@]/#/--requirement=}" \
-        || die "pip could not install the requirements" \
+    from=$lock
+    if [[ ${HVD_BERT_LOCK_HASHES:-1} == 0 || $GPU == 1 ]]; then
+        # the lock's versions without its hashes: the images install offline from wheels that
+        # scripts/build_image.sh checked against the hashes when it gathered them (mpi4py's is
+        # built there from its checked sdist); the GPU image takes torch's CUDA build of the
+        # same version from TORCH_INDEX
+        from=$(mktemp "${TMPDIR:-/tmp}/hvd_bert-lock.XXXXXX")
+        sed -e 's/ *\\$//' -e '/^ *--hash=/d' -e '/^ *#/d' "$lock" >"$from"
+        [[ $GPU == 1 ]] && sed -i "s/^torch==.*/torch==$TORCH_VERSION/" "$from"
+    else
+        extra+=(--require-hashes)
+    fi
+    pip_ install -q "${extra[@]}" --requirement="$from" \
+        || die "pip could not install $(basename "$lock")" \
             "read pip's error above; for torch's CPU build set HVD_BERT_TORCH_INDEX=https://download.pytorch.org/whl/cpu"
+    [[ $from == "$lock" ]] || rm -f "$from"
+    echo "$(basename "$lock") $lock_sha" >"$VENV/.hvd_bert_lock"  # (what hvd-bert doctor names)
     echo "$deps_key" >"$deps_stamp"
 fi
+echo "    $(basename "$lock") ${lock_sha:0:16}"
 
 # ---------------------------------------------------------------------------------------
 step "Horovod $HOROVOD_VERSION (patched build, cached)"

@@ -9,6 +9,7 @@
     horovodrun       the ``horovodrun`` wrapper the README's commands use
     doctor           ``hvd-bert doctor``: the installation and the hosts, checked with real runs
     doctor_worker    what each rank of doctor's runs executes
+    lock             the lock files: their pins and hashes, which one the set-up installed
     allreduce_probe  the allreduce timings ``hvd-bert simulate --calibrate`` fits
     calibrate        fitting the cost model to allreduces measured here or across hosts
 """

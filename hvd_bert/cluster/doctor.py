@@ -86,6 +86,32 @@ def _mark(ok: bool) -> str:
     return "[X]" if ok else "[ ]"
 
 
+def _lock_row(problems: list, root: str) -> None:
+    """Which lock file the set-up installed this environment from, its digest, and whether what
+    is installed is still what it pins (``hvd_bert.cluster.lock``)."""
+    from hvd_bert.cluster import lock as L
+
+    got = L.installed_lock()
+    if got is None:
+        _row("lock", "none recorded (this environment was not set up by scripts/setup.sh)")
+        return
+    name, sha = got
+    path = os.path.join(root, name)
+    if not os.path.isfile(path):
+        _row("lock", f"{name} {sha[:16]} (set-up's; the file is not beside this hvd_bert)")
+        return
+    now = L.digest(path)
+    differ = L.differences(L.read_lock(path))
+    said = f"{name} {sha[:16]}"
+    if now != sha[:16]:
+        said += f" (the file is {now} now)"
+        problems.append((f"{name} changed since the set-up installed from it", SETUP_FIX))
+    _row("lock", said + (f"; {len(differ)} package(s) differ: {', '.join(differ[:3])}" if differ
+                         else "; every package as it pins"))
+    if differ:
+        problems.append((f"{len(differ)} installed package(s) differ from {name} ({differ[0]})", SETUP_FIX))
+
+
 def run_doctor(np: int = 2, timeout: float = 180, runs: bool = True) -> int:
     problems: list[tuple[str, str]] = []
     print("hvd_bert doctor")
@@ -109,6 +135,7 @@ def run_doctor(np: int = 2, timeout: float = 180, runs: bool = True) -> int:
     _row("mpirun", mpirun_v)
     _row("mpi4py", mpi4py_v)
     _row("TF_USE_LEGACY_KERAS", os.environ.get("TF_USE_LEGACY_KERAS", "unset"))
+    _lock_row(problems, os.path.dirname(os.path.dirname(hvd_bert.__file__)))
     if mpirun_v == "missing":
         problems.append(("mpirun is missing", "apt-get install -y openmpi-bin libopenmpi-dev"))
     if mpi4py_v.startswith("missing"):

@@ -98,3 +98,51 @@ def test_the_docs_count_horovods_changes_as_the_patch_says_them():
     files = len({e[0] for e in patch.EDITS})
     docs = (ROOT / "docs" / "development.md").read_text()
     assert f'"applied {changes} changes ({edits} edits in {files} files)"' in docs
+
+
+def _requirements(path):
+    from packaging.requirements import Requirement
+
+    out = []
+    for line in Path(path).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-"):
+            out.append(Requirement(line))
+    return out
+
+
+def test_the_lock_files_agree_with_the_requirements_and_pin_every_package_with_hashes():
+    """requirements-dev.lock pins every package of requirements.txt and requirements-dev.txt at a
+    version their specifiers allow, each with its hashes; requirements.lock is exactly its
+    run-time part (scripts/lock.py's, the same versions and hashes). A requirement changed
+    without `make lock` fails here."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import lock as lockscript
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    from hvd_bert.cluster.lock import norm, read_lock
+
+    dev, run = read_lock(ROOT / "requirements-dev.lock"), read_lock(ROOT / "requirements.lock")
+    assert len(dev) > 100 and len(run) > 50
+    for name, locked in (("requirements.txt", run), ("requirements.txt", dev), ("requirements-dev.txt", dev)):
+        for req in _requirements(ROOT / name):
+            pin = locked.get(norm(req.name))
+            assert pin is not None, f"{name}: {req.name} is not in the lock: run make lock"
+            assert req.specifier.contains(pin.version, prereleases=True), \
+                f"{name} asks for {req}, the lock pins {pin.version}: run make lock"
+    assert not [n for n, p in dev.items() if not p.hashes], "every pin has its hashes"
+    assert all(dev[n].version == p.version and dev[n].hashes == p.hashes for n, p in run.items())
+    assert (ROOT / "requirements.lock").read_text() == lockscript.runtime_part(ROOT / "requirements-dev.lock")
+
+
+def test_the_venv_holds_what_the_lock_pins():
+    """The set-up installed this venv from the lock, and recorded which (what doctor prints)."""
+    from hvd_bert.cluster.lock import differences, digest, installed_lock, read_lock
+
+    got = installed_lock()
+    if got is None:
+        pytest.skip("this interpreter's environment was not set up by scripts/setup.sh")
+    name, sha = got
+    assert name == "requirements-dev.lock" and sha[:16] == digest(ROOT / name)
+    assert differences(read_lock(ROOT / name)) == []

@@ -29,6 +29,12 @@ def test_doctor_names_the_fix_when_a_run_fails():
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 1
     assert "FAILED (timed out)" in p.stdout and "fix:" in p.stdout
+    # the lock the venv was set up from, with its digest (what a bug report then names)
+    from hvd_bert.cluster.lock import digest
+    from pathlib import Path
+
+    lock = Path(__file__).resolve().parents[2] / "requirements-dev.lock"
+    assert f"requirements-dev.lock {digest(lock)}; every package as it pins" in p.stdout
 
 
 def test_doctor_hosts_names_the_unreachable_host_and_the_fix():
