@@ -153,6 +153,34 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_k8s(args) -> int:
+    """``hvd-bert k8s render``: the job's Kubernetes resources (``hvd_bert.cluster.k8s``)."""
+    from pathlib import Path
+
+    from hvd_bert.cluster import k8s
+    from hvd_bert.files import atomic_write
+
+    spec = k8s.Spec(args.kind, args.job, args.name, args.image, workers=args.workers,
+                    gpus_per_worker=args.gpus_per_worker, slots_per_worker=args.slots_per_worker,
+                    namespace=args.namespace, config=args.config, sets=args.sets, framework=args.framework,
+                    data_claim=args.data_claim, runs_claim=args.runs_claim, shm_gb=args.shm_gb,
+                    grace_s=args.grace_s, backoff_limit=args.backoff_limit)
+    try:
+        text = k8s.to_yaml(k8s.render(spec))
+    except k8s.SpecError as e:
+        raise UsageError(str(e)) from None
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.output)
+    if out.is_dir() or (out.exists() and not out.is_file()):
+        raise UsageError(f"--output {out} is not a file: give the path of the YAML file to write")
+    atomic_write(out, lambda tmp: tmp.write_text(text))
+    print(f"wrote {out}: {spec.kind} {spec.name}, {spec.workers} worker(s) x {spec.slots} rank(s); "
+          f"kubectl apply -f {out}")
+    return 0
+
+
 TRAINING = ("pretrain", "finetune", "ncf")  # the commands that run the training loop
 
 

@@ -324,6 +324,37 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
         _add_config_args(p, name)
         p.set_defaults(func=commands["job"])
 
+    p = sub.add_parser("k8s", help="render a job as Kubernetes resources: an MPIJob (Kubeflow MPI Operator) "
+                                   "or a Trainer v2 ClusterTrainingRuntime + TrainJob",
+                       epilog="e.g. hvd-bert k8s render --kind mpijob --job pretrain --name bert-phase1 "
+                              "--image registry.example.com/hvd_bert:gpu --workers 4 --gpus-per-worker 8 "
+                              "--config bert-large-phase1 --output phase1.yaml; then: kubectl apply -f "
+                              "phase1.yaml (docs/clusters.md)")
+    p.add_argument("action", choices=["render"])
+    p.add_argument("--kind", choices=["mpijob", "trainjob"], default="mpijob")
+    p.add_argument("--job", choices=["pretrain", "finetune"], default="pretrain")
+    p.add_argument("--name", required=True, help="the job's name (its run folder: /runs/NAME)")
+    p.add_argument("--image", required=True, help="the toolkit's image (make image-gpu, in a registry)")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--workers", type=int64, default=2, help="worker pods (default 2)")
+    p.add_argument("--gpus-per-worker", type=int64, default=0,
+                   help="GPUs per worker, one rank each (default 0: CPU)")
+    p.add_argument("--slots-per-worker", type=int64, help="ranks per worker (default: its GPUs, or 1)")
+    p.add_argument("--config", help="a recipe: a name under the image's recipes/ (bert-large-phase1) or a "
+                                    "path in the image")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of the job (repeatable; data=/data/... names the prepared data)")
+    p.add_argument("--framework", choices=["pt", "tf"], default="pt")
+    p.add_argument("--data-claim", default="hvd-bert-data",
+                   help="the PVC with the prepared data, read-only at /data")
+    p.add_argument("--runs-claim", default="hvd-bert-runs", help="the PVC of the run folders, at /runs")
+    p.add_argument("--shm-gb", type=real(0, above=True), default=16.0, help="each worker's /dev/shm, GiB")
+    p.add_argument("--grace-s", type=int64, default=600,
+                   help="seconds the job gets to save on SIGTERM (HVD_BERT_STOP_GRACE_S; pods get 60 more)")
+    p.add_argument("--backoff-limit", type=int64, default=6, help="launcher restarts (preemptions) allowed")
+    p.add_argument("--output", help="write the YAML here (default: standard output)")
+    p.set_defaults(func=commands["k8s"])
+
     p = sub.add_parser("launch", help="run a job on N ranks (mpirun, or horovodrun --gloo): the job's exit "
                                       "status, a user error once, no launcher traceback",
                        usage="hvd-bert launch -np N [-H HOSTS] [--gloo | --mpi] [--network-interface IF] "

@@ -13,6 +13,12 @@
 #   scripts/fake_cluster.sh shape RATE|off           # reshape every node's link (tc tbf)
 #   scripts/fake_cluster.sh kill NODE PATTERN        # kill -9 NODE's processes whose command line
 #                                                    # matches PATTERN (a lost worker; sshd stays)
+#   scripts/fake_cluster.sh mpijob JOB [NAMESPACE] [SLOTS]
+#                                                    # the Kubeflow MPI Operator's contract: node1 is
+#                                                    # JOB's launcher pod, node2..N its workers
+#                                                    # (JOB-worker-<i>.JOB.NAMESPACE.svc in every
+#                                                    # node's /etc/hosts), and node1's /etc/mpi/hostfile
+#                                                    # is the operator's ("<worker> slots=SLOTS")
 #   scripts/fake_cluster.sh status
 #   scripts/fake_cluster.sh down                     # removes everything `up` made
 #
@@ -37,6 +43,7 @@ in_node() {  # in_node NODE CMD...: CMD in NODE's network namespace, with NODE a
     local node=$1; shift
     nsenter --net="/run/netns/$P-$node" unshare --mount --uts -- sh -c '
         hostname "$0" && mount --bind "$1/hosts" /etc/hosts && mount --bind "$1/ssh" /etc/ssh &&
+        { [ ! -d "$1/mpi" ] || mount --bind "$1/mpi" /etc/mpi; } &&
         shift && exec "$@"' "$node" "/etc/netns/$P-$node" "$@"
 }
 
@@ -61,6 +68,7 @@ down() {
         ip netns del "$ns" 2>/dev/null || true
         rm -rf "/etc/netns/$ns"
     done
+    if [[ -f $STATE/made-etc-mpi ]]; then rmdir /etc/mpi 2>/dev/null || true; fi
     rm -rf "$STATE"
 }
 
@@ -137,6 +145,26 @@ CONF
     echo "fake_cluster: $n nodes up (node1..node$n at $NET.1-$n${rate:+, links shaped to $rate}); run jobs with: $0 exec node1 CMD"
 }
 
+mpijob() {  # mpijob JOB [NAMESPACE] [SLOTS]: the MPI Operator's names, hostfile and mount (v0.8.2)
+    local job=${1:?mpijob JOB [NAMESPACE] [SLOTS]} ns=${2:-default} slots=${3:-1} n i node
+    n=$(cat "$STATE/nodes")
+    [[ $n -ge 2 ]] || die "mpijob needs a launcher and at least one worker: up 2 or more nodes"
+    [[ $job =~ ^[a-z]([-a-z0-9]*[a-z0-9])?$ && $ns =~ ^[a-z]([-a-z0-9]*[a-z0-9])?$ && $slots =~ ^[1-9][0-9]*$ ]] \
+        || die "mpijob: JOB and NAMESPACE must be Kubernetes names and SLOTS a count, not '$job' '$ns' '$slots'"
+    if [[ ! -d /etc/mpi ]]; then mkdir /etc/mpi && touch "$STATE/made-etc-mpi"; fi  # (the mount point)
+    for node in $(nodes); do
+        {
+            echo "$NET.1 $job-launcher.$job.$ns.svc $job-launcher"
+            for i in $(seq 0 $((n - 2))); do echo "$NET.$((i + 2)) $job-worker-$i.$job.$ns.svc $job-worker-$i"; done
+        } >>"/etc/netns/$P-$node/hosts"
+    done
+    mkdir -p "/etc/netns/$P-node1/mpi"
+    for i in $(seq 0 $((n - 2))); do echo "$job-worker-$i.$job.$ns.svc slots=$slots"; done \
+        >"/etc/netns/$P-node1/mpi/hostfile"
+    echo "fake_cluster: node1 is $job-launcher, node2..node$n are $job-worker-0..$((n - 2)); /etc/mpi/hostfile on node1:"
+    sed 's/^/    /' "/etc/netns/$P-node1/mpi/hostfile"
+}
+
 case ${1:-} in
 install)
     command -v sshd >/dev/null || [[ -x /usr/sbin/sshd ]] && command -v ip >/dev/null && command -v tc >/dev/null && exit 0
@@ -167,6 +195,7 @@ kill)
     [[ -n $killed ]] || die "kill: no process on $node matches '$pattern'"
     echo "fake_cluster: killed on $node:$killed"
     ;;
+mpijob) need_root mpijob; [[ -d $STATE ]] || die "the cluster is not up"; shift; mpijob "$@" ;;
 shape) need_root shape; [[ -d $STATE ]] || die "the cluster is not up"; shape "${2:?shape RATE|off}" ;;
 status)
     if [[ -f $STATE/nodes ]]; then
@@ -176,7 +205,7 @@ status)
     fi
     ;;
 *)
-    echo "usage: $0 install | up [N] [--link-rate R] | exec NODE CMD... | kill NODE PATTERN | shape RATE|off | status | down" >&2
+    echo "usage: $0 install | up [N] [--link-rate R] | exec NODE CMD... | kill NODE PATTERN | mpijob JOB [NS] [SLOTS] | shape RATE|off | status | down" >&2
     exit 2
     ;;
 esac

@@ -10,6 +10,7 @@
     doctor           ``hvd-bert doctor``: the installation and the hosts, checked with real runs
     doctor_worker    what each rank of doctor's runs executes
     lock             the lock files: their pins and hashes, which one the set-up installed
+    k8s              hvd-bert k8s render: a job as an MPIJob or a Trainer v2 TrainJob and its runtime
     allreduce_probe  the allreduce timings ``hvd-bert simulate --calibrate`` fits
     calibrate        fitting the cost model to allreduces measured here or across hosts
 """

@@ -15,6 +15,7 @@ collective after its peer died cannot hang the caller.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -180,3 +181,37 @@ def _kill_group(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+HOSTFILE_ENV = "OMPI_MCA_orte_default_hostfile"  # (what the Kubeflow MPI Operator sets in the launcher)
+
+
+def hosts_from_env(env=None) -> str | None:
+    """The hosts and slots of the hostfile OpenMPI is pointed at (``OMPI_MCA_orte_default_hostfile``,
+    as the Kubeflow MPI Operator sets it: lines ``<host> slots=<n>``), as ``-H``'s
+    ``host:n,...``; None when the variable is unset. A hostfile that cannot be read or says
+    something else is a ValueError naming it."""
+    path = (os.environ if env is None else env).get(HOSTFILE_ENV)
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            text = f.read(1 << 20)
+    except OSError as e:
+        raise ValueError(f"{HOSTFILE_ENV}={path} cannot be read ({e.strerror}): give the hostfile mpirun "
+                         f"should use, or unset {HOSTFILE_ENV} and give -H") from None
+    hosts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        slots = [w.removeprefix("slots=") for w in words[1:] if w.startswith("slots=")]
+        other = [w for w in words[1:] if not re.fullmatch(r"(max_)?slots=[0-9]+", w)]
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*", words[0]) or len(slots) > 1 or other \
+                or (slots and int(slots[0]) < 1):
+            raise ValueError(f"{path}, line {n}: {line.strip()[:80]!r} is not '<host> slots=<n>' (OpenMPI's "
+                             f"hostfile, as the MPI Operator writes it)")
+        hosts.append(f"{words[0]}:{int(slots[0]) if slots else 1}")
+    if not hosts:
+        raise ValueError(f"{path} ({HOSTFILE_ENV}) names no host: give the hostfile mpirun should use")
+    return ",".join(hosts)

@@ -78,6 +78,11 @@ def launch_job(job: Sequence[str], np: int = 2, *, hosts: str | None = None, lau
                               f"install OpenMPI (mpirun) if it is missing")
         launcher = "mpi"
     launcher = launcher or default_launcher()
+    if hosts is None and launcher == "mpi":
+        try:
+            hosts = launch.hosts_from_env()
+        except ValueError as e:
+            return _fail(err, str(e))
     local = np if not hosts else _local_slots(hosts, np)
     problem = (_grace_problem() or scratch_problem() or memory_problem(local)
                or (descriptor_problem(local) if launcher == "mpi" else None))
@@ -272,7 +277,8 @@ def _local_slots(hosts: str, np: int) -> int:
 
     here = {"localhost", "127.0.0.1", socket.gethostname()}
     slots = [h.rsplit(":", 1) for h in hosts.split(",") if h]
-    return min(np, sum(int(s[1]) if len(s) > 1 and s[1].isdigit() else 1 for s in slots if s[0] in here)) or 1
+    # (none here: a launcher of its own, as the MPI Operator's launcher pod)
+    return min(np, sum(int(s[1]) if len(s) > 1 and s[1].isdigit() else 1 for s in slots if s[0] in here))
 
 
 def _grace_s() -> float:
