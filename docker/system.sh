@@ -2,12 +2,14 @@
 # The image's system layer, the same on every base (docker/Dockerfile, run as root): OpenMPI and
 # the build tools scripts/setup.sh needs, Python 3.11 with venv and headers when the base has
 # none (Debian 12 ships 3.11; Ubuntu bases take it from the deadsnakes archive), and the
-# image's non-root user (uid and gid $1), who owns /opt/hvd_bert.
+# image's non-root user (uid and gid $1), who owns /opt/hvd_bert; ssh as the Kubeflow MPI
+# Operator's pods use it (a worker's sshd as that user, docker/sshd_config; the launcher's ssh
+# to port 2222 with the key the operator mounts at /home/hvd/.ssh).
 set -euo pipefail
 uid=${1:?usage: system.sh UID}
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-packages=(libopenmpi-dev openmpi-bin openssh-client cmake g++ make ca-certificates)
+packages=(libopenmpi-dev openmpi-bin openssh-client openssh-server cmake g++ make ca-certificates)
 if ! command -v python3.11 >/dev/null; then
     # shellcheck disable=SC1091
     . /etc/os-release
@@ -30,3 +32,19 @@ if ! getent passwd "$uid" >/dev/null; then
 fi
 mkdir -p /opt/hvd_bert
 chown "$uid:$uid" /opt/hvd_bert
+
+# ssh between the pods of an MPIJob: the operator mounts the job's key at /home/hvd/.ssh (the
+# MPIJob's sshAuthMountPath), the pods' host keys are that key and change with every job (no
+# known_hosts to keep), and the workers' sshd listens on 2222 (docker/sshd_config). The packaged
+# server's own host keys and service are not used.
+rm -f /etc/ssh/ssh_host_*_key /etc/ssh/ssh_host_*_key.pub
+cat >>/etc/ssh/ssh_config <<'CONF'
+
+Host *
+    Port 2222
+    IdentityFile ~/.ssh/id_rsa
+    IdentityFile /home/hvd/.ssh/id_rsa
+    StrictHostKeyChecking no
+    UserKnownHostsFile /dev/null
+    LogLevel ERROR
+CONF

@@ -132,3 +132,51 @@ def test_the_gpu_image_shares_the_cpu_images_stages_up_to_the_layers_that_need_c
                    env={"HVD_BERT_IMAGE": "localhost/hvd_bert:gpu-system"})
     assert got.returncode == 0, got.stderr
     assert got.stdout.split() == [str(UID), "/usr/bin/mpicc", "1", "0"]
+
+
+def test_the_image_serves_as_an_mpi_operator_worker_and_launcher(image, tmp_path):
+    """The image as the Kubeflow MPI Operator runs it (no cluster: one container, no network but
+    its own loopback): the worker command `hvd-bert k8s render` writes starts sshd as the image's
+    user on port 2222 with the job's key mounted where the MPIJob's sshAuthMountPath puts it
+    (/home/hvd/.ssh: id_rsa, id_rsa.pub, authorized_keys); the launcher's ssh reaches it with no
+    host-key prompt, and what mpirun needs on a worker (orted, mpirun, the venv's Horovod) is on
+    the session's PATH. A SIGTERM to the worker's first process leaves sshd serving (the ranks
+    save first)."""
+    from hvd_bert.cluster import k8s
+
+    keys = tmp_path / "ssh"
+    keys.mkdir()
+    made = subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-N", "", "-m", "PEM", "-f",
+                           str(keys / "id_rsa")], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    shutil.copy(keys / "id_rsa.pub", keys / "authorized_keys")
+    for p in [keys, *keys.iterdir()]:
+        os.chown(p, UID, UID)
+    (job,) = k8s.render(k8s.Spec("mpijob", "pretrain", "bert-job", image, workers=1))
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    script = (f"{worker[0]} {worker[1]} {shlex_quote(worker[2])} & pid=$!; "
+              "for i in $(seq 100); do ssh -o BatchMode=yes localhost true 2>/dev/null && break; sleep 0.1; "
+              "done; "
+              "kill -TERM $pid; sleep 0.5; "
+              "ssh -o BatchMode=yes localhost 'echo USER=$(id -un); command -v orted mpirun; "
+              "/opt/hvd_bert/.venv/bin/python -c \"import horovod; print(horovod.__version__)\"'")
+    engine = "podman" if shutil.which("podman") else "docker"
+    # the limits and runtime scripts/container.sh gives every container here (scripts/engine.sh)
+    engine_sh = ROOT / "scripts" / "engine.sh"
+    limits = subprocess.run(["bash", "-c", f"die() {{ exit 1; }}; source {engine_sh}; limits"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    runtime = ["--runtime", "runc"] if engine == "podman" and shutil.which("runc") else []
+    res = subprocess.run([engine, "run", *runtime, *limits, "--rm", "--network", "none",
+                          "--user", f"{UID}:{UID}", "-v", f"{keys}:/home/hvd/.ssh:ro", image,
+                          "bash", "-c", script],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout.split()
+    assert "USER=hvd" in out and "/usr/bin/orted" in out and "/usr/bin/mpirun" in out, res.stdout + res.stderr
+    assert "0.28.1" in out, res.stdout + res.stderr
+
+
+def shlex_quote(s):
+    import shlex
+
+    return shlex.quote(s)
