@@ -221,10 +221,14 @@ def resource_line(e: BaseException, cfg=None, command: str | None = None) -> str
     anything else."""
     from hvd_bert.files import os_error_line
 
+    training = command is None or command in ("train", "pretrain", "finetune", "ncf")
+    output = "train.output_dir (--output)" if training else "--output"
     if isinstance(e, OSError):  # (a training job writes to train.output_dir, any other command to --output)
-        training = command is None or command in ("train", "pretrain", "finetune", "ncf")
-        return os_error_line(e, "train.output_dir (--output)" if training else "--output")
+        return os_error_line(e, output)
     text = str(e)
+    framework_os = _os_error_in(text)  # (a framework's writer reports a file system error in its own type)
+    if framework_os is not None:
+        return os_error_line(framework_os, output)
     if isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower() \
             or type(e).__name__ == "ResourceExhaustedError":
         import re
@@ -242,6 +246,22 @@ def resource_line(e: BaseException, cfg=None, command: str | None = None) -> str
                 f"train.batch.backward_passes_per_step to keep the global batch, or use "
                 f"train.precision.mode=bf16; if the model itself does not fit (a large vocabulary, a long "
                 f"max_seq_length), use a smaller one, train.zero.stage=2 or train.tensor_parallel")
+    return None
+
+
+def _os_error_in(text: str) -> OSError | None:
+    """The file system error a framework's exception reports in its text (TensorFlow's saver
+    raises ResourceExhaustedError for a full disk), as the OSError it is; None for anything else."""
+    import errno
+    import re
+
+    for words, code in (("No space left on device", errno.ENOSPC), ("Disk quota exceeded", errno.EDQUOT),
+                        ("Read-only file system", errno.EROFS)):
+        if words in text:
+            m = re.search(r"(\S+?);? " + re.escape(words), text)
+            # (a writer's temporary name: the output meant)
+            path = re.sub(r"/\.([^/]+)\.tmp-\d+(/.*)?$", r"/\1", m.group(1)) if m else None
+            return OSError(code, words, path)
     return None
 
 

@@ -27,7 +27,7 @@ from typing import Callable
 
 __all__ = ["atomic_write", "owned_name", "usual_mode", "atomic_folder", "open_append", "own_folder",
            "planted_link", "os_error_line", "UnsafePath", "NoSpace", "clear_path", "read_json_object",
-           "refuse_clash", "OutputClash"]
+           "refuse_clash", "OutputClash", "kind_of", "refuse_special"]
 
 
 class UnsafePath(OSError):
@@ -165,6 +165,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None], size: int = 0)
     such (some writers report it otherwise, e.g. PyTorch's "unexpected pos"), with ``size`` (the
     bytes the file will take, if the caller knows) as what to free."""
     path = Path(path)
+    refuse_special(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -194,6 +195,33 @@ def atomic_write(path: str | Path, write: Callable[[Path], None], size: int = 0)
     except OSError:
         pass
     return path
+
+
+def kind_of(path: Path) -> str | None:
+    """What ``path`` is when it is neither missing, a regular file nor a folder: a symbolic link,
+    a named pipe, a device, a socket (None otherwise)."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return None
+
+
+def refuse_special(path: Path) -> None:
+    """An output that would replace a pipe, a device or a socket (``/dev/null`` among them: a
+    rename over it replaces it system-wide) is refused: UnsafePath, one line. (A link planted
+    there is replaced, never followed: its target stays as it was.)"""
+    kind = kind_of(Path(path))
+    if kind and kind != "a symbolic link":
+        raise UnsafePath(errno.EEXIST, f"{path} is {kind}, not a regular file: hvd_bert writes its outputs "
+                                       f"as files it replaces whole, never over one; give the path of a file",
+                         str(path))
 
 
 def _out_of_space(folder: Path) -> bool:
@@ -284,6 +312,8 @@ def os_error_line(e: OSError, output: str = "train.output_dir (--output)") -> st
     train.output_dir, another command's --output)."""
     if isinstance(e, UnsafePath):
         return e.strerror
+    if e.errno in (errno.EEXIST, errno.ENOTDIR) and e.filename:
+        return _not_a_folder(e, output)
     fix = _FIXES.get(e.errno)
     if fix is None:
         return None
@@ -300,6 +330,20 @@ def os_error_line(e: OSError, output: str = "train.output_dir (--output)") -> st
     what = {errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system"}
     what = what.get(e.errno, "permission denied")
     return f"{what} while writing {where}: {fix.format(out=output)}"
+
+
+def _not_a_folder(e: OSError, output: str) -> str:
+    """A folder was wanted where a file (or a pipe, a device) is: the path, what is in the way."""
+    where = Path(e.filename)
+    block = next((p for p in [where, *where.parents] if p.exists() and not p.is_dir()), where)
+    kind = kind_of(block) or ("a file" if block.is_file() else "not a folder")
+    if block == where and e.errno == errno.EEXIST:
+        return (f"{where} is {kind} where a folder is needed; move it away or give another {output}")
+    import re
+
+    named = re.sub(r"/\.([^/]+)\.tmp-\d+$", r"/\1", str(e.filename))  # (a temporary name: the path meant)
+    return f"{named}: {block} is {kind}, not a folder, so nothing can be read or written under it; " \
+           f"give a path whose folders are folders"
 
 
 def _mount_of(path: str) -> str:

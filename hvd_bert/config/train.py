@@ -33,6 +33,17 @@ _OPTIM_ALL = {"name", "lr", "lr_scaling", "base_batch_size", "max_grad_norm", "e
 OptimName = Literal["sgd", "adamw", "lamb", "nvlamb", "lars", "lion"]
 
 
+def regex_error(pattern) -> str | None:
+    """Why ``pattern`` is not a regular expression Python compiles; None when it is."""
+    import re
+
+    try:
+        re.compile(pattern)
+    except (re.error, TypeError, RecursionError, OverflowError) as e:
+        return str(e) or type(e).__name__
+    return None
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     """The optimizer and its hyperparameters (names as in ``hvd_bert.core.optim``)."""
@@ -77,6 +88,11 @@ class OptimConfig:
                 f"train.optim.base_batch_size must be > 0, got {self.base_batch_size}")
         require(self.max_grad_norm is None or self.max_grad_norm > 0,
                  f"train.optim.max_grad_norm must be > 0 or null, got {self.max_grad_norm}")
+        for pattern in self.exclude:
+            bad = regex_error(pattern)
+            require(bad is None, f"train.optim.exclude: {pattern!r} is not a regular expression ({bad}); "
+                                 f"give Python regular expressions of parameter names, e.g. ['bias', "
+                                 f"'LayerNorm']")
 
     def check_against(self, base: OptimConfig, key: str) -> None:
         """Refuse a setting the chosen optimizer does not read (``train.optim.eta`` with lamb): every
@@ -433,4 +449,3 @@ class TrainConfig:
         if k and not loc and b.local_batch_size is not None:
             return replace(self, batch=replace(b, local_batch_size=None))
         return self
-

@@ -140,6 +140,11 @@ def prepare_classification(table: str | Path, output_dir: str | Path, vocab_file
         texts_a, ys = [r[ia] for r in rows], [r[il] for r in rows]
         texts_b = [r[ib] for r in rows] if ib is not None else None
         label_list = [] if regression else sorted(set(ys))
+        for n, y in enumerate(ys if not regression else []):
+            if not y.strip() or y != y.strip():  # (else an empty label, or "neg " beside "neg", is a class)
+                raise DatasetError(f"{table}: example {n + 1} has the label {y!r}, "
+                                   f"{'none' if not y.strip() else 'with spaces around it'}: give every "
+                                   f"example its label, written as the other examples write it")
     if regression:
         if labels:
             raise DatasetError("--labels is for classification; a regression set's labels are numbers")

@@ -27,6 +27,15 @@ def agree(comm, err: str | None) -> None:
 
 
 def refuse_existing(out: Path, overwrite: bool) -> None:
+    from hvd_bert.files import kind_of
+
+    if (out.exists() or out.is_symlink()) and not out.is_dir():  # (before any work: a folder goes there)
+        raise DatasetError(f"{out} is {kind_of(out) or 'a file'} where the prepared data's folder goes; move "
+                           f"it away or choose another output folder")
+    blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise DatasetError(f"{out}: {blocked} is a file, not a folder; choose an output folder whose parents "
+                           f"are folders")
     model = _model_folder(out)
     if model:  # (its vocab.txt is the model's: replacing it would change what every export carries)
         raise DatasetError(f"{out} is {model}: prepared data never goes into it, --overwrite or not; "

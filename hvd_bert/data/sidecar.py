@@ -188,6 +188,8 @@ def label_fault(names) -> str | None:
     for i, name in enumerate(names):
         if not name.isprintable():
             return f"the label {name!r} holds characters that do not print (controls, direction marks)"
+        if name != name.strip():
+            return f"the label {name!r} has spaces around it (a label is its name alone)"
         if name in seen:
             return f"the label {name!r} names outputs {seen[name]} and {i}: a label map is one-to-one"
         seen[name] = i

@@ -129,8 +129,17 @@ def read_questions(path: str | Path) -> tuple[list[SquadExample], dict | None]:
                                                     for k in ("question", "context")):
                 raise DatasetError(f"{p} line {n}: give each line a \"question\" and a \"context\" "
                                    f"(strings), e.g. {{\"question\": \"Who?\", \"context\": \"...\"}}")
+            from hvd_bert.data.squad_json import has_text
+
+            empty = [k for k in ("question", "context") if not has_text(row[k])]
+            if empty:
+                raise DatasetError(f"{p} line {n}: its {empty[0]} has no text (empty, or spaces and "
+                                   f"invisible characters); give the text, or drop the line")
+            rid = row.get("id", n)
+            if not isinstance(rid, (str, int)) or isinstance(rid, bool):
+                raise DatasetError(f"{p} line {n}: its \"id\" is {rid!r}; give a string or a whole number")
             paragraphs.append({"context": row["context"],
-                               "qas": [{"id": str(row.get("id", n)), "question": row["question"]}]})
+                               "qas": [{"id": str(rid), "question": row["question"]}]})
         data, gold = {"data": [{"paragraphs": paragraphs}]}, False
         error = squad_error(data, str(p))  # (the limits)
         if error:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hvd_bert.data.records import DatasetError
 
-__all__ = ["squad_error", "read_squad_json", "read_json", "MAX_CONTEXT_CHARS"]
+__all__ = ["squad_error", "read_squad_json", "read_json", "MAX_CONTEXT_CHARS", "has_text"]
 
 MAX_CONTEXT_CHARS = 1 << 20  # a SQuAD context or question, in characters (docs/data.md "Limits")
 _SHAPE = ("give a SQuAD v1.1 or v2.0 file: {\"data\": [{\"paragraphs\": [{\"context\": TEXT, \"qas\": "
@@ -44,6 +44,9 @@ def squad_error(data, source: str) -> str | None:
                 return wrong(w, par, "an object with a context and its qas")
             if not isinstance(par.get("context"), str):
                 return wrong(f"{w}.context", par.get("context"), "a string")
+            if not has_text(par["context"]):  # (an answer would be Google's placeholder "empty")
+                return (f"{source}: {w}.context has no text (empty, or spaces and invisible characters): a "
+                        f"question needs a paragraph to answer from; give its text or drop it")
             if len(par["context"]) > MAX_CONTEXT_CHARS:
                 return (f"{source}: {w}.context holds {len(par['context']):,} characters, over the limit of "
                         f"{MAX_CONTEXT_CHARS:,}; split it into paragraphs")
@@ -61,8 +64,9 @@ def squad_error(data, source: str) -> str | None:
                 ids[str(qa["id"])] = q
                 if "is_impossible" in qa and not isinstance(qa["is_impossible"], bool):
                     return wrong(f"{q}.is_impossible", qa["is_impossible"], "true or false")
-                if not isinstance(qa.get("question"), str) or len(qa["question"]) > MAX_CONTEXT_CHARS:
-                    return wrong(f"{q}.question", qa.get("question"), "a string (of at most "
+                if not isinstance(qa.get("question"), str) or len(qa["question"]) > MAX_CONTEXT_CHARS \
+                        or not has_text(qa["question"]):
+                    return wrong(f"{q}.question", qa.get("question"), "a string with text (of at most "
                                  f"{MAX_CONTEXT_CHARS:,} characters)")
                 answers = qa.get("answers", [])
                 if not isinstance(answers, list):
@@ -101,6 +105,9 @@ def read_squad_json(path: str | Path, what: str = "SQuAD file"):
 
 def read_json(path: str | Path, what: str):
     p = Path(path)
+    if p.exists() and not p.is_file() and not p.is_dir():  # (a pipe would block, a device never ends)
+        raise DatasetError(f"{what} {p} is not a regular file (a pipe, a device or a socket): give the file "
+                           f"itself")
     try:
         return json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -111,3 +118,11 @@ def read_json(path: str | Path, what: str):
         hint = (": give SQuAD's .json file, or .jsonl lines of question and context (a table of texts is for "
                 "a classification model)" if what.startswith("SQuAD") else "")
         raise DatasetError(f"{what} {p} is not a JSON file ({e}){hint}") from None
+
+
+def has_text(s: str) -> bool:
+    """Whether ``s`` holds a character that prints (not only spaces, controls and zero-width marks)."""
+    import unicodedata
+
+    return any(not ch.isspace() and unicodedata.category(ch) not in ("Cc", "Cf", "Zs", "Zl", "Zp")
+               for ch in s)

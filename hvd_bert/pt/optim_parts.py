@@ -9,11 +9,12 @@ here)."""
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
+
+from hvd_bert.core.kernels import env_count
 
 __all__ = ["Part", "Norms", "whole_parts", "local_norms", "plan_slices", "views", "trust_ratios",
            "sq_norms", "add_sq_norms", "clipped", "coef", "lerp_", "scale_", "add_", "add_product_",
@@ -23,7 +24,8 @@ __all__ = ["Part", "Norms", "whole_parts", "local_norms", "plan_slices", "views"
 # Elementwise work runs over slices of about this many elements (small tensors grouped,
 # large ones cut), so the chain of ops over one slice stays in the CPU cache instead of
 # streaming every array from memory once per op. On CUDA, and with 0, whole tensors are used.
-CHUNK_ELEMENTS = int(os.environ.get("HVD_BERT_FOREACH_CHUNK", 1 << 18))
+CHUNK_ELEMENTS = env_count("HVD_BERT_FOREACH_CHUNK", 1 << 18, 0, 1 << 40,
+                           "a chunk of elements for the CPU's foreach updates (0: whole tensors)")
 
 
 def plan_slices(tensors: list[torch.Tensor]) -> list[list[tuple[int, slice]]]:

@@ -25,9 +25,11 @@ FRAMEWORKS = {"pt": "hvd_bert.pt.backend", "tf": "hvd_bert.tf.backend"}
 def threads_per_rank(local_size: int, env=os.environ) -> int:
     """CPU threads for one rank's framework: ``OMP_NUM_THREADS`` when the user (or the launcher,
     as torchrun does) set it, else the machine's cores shared between the ranks on this host."""
+    from hvd_bert.core.kernels import env_count
+
     given = env.get("OMP_NUM_THREADS", "").strip()
-    if given.isdigit() and int(given) > 0:
-        return int(given)
+    if given.isdigit() and int(given) > 0:  # (OpenMP's other forms, "4,2", leave the default)
+        return env_count("OMP_NUM_THREADS", 1, 1, 4096, "a count of threads per rank", env)
     return max(1, (os.cpu_count() or 1) // max(1, local_size))
 
 
@@ -205,4 +207,10 @@ def get_backend(framework: str) -> Backend:
     imports TensorFlow, and the other way round)."""
     if framework not in FRAMEWORKS:
         raise ConfigError(f"framework: expected one of {', '.join(map(repr, FRAMEWORKS))}, got {framework!r}")
+    threads_per_rank(1)  # (OMP_NUM_THREADS checked before the framework's OpenMP reads it and complains)
+    if framework == "pt":
+        from hvd_bert.core.kernels import env_count
+
+        env_count("HVD_BERT_FOREACH_CHUNK", 0, 0, 1 << 40,
+                  "a chunk of elements for the CPU's foreach updates (0: whole tensors)")
     return importlib.import_module(FRAMEWORKS[framework]).BACKEND

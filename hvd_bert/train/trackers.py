@@ -46,6 +46,10 @@ TRACKERS = ("tensorboard", "mlflow", "wandb")
 # MLflow's HTTP settings for this process where the user set none (MLflow's own: 120 s a request
 # and 7 retries with backoff, minutes before a server that does not answer is named): 5 s a
 # request, one retry (at once, then after a second: a server that restarts is tolerated).
+# W&B's waits (its defaults: 90 s to start, a login with no bound), as MLflow's: a server that does
+# not answer costs a run seconds, not minutes, before the one line
+WANDB_BOUNDS = {"init_timeout": 10.0, "login_timeout": 5.0, "x_graphql_timeout_seconds": 5.0,
+                "finish_timeout": 30.0}
 HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
                "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5"}
 
@@ -259,6 +263,7 @@ class WandbWriter:
     ConfigError (one line: the folder or mode and the fix)."""
 
     def __init__(self, out: Path, job: str, params: dict):
+        os.environ.setdefault("WANDB_SILENT", "true")  # (its login line too: the job's lines are its own)
         try:
             import wandb
         except ImportError:
@@ -275,8 +280,8 @@ class WandbWriter:
                 mode=mode, dir=str(self.out), project=os.environ.get("WANDB_PROJECT", "hvd_bert"),
                 name=self.out.resolve().name, group=job, config=_flat(params), id=previous,
                 resume="allow" if previous else None, reinit="finish_previous",
-                settings=wandb.Settings(silent=True, console="off", x_disable_stats=True, disable_git=True,
-                                        save_code=False))
+                settings=wandb.Settings(silent=True, quiet=True, console="off", x_disable_stats=True,
+                                        disable_git=True, save_code=False, **WANDB_BOUNDS))
         except Exception as e:  # noqa: BLE001 - whatever wandb raises, one line
             from hvd_bert.config import ConfigError
             raise ConfigError(f"train.report_to=wandb: cannot start a Weights & Biases run{self.where} "
