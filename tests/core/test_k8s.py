@@ -179,3 +179,24 @@ def test_the_launcher_reads_the_operators_hostfile_and_names_a_bad_one(tmp_path)
                        capture_output=True, text=True, timeout=120, env={**os.environ, HOSTFILE_ENV: str(f)})
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and f"{f}, line 1" in lines[0], p.stderr
+
+
+def test_the_committed_examples_are_what_the_command_writes_and_validate(tmp_path):
+    """k8s/*.yaml: rendered by k8s/render.sh; rendering again (into a copy) gives the same files,
+    and each validates against its CRD."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "k8s").mkdir()
+    shutil.copy(root / "k8s" / "render.sh", tmp_path / "k8s" / "render.sh")
+    hvd = Path(sys.executable).parent / "hvd-bert"
+    p = subprocess.run(["bash", str(tmp_path / "k8s" / "render.sh")], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "HVD": str(hvd)})
+    assert p.returncode == 0, p.stderr
+    committed = sorted(f.name for f in (root / "k8s").glob("*.yaml"))
+    assert committed == sorted(f.name for f in (tmp_path / "k8s").glob("*.yaml")) and len(committed) == 4
+    for name in committed:
+        text = (root / "k8s" / name).read_text()
+        assert text == (tmp_path / "k8s" / name).read_text(), f"k8s/{name} is stale: run k8s/render.sh"
+        for r in yaml.safe_load_all(text):
+            assert errors(r) == [], (name, r["kind"])
