@@ -165,16 +165,21 @@ def _cmd_k8s(args) -> int:
                     namespace=args.namespace, config=args.config, sets=args.sets, framework=args.framework,
                     data_claim=args.data_claim, runs_claim=args.runs_claim, shm_gb=args.shm_gb,
                     grace_s=args.grace_s, backoff_limit=args.backoff_limit)
+    import hvd_bert
+    from hvd_bert.jobs.predict_model import refuse_foreign_files
+
     try:
         text = k8s.to_yaml(k8s.render(spec))
+        k8s.check_settings(spec, Path(hvd_bert.__file__).resolve().parent.parent)  # (as the launcher will)
     except k8s.SpecError as e:
         raise UsageError(str(e)) from None
     if not args.output:
         sys.stdout.write(text)
         return 0
     out = Path(args.output)
-    if out.is_dir() or (out.exists() and not out.is_file()):
-        raise UsageError(f"--output {out} is not a file: give the path of the YAML file to write")
+    if out.is_dir():
+        raise UsageError(f"--output {out} is a folder: give the path of the YAML file to write")
+    refuse_foreign_files(out, "k8s render")  # (never a run's files or prepared data)
     atomic_write(out, lambda tmp: tmp.write_text(text))
     print(f"wrote {out}: {spec.kind} {spec.name}, {spec.workers} worker(s) x {spec.slots} rank(s); "
           f"kubectl apply -f {out}")

@@ -63,7 +63,7 @@ class Spec:
 
     @property
     def slots(self) -> int:
-        return self.slots_per_worker or max(1, self.gpus_per_worker)
+        return self.slots_per_worker if self.slots_per_worker is not None else max(1, self.gpus_per_worker)
 
     @property
     def ranks(self) -> int:
@@ -97,8 +97,9 @@ class Spec:
             raise SpecError(f"--slots-per-worker {self.slots} with --gpus-per-worker {self.gpus_per_worker}: "
                             f"each rank takes one GPU, so give as many slots as GPUs (or leave "
                             f"--slots-per-worker out)")
-        if not 0 < self.shm_gb <= 4096:
-            raise SpecError(f"--shm-gb {self.shm_gb:g}: give the shared memory of a worker in GiB, 0 to 4096")
+        if not 1 / 16 <= self.shm_gb <= 4096:
+            raise SpecError(f"--shm-gb {self.shm_gb:g}: give the shared memory of a worker in GiB, 0.0625 "
+                            f"(64 MiB, a container's default) to 4096")
         if self.framework not in ("pt", "tf"):
             raise SpecError(f"--framework {self.framework!r}: give pt or tf")
         for s in self.sets:
@@ -132,7 +133,8 @@ def _volumes(spec: Spec, worker: bool) -> tuple[list, list]:
     mounts = [{"name": "data", "mountPath": "/data", "readOnly": True},
               {"name": "runs", "mountPath": "/runs"}]
     if worker:  # (the ranks' shared memory: NCCL and the data loaders; the 64 MiB default is too small)
-        vols.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{spec.shm_gb:g}Gi"}})
+        size = f"{round(spec.shm_gb * 1024)}Mi"  # (a whole quantity Kubernetes reads)
+        vols.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": size}})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
     return vols, mounts
 
@@ -186,7 +188,7 @@ def mpijob(spec: Spec) -> dict:
 def trainjob(spec: Spec) -> list[dict]:
     """A ClusterTrainingRuntime (the image's sshd on the nodes, the launcher apart) and a TrainJob
     on it whose trainer runs the launcher command."""
-    runtime = f"hvd-bert-{spec.job}"
+    runtime = f"{spec.name}-runtime"  # (its own: the runtime holds this job's command, image and volumes)
     node = _pod(spec, "node", worker_command(spec), True)
     launcher = _pod(spec, "node", launcher_command(spec), False, _launcher_env(spec))
     return [{
@@ -211,6 +213,27 @@ def trainjob(spec: Spec) -> list[dict]:
                                  "apiGroup": "trainer.kubeflow.org"},
                   "trainer": {"numNodes": spec.workers, "image": spec.image,
                               "command": launcher_command(spec)}}}]
+
+
+def check_settings(spec: Spec, root) -> None:
+    """The job's recipe and settings as its launcher will load them, loaded here first (the
+    image's recipes/ are this checkout's): a ConfigError names a misspelt key, a value out of
+    range or a recipe of another job, before anything is written."""
+    from pathlib import Path
+
+    from hvd_bert import config as C
+
+    recipe = None
+    if spec.config:
+        (_, path) = _recipe(spec)
+        local = Path(root) / Path(path).relative_to(spec.app) if path.startswith(spec.app + "/") else None
+        if local is None or not local.is_file():
+            raise SpecError(f"--config {spec.config}: {path} is not a recipe of this checkout (the image's "
+                            f"{spec.app} is this checkout): give a name under recipes/ (e.g. "
+                            f"bert-large-phase1), or a path under {spec.app}/")
+        recipe = str(local)
+    sets = [s for i, s in enumerate(launcher_command(spec)) if i and launcher_command(spec)[i - 1] == "--set"]
+    C.load_config(C.JOB_CONFIGS[spec.job], recipe, sets)
 
 
 def render(spec: Spec) -> list[dict]:

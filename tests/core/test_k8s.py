@@ -122,7 +122,13 @@ def test_the_resources_hold_the_contract_the_job_needs():
     (["--workers", "0"], "--workers 0 is out of range"),
     (["--set", "no-equals"], "give KEY=VALUE"),
     (["--data-claim", "Data Claim"], "not a PersistentVolumeClaim name"),
-    (["--image", "a b"], "give the image's reference")])
+    (["--image", "a b"], "give the image's reference"),
+    (["--slots-per-worker", "0"], "--slots-per-worker 0 is out of range"),
+    (["--shm-gb", "0.00001"], "--shm-gb 1e-05: give the shared memory"),
+    # the settings as the launcher will load them: a misspelt key, another job's recipe, no recipe
+    (["--set", "train.schedule.total_stepz=3"], "unknown key 'train.schedule.total_stepz'"),
+    (["--config", "squad"], "is a recipe for hvd-bert finetune, not pretrain"),
+    (["--config", "no-such"], "is not a recipe of this checkout")])
 def test_render_refuses_what_cannot_make_a_job_in_one_line(tmp_path, args, says):
     base = {"--name": "bert-job", "--image": "img:1"}
     argv = [a for k, v in base.items() if k not in args for a in (k, v)] + args
@@ -200,3 +206,21 @@ def test_the_committed_examples_are_what_the_command_writes_and_validate(tmp_pat
         assert text == (tmp_path / "k8s" / name).read_text(), f"k8s/{name} is stale: run k8s/render.sh"
         for r in yaml.safe_load_all(text):
             assert errors(r) == [], (name, r["kind"])
+
+
+def test_render_never_writes_over_a_runs_files_and_each_trainjob_has_its_own_runtime(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "ckpt-00000002.pt").write_bytes(b"x")
+    p = subprocess.run([sys.executable, "-m", "hvd_bert", "k8s", "render", "--name", "bert-job", "--image",
+                        "img:1", "--output", str(run / "config.json")],
+                       capture_output=True, text=True, timeout=60)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "never writes over a run's files" in lines[0], p.stderr
+    assert (run / "config.json").read_text() == "{}"
+    # two TrainJobs never share (and overwrite) one runtime: it holds each job's command and volumes
+    a = k8s.render(k8s.Spec("trainjob", "pretrain", "job-a", "img:1", workers=4, gpus_per_worker=8))
+    b = k8s.render(k8s.Spec("trainjob", "pretrain", "job-b", "img:2", workers=2))
+    assert a[0]["metadata"]["name"] != b[0]["metadata"]["name"]
+    assert all(j[1]["spec"]["runtimeRef"]["name"] == j[0]["metadata"]["name"] for j in (a, b))
