@@ -212,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _user_error(command: str, line: str) -> int:
     from hvd_bert.cluster.processes import let_peers_report
 
-    # one write: a launcher that merges the ranks' output cannot cut the line (print writes twice)
+    # one write: a launcher that merges the ranks' output cannot cut the line (print writes twice);
+    # a control character in a name the user gave (a newline in a file name) is written escaped
+    line = "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in line)
     sys.stderr.write(f"hvd-bert {command}: {line}\n")
     sys.stderr.flush()
     let_peers_report()

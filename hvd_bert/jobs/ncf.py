@@ -59,9 +59,10 @@ def trained_checkpoint(path: str) -> Path:
     return found
 
 
-def trained_settings(cfg: NCFConfig) -> tuple[Path, NCFConfig]:
-    """``do_train=false``: the checkpoint ``init_checkpoint`` names, and ``cfg`` with the model and
-    training settings its run folder's ``config.json`` records (the evaluation builds the model
+def trained_settings(cfg: NCFConfig) -> tuple[Path, NCFConfig, str | None]:
+    """``do_train=false``: the checkpoint ``init_checkpoint`` names, ``cfg`` with the model and
+    training settings its run folder's ``config.json`` records, and the data it was trained on
+    when that is not ``cfg.data`` (else None) (the evaluation builds the model
     that was trained and reads the optimizer state it saved); a checkpoint of the other framework
     is refused, naming the framework to give."""
     from hvd_bert.config.base import overlay
@@ -85,23 +86,41 @@ def trained_settings(cfg: NCFConfig) -> tuple[Path, NCFConfig]:
         raise ConfigError(f"init_checkpoint {ckpt} is a {names[written]} checkpoint: evaluate it with "
                           f"--framework {written}")
     if old is None:  # (a checkpoint without its run's config: the settings given must be its own)
-        return ckpt, cfg
+        return ckpt, cfg, None
+    from hvd_bert.data.sidecar import sidecar_digest
+
+    trained_on = (old.get("data_identity") or {}).get("data")
+    other = None  # (the data it was trained on, when not this: its tables are sized by that data)
+    if trained_on and trained_on != sidecar_digest(cfg.data):
+        other = str(old.get("data") or "another data folder")
     train = {k: v for k, v in (old.get("train") or {}).items()
              if k not in ("batch", "output_dir", "report_to", "checkpoint_format")}
     try:
-        return ckpt, overlay(cfg, {"model": old.get("model") or {}, "train": train})
+        return ckpt, overlay(cfg, {"model": old.get("model") or {}, "train": train}), other
     except ConfigError as e:
         raise ConfigError(f"{folder / 'config.json'} does not hold an NCF run's settings ({e})") from None
 
 
-def evaluate_only(cfg: NCFConfig, backend, data, engine, model, rank: int, size: int, ckpt: Path) -> dict:
+def evaluate_only(cfg: NCFConfig, backend, data, engine, model, rank: int, size: int, ckpt: Path,
+                  trained_data: str | None = None) -> dict:
     """``do_train=false``: every rank loads ``init_checkpoint``'s weights (``ckpt``), HR@K and
     NDCG@K over all users (a collective), and with ``recommend`` each listed user's ``top_k``
     unrated items."""
     users = out = None
     if cfg.recommend:  # (read and checked on every rank before anything is loaded or written)
         users, out = recommend_users(cfg.recommend, data, [cfg.data, ckpt])
-    if engine.resume(ckpt) is None:  # every rank its weights (a collective)
+    from hvd_bert.train.engine import CheckpointError, ResumeError
+
+    try:
+        resumed = engine.resume(ckpt)  # every rank its weights (a collective)
+    except (CheckpointError, ResumeError):
+        if not trained_data:
+            raise
+        raise ConfigError(f"init_checkpoint {ckpt} was trained on other data ({trained_data}): its user and "
+                          f"item tables do not fit the {data.n_users} users and {data.n_items} items of "
+                          f"{cfg.data}; evaluate it on the data it was trained on (--set "
+                          f"data={trained_data}); the checkpoint is intact") from None
+    if resumed is None:
         raise ConfigError(f"init_checkpoint {ckpt} holds no checkpoint this framework reads; give the folder "
                           f"of a finished hvd-bert ncf run")
     score = backend.ncf_scorer(model)
@@ -203,13 +222,13 @@ def run(cfg: NCFConfig, backend) -> dict:
         # micro-batch lets the resume keep any checkpoint's global batch, whatever its layout)
         from hvd_bert.config import BatchConfig
 
-        ckpt, cfg = trained_settings(cfg)
+        ckpt, cfg, trained_data = trained_settings(cfg)
         backend.seed(cfg.train.seed)
         model = backend.neumf(data.n_users, data.n_items, cfg.model)
         engine = backend.engine(model, backend.ncf_loss, replace(cfg.train, batch=BatchConfig(
             local_batch_size=1, backward_passes_per_step=None)))
         end_start()  # (the start-up is over: an evaluation is not watched)
-        return evaluate_only(cfg, backend, data, engine, model, rank, size, ckpt)
+        return evaluate_only(cfg, backend, data, engine, model, rank, size, ckpt, trained_data)
     plan = cfg.train.batch.plan(size)
     epochs = EpochData(data, rank, size, plan.local_batch_size, plan.backward_passes_per_step,
                        cfg.num_negatives, cfg.train.seed)

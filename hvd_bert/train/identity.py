@@ -51,12 +51,30 @@ def run_differences(old: dict, new: dict, also_free: tuple[str, ...] = (),
     version did not record: a setting added later keeps the older behaviour by default)."""
     a, b = {**_flat(defaults or {}), **_flat(old)}, _flat(new)
     diffs = []
+    was = old.get("data_identity") if isinstance(old.get("data_identity"), dict) else {}
     for key in sorted(set(a) | set(b)):
         if any(key == f or key.startswith(f + ".") for f in (*FREE, *also_free)):
             continue
+        if key in PER_NODE_PATHS and isinstance(a.get(key), str) and isinstance(b.get(key), str) and (
+                _same_path(a[key], b[key])
+                or (key in DATA_KEYS and was.get(key) and was.get(key) == data_identity(new).get(key))):
+            continue  # (the same folder spelt another way: "cd/", "./cd", its absolute path, a copy)
         if a.get(key) != b.get(key):
             diffs.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
     return diffs
+
+
+def _same_path(x: str, y: str) -> bool:
+    """Whether two spellings name one path: equal once normalised (``cd/``, ``./cd``), or the same
+    file or folder from here (a relative and an absolute spelling, a link to it)."""
+    import os
+
+    if os.path.normpath(x) == os.path.normpath(y):
+        return True
+    try:
+        return os.path.exists(x) and os.path.samefile(os.path.expanduser(x), os.path.expanduser(y))
+    except OSError:
+        return False
 
 
 def data_identity(cfg: dict) -> dict:

@@ -5,7 +5,10 @@ does not compile, environment counts past their range (HVD_BERT_FOREACH_CHUNK,
 OMP_NUM_THREADS), a full disk under TensorFlow's saver named as such, a W&B server that never
 answers bounded in seconds with one line, empty or padded labels, SQuAD questions with no
 context. Every refusal is one line with status 2, writes nothing, and leaves its inputs
-byte-identical."""
+byte-identical. The eleventh pass (at the end): a resume from the same folders spelt another
+way; a control character in a name; NCF evaluation on other data (test_adversarial_round7.py),
+k8s render's checks (tests/core/test_k8s.py) and a damaged cached kernel
+(tests/pt/test_torch_kernels.py)."""
 
 import os
 import socket
@@ -146,3 +149,21 @@ def test_a_squad_question_without_a_context_or_with_a_list_for_its_id_is_refused
     with pytest.raises(DatasetError, match="line 1") as e:
         read_questions(f)
     assert says in str(e.value)
+
+
+# ----------------------------------------------------------------------------- the eleventh pass
+def test_a_resume_takes_the_same_folders_spelt_another_way(bert_data, finished_run, tmp_path):
+    """``data=DIR/``, ``./DIR`` or its absolute path is the folder the run recorded as ``DIR``: a
+    requeue from another spelling resumes (a content check still refuses other data)."""
+    spelt = f"{os.path.relpath(bert_data, tmp_path)}/"  # (relative to where it runs, trailing slash)
+    res = hvd("pretrain", "--set", f"data={spelt}", "--set", "max_seq_length=64", "--set",
+              "max_predictions_per_seq=10", "--set", "train.log_every=1", "--set", "progress=false", "--set",
+              "train.batch.local_batch_size=8", "--set", "train.schedule.total_steps=3", "--set",
+              f"train.output_dir={finished_run}", cwd=tmp_path)
+    assert res.returncode == 0 and "resumed from step 2" in res.stdout, \
+        res.stdout[-2000:] + res.stderr[-2000:]
+
+
+def test_a_control_character_in_a_name_never_splits_the_one_line(tmp_path):
+    res = hvd("evaluate-squad", tmp_path / "no\nsuch.json", tmp_path / "p.json")
+    one_line(res, "no\\nsuch.json")

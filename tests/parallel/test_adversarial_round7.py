@@ -321,3 +321,16 @@ def test_the_ninth_rounds_cases(bert_data, finished_run, tmp_path):
     one_line(hvd("convert", finished_run, "--to", "hf", "--output", tmp_path / "hf", "--vocab",
                  tmp_path / "rev.txt", timeout=300), "is not the vocabulary", "drop --vocab")
     assert not (tmp_path / "hf").exists()
+
+
+def test_ncf_evaluation_on_other_data_names_the_data_not_the_checkpoint(ncf_runs, tmp_path):
+    """A trained model evaluated on data of other sizes was blamed on its checkpoint ("delete it
+    to resume from the one before"): the line names the data it was trained on."""
+    other = tmp_path / "other"
+    assert hvd("prepare-ncf", "--synthetic", "ml-1m", "--scale", "0.03", "--output", other,
+               timeout=120).returncode == 0
+    before = digests(ncf_runs / "pt")
+    res = hvd("ncf", "--set", "do_train=false", "--set", f"init_checkpoint={ncf_runs / 'pt'}", "--set",
+              f"data={other}", *NCF_MODEL, timeout=300)
+    one_line(res, "was trained on other data", f"--set data={ncf_runs / 'data'}", "the checkpoint is intact")
+    assert "delete" not in res.stderr and digests(ncf_runs / "pt") == before

@@ -1,6 +1,8 @@
 """The fused bias+GELU (the C loop on a CPU, torch.compile elsewhere) equals PyTorch's GELU,
 forward and backward."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -135,3 +137,30 @@ def test_the_c_kernel_falls_back_to_compile_with_one_warning_without_a_compiler(
     for g, w in zip(got, want):
         assert_close(g.double(), w, rtol=1e-5, atol=5e-5,
                      site="pt/torch_kernels::test_the_c_kernel_falls_back_to_compile_with_one_warning_without_a_compiler")
+
+
+def test_a_damaged_cached_kernel_is_rebuilt_not_loaded(monkeypatch, tmp_path):
+    """A cached library cut short (a full disk, a copy interrupted) or emptied crashed the process
+    in the loader (a bus error, every run): the cache keeps each library's SHA-256, and one that no
+    longer matches is built again."""
+    monkeypatch.setenv("HVD_BERT_COMPILE", "1")
+    monkeypatch.setenv("HVD_BERT_CACHE", str(tmp_path))
+    k = K._C
+    x, b = torch.randn(16, 24), torch.randn(24)
+    want = grads_of(lambda x, b: F.gelu(x + b, approximate="tanh"), x.double(), b.double())
+    def replaced(p, data):  # (a new file: this process has the old one mapped, as a finished run had)
+        p.with_name("tmp").write_bytes(data)
+        p.with_name("tmp").replace(p)
+
+    for damage in (lambda p: replaced(p, p.read_bytes()[:1000]), lambda p: replaced(p, b"")):
+        monkeypatch.setattr(K, "_C", CKernels(k.name, k.source, k.declare, k.what, k.fallback))
+        assert K.c_served(x, b)  # (built into this cache)
+        (so,) = tmp_path.rglob("*.so")
+        damage(so)
+        monkeypatch.setattr(K, "_C", CKernels(k.name, k.source, k.declare, k.what, k.fallback))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (no fallback warning: rebuilt, not given up)
+            assert K.c_served(x, b)
+        got = grads_of(K.bias_gelu, x, b)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-5)

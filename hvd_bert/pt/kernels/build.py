@@ -53,6 +53,10 @@ def _cache_dir() -> Path:
     return cache_dir() / "kernels"
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 class CKernels:
     """``source`` compiled on first use; ``declare(lib)`` sets the functions' argtypes;
     ``what`` names the kernels and ``fallback`` the path used without them (in the warning)."""
@@ -71,6 +75,9 @@ class CKernels:
         key = "\0".join([self.source, " ".join(CFLAGS), cc, _cpu_key()])
         key = hashlib.sha256(key.encode()).hexdigest()[:16]
         out = _cache_dir() / f"{self.name}-{key}.so"
+        digest = out.with_name(out.name + ".sha256")  # (the library as built: a damaged one is rebuilt)
+        if out.exists() and (not digest.is_file() or digest.read_text().strip() != _sha256(out)):
+            out.unlink(missing_ok=True)
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
@@ -81,6 +88,9 @@ class CKernels:
                                      text=True)
                 if res.returncode != 0:
                     raise RuntimeError(f"{cc} failed: {res.stderr.strip()[:300]}")
+                sums = Path(tmp) / digest.name
+                sums.write_text(_sha256(so) + "\n")
+                os.replace(sums, digest)  # (first: a library in the cache always has its digest)
                 os.replace(so, out)
         lib = ctypes.CDLL(str(out))
         self.declare(lib)
