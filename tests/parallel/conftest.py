@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -189,3 +190,12 @@ def finished_run(_finished_template, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(_finished_template, run, symlinks=True)
     return run
+
+
+@pytest.fixture
+def silent_port():
+    """A loopback port that takes connections (the kernel's backlog) and never answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)
+        yield s.getsockname()[1]

@@ -11,7 +11,6 @@ k8s render's checks (tests/core/test_k8s.py) and a damaged cached kernel
 (tests/pt/test_torch_kernels.py)."""
 
 import os
-import socket
 import subprocess
 import time
 
@@ -96,15 +95,6 @@ def test_a_full_disk_under_tensorflows_saver_is_named_as_such(sharded_finetune, 
     res = hvd("convert", run, "--to", "google", "--output", disk / "g")
     one_line(res, "no space left on", str(disk / "g"))
     assert not list(disk.iterdir())
-
-
-@pytest.fixture
-def silent_port():
-    """A loopback port that takes connections (the kernel's backlog) and never answers."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(16)
-        yield s.getsockname()[1]
 
 
 def test_a_wandb_server_that_never_answers_is_one_line_within_seconds(bert_data, tmp_path, silent_port):

@@ -54,15 +54,6 @@ def closed_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def silent_port():
-    """A loopback port that takes connections (the kernel's backlog) and never answers."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(16)
-        yield s.getsockname()[1]
-
-
 def test_a_tracking_server_that_refuses_connections_is_named_at_once(bert_data, finished_run, closed_port):
     uri = f"http://127.0.0.1:{closed_port}"
     line, took = refused(bert_data, finished_run, uri, f"the MLflow tracking server at {uri} does not answer",
